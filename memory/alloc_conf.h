@@ -1,0 +1,45 @@
+// Tuning of the caching allocator, from code or from the MEMFIT_ALLOC_CONF environment
+// variable, in the syntax of PyTorch's PYTORCH_CUDA_ALLOC_CONF:
+//
+//   MEMFIT_ALLOC_CONF="max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8"
+//   AllocatorConfig cfg = parse_alloc_conf(std::getenv("MEMFIT_ALLOC_CONF"));
+//
+// Keys (all optional; unknown keys are errors, so a typo never passes silently):
+//   max_split_size_mb:N             blocks larger than N MiB are never split (N >= 1; default:
+//                                   unlimited). Limits fragmentation by big blocks.
+//   roundup_power2_divisions:N      round requests up to the nearest of N divisions between
+//                                   powers of two (N = 0 or a power of two in [1, 64]; default
+//                                   0 = round to 512 bytes only).
+//   garbage_collection_threshold:F  when reserved memory exceeds F * budget, release cached
+//                                   blocks oldest-first before asking the provider (0 < F < 1;
+//                                   needs a budget; default off).
+//   budget:SIZE                     byte budget for reserved memory (units as parse_size:
+//                                   24GiB, 512MiB); like set_per_process_memory_fraction.
+// Errors are ConfigError naming the key, the value and the valid range.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace memfit {
+
+struct AllocatorConfig {
+  std::size_t max_split_size = 0;          // bytes; 0 = unlimited
+  int roundup_power2_divisions = 0;        // 0 = off
+  double garbage_collection_threshold = 0; // 0 = off
+  std::size_t budget = 0;                  // bytes of reserved memory; 0 = unlimited
+  bool debug_checks = false;               // whole-structure checks after every operation
+
+  // "max_split_size_mb:128,..." form of this config (keys at their defaults omitted).
+  std::string to_string() const;
+};
+
+// Parses the MEMFIT_ALLOC_CONF syntax; empty text gives the defaults.
+AllocatorConfig parse_alloc_conf(std::string_view text);
+
+// parse_alloc_conf(getenv("MEMFIT_ALLOC_CONF")), defaults when the variable is unset. The
+// error message names the variable.
+AllocatorConfig alloc_conf_from_env();
+
+}  // namespace memfit

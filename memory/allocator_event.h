@@ -1,0 +1,53 @@
+// The allocator's event stream, for observers such as the profiler's Recorder.
+//
+//   auto id = allocator.add_listener([](const AllocatorEvent& e) { ... });
+//   allocator.remove_listener(id);
+//
+// Kinds and meanings follow memory_viz's trace entries:
+//   kAlloc            a block was handed to a caller (size = rounded block size)
+//   kFreeRequested    the caller freed it; it may still wait on stream events
+//   kFreeCompleted    it is back in the cache (right after kFreeRequested when no events wait)
+//   kSegmentAlloc     a segment was obtained from the provider
+//   kSegmentFree      a segment was returned to the provider
+//   kOom              an allocation failed (size = requested bytes); OutOfMemory follows
+// Listeners run synchronously under the allocator's lock, in registration order: they must
+// be quick and must not call back into the allocator. With no listener registered, emitting
+// an event costs one branch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "memory/category.h"
+#include "memory/stream.h"
+
+namespace memfit {
+
+enum class EventKind : std::uint8_t {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kOom,
+};
+
+// "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom".
+const char* event_kind_name(EventKind k);
+
+struct AllocatorEvent {
+  EventKind kind;
+  std::uintptr_t addr;
+  std::size_t size;
+  StreamId stream;
+  Category category;
+  std::string_view tag;     // valid only during the callback
+  std::int64_t time_ns;     // steady_clock, nanoseconds
+};
+
+using AllocatorListener = std::function<void(const AllocatorEvent&)>;
+using ListenerId = std::uint64_t;
+
+}  // namespace memfit

@@ -1,0 +1,66 @@
+// Allocator statistics with torch.cuda.memory_stats() names and semantics, plus bytes per
+// Category.
+//
+//   AllocatorStats s = allocator.stats();
+//   s.allocated_bytes[kStatAll].peak      // "allocated_bytes.all.peak"
+//   s.as_map()["reserved_bytes.large_pool.current"]
+//
+// Each Stat counts current / peak / allocated (cumulative increments) / freed (cumulative
+// decrements). Meanings, as in PyTorch:
+//   allocation, allocated_bytes      live blocks handed to callers (rounded sizes for bytes)
+//   requested_bytes                  the same, with the sizes callers asked for
+//   segment, reserved_bytes          segments held from the provider
+//   active, active_bytes             live blocks plus blocks freed but waiting on stream events
+//   inactive_split, inactive_split_bytes  free blocks that are part of a split segment
+// small_pool: blocks <= 1 MiB (from 2 MiB segments); large_pool: the rest.
+// category_bytes[c]: allocated (rounded) bytes of live blocks of Category c, current and peak.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "memory/category.h"
+
+namespace memfit {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;
+  std::int64_t freed = 0;
+
+  void increase(std::int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void decrease(std::int64_t n) {
+    current -= n;
+    freed += n;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+enum StatType : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2 };
+inline constexpr int kStatTypeCount = 3;
+using StatArray = std::array<Stat, kStatTypeCount>;
+
+struct AllocatorStats {
+  StatArray allocation, segment, active, inactive_split;
+  StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_device_alloc = 0;  // provider allocate calls that succeeded
+  std::int64_t num_device_free = 0;   // provider deallocate calls
+  std::array<Stat, kCategoryCount> category_bytes;
+
+  // Flat map with PyTorch's keys ("allocated_bytes.all.current", "num_ooms", ...) and
+  // "category_bytes.<name>.current|peak".
+  std::map<std::string, std::int64_t> as_map() const;
+};
+
+}  // namespace memfit

@@ -1,0 +1,110 @@
+// CachingAllocator: a stream-aware caching allocator over any MemoryProvider, after
+// PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp).
+//
+//   HostProvider host;
+//   CachingAllocator alloc(host, alloc_conf_from_env());
+//   Block x = alloc.allocate(n * sizeof(float), Category::kActivation, kDefaultStream, "fc1");
+//   AllocatorStats s = alloc.stats();
+//
+// Policy, in short:
+// - Sizes round up to 512 bytes (or to power-of-two divisions, see alloc_conf.h).
+// - Small pool: blocks <= 1 MiB, carved from 2 MiB segments. Large pool: bigger blocks from
+//   segments of the rounded size (requests < 10 MiB get 20 MiB segments, as in PyTorch).
+// - Best fit by (stream, size) among cached free blocks; oversize blocks are split and the
+//   remainder stays cached; on free, free neighbours in the same segment merge.
+//   Blocks above max_split_size are not split and only serve requests close to their size.
+// - A block freed after record_stream(other) waits for events on those streams before it is
+//   reused (events come from the StreamSync given at construction; default: immediate).
+// - Budget: reserved bytes never exceed config.budget. When the provider fails or the budget
+//   would be exceeded, cached free segments are released and the request retried once; then
+//   OutOfMemory is thrown whose message and info() give requested, allocated, reserved,
+//   budget, the largest free block and the top categories in use. The allocator stays usable.
+//
+// Errors: allocate(0) and sizes beyond any provider (> 2^50 bytes) throw InvalidArgument;
+// free of a pointer not allocated here, or freed twice, throws InvalidArgument naming the
+// address. Broken invariants are MEMFIT_CHECK failures; with config.debug_checks (or the
+// MEMFIT_DEBUG_CHECKS build) every operation ends with a whole-structure check.
+//
+// Thread safety: every public method takes one internal mutex, so any thread may allocate
+// and free. Listeners run under that mutex (allocator_event.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string_view>
+
+#include "memory/alloc_conf.h"
+#include "memory/allocator_event.h"
+#include "memory/allocator_stats.h"
+#include "memory/block.h"
+#include "memory/category.h"
+#include "memory/provider.h"
+#include "memory/snapshot.h"
+#include "memory/stream.h"
+
+namespace memfit {
+
+inline constexpr std::size_t kMinBlockSize = 512;                  // granule
+inline constexpr std::size_t kSmallSize = std::size_t{1} << 20;    // <= this: small pool
+inline constexpr std::size_t kSmallBuffer = std::size_t{2} << 20;  // small pool segment
+inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20; // segment for < 10 MiB
+inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
+inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;   // large segments round to
+inline constexpr std::size_t kMaxAllocationSize = std::size_t{1} << 50;
+
+class CachingAllocator {
+ public:
+  // `provider` and `sync` must outlive the allocator; sync == nullptr means immediate events.
+  explicit CachingAllocator(MemoryProvider& provider, AllocatorConfig config = {},
+                            StreamSync* sync = nullptr);
+  // Returns every segment to the provider. Blocks still live at this point are a caller bug:
+  // it is reported on stderr (count and bytes) and their memory is returned anyway.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // `tag` (the layer's name) is copied; it shows in snapshots, events and OOM messages.
+  Block allocate(std::size_t bytes, Category category, StreamId stream = kDefaultStream,
+                 std::string_view tag = {});
+  // Raw-pointer form for code that manages lifetimes itself; pair with free().
+  void* allocate_raw(std::size_t bytes, Category category, StreamId stream = kDefaultStream,
+                     std::string_view tag = {});
+  void free(void* ptr);
+
+  // The block at `ptr` is also used by work on `stream`; its reuse waits for that work.
+  void record_stream(void* ptr, StreamId stream);
+
+  // Returns all cached free segments to the provider (waiting for pending events first).
+  void empty_cache();
+
+  void set_budget(std::size_t bytes);  // 0 = unlimited; takes effect on the next allocation
+  std::size_t budget() const;
+
+  AllocatorStats stats() const;
+  void reset_peak_stats();         // every peak := current
+  void reset_accumulated_stats();  // allocated/freed counters and num_* := 0
+
+  Snapshot snapshot() const;
+
+  // Rounded size a request of `bytes` would occupy (what stats count).
+  std::size_t round_size(std::size_t bytes) const;
+
+  ListenerId add_listener(AllocatorListener listener);
+  void remove_listener(ListenerId id);
+
+  // Runs the whole-structure check now (no-op cost outside tests). Throws CheckFailure.
+  void check_invariants() const;
+
+  const AllocatorConfig& config() const;
+  MemoryProvider& provider() const;
+
+ private:
+  friend class Block;
+  void free_block(void* node);
+  void record_stream_block(void* node, StreamId stream);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memfit

@@ -1,0 +1,59 @@
+#include "memory/fault_injecting_provider.h"
+
+namespace memfit {
+
+void* FaultInjectingProvider::allocate(std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool fail = fail_all_;
+    if (countdown_ > 0 && --countdown_ == 0) fail = true;
+    if (limit_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) fail = true;
+    if (fail) {
+      ++failures_;
+      return nullptr;
+    }
+  }
+  void* p = inner_.allocate(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (p == nullptr) {
+    ++failures_;
+  } else {
+    in_use_ += bytes;
+    ++live_;
+  }
+  return p;
+}
+
+void FaultInjectingProvider::deallocate(void* ptr, std::size_t bytes) {
+  inner_.deallocate(ptr, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= bytes;
+  --live_;
+}
+
+void FaultInjectingProvider::fail_call(std::int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  countdown_ = n;
+}
+void FaultInjectingProvider::fail_every_call(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_all_ = on;
+}
+void FaultInjectingProvider::set_byte_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+std::size_t FaultInjectingProvider::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_use_;
+}
+std::int64_t FaultInjectingProvider::live_allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_;
+}
+std::int64_t FaultInjectingProvider::failures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failures_;
+}
+
+}  // namespace memfit

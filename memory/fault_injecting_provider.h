@@ -1,0 +1,50 @@
+// FaultInjectingProvider: wraps another provider and fails on purpose, for tests of the
+// out-of-memory paths.
+//
+//   HostProvider host;
+//   FaultInjectingProvider faulty(host);
+//   faulty.fail_call(3);            // the 3rd allocate() from now returns nullptr
+//   faulty.set_byte_limit(64 << 20) // any allocate() that would exceed 64 MiB in use fails
+//
+// It tracks what is live through it, so a test can assert that nothing leaked.
+// Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "memory/provider.h"
+
+namespace memfit {
+
+class FaultInjectingProvider final : public MemoryProvider {
+ public:
+  explicit FaultInjectingProvider(MemoryProvider& inner) : inner_(inner) {}
+
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) override;
+  const char* name() const override { return "fault_injecting"; }
+  MemoryKind kind() const override { return inner_.kind(); }
+  std::size_t alignment() const override { return inner_.alignment(); }
+
+  void fail_call(std::int64_t n);               // nth allocate() from now fails once; 0 = off
+  void fail_every_call(bool on);                // every allocate() fails while on
+  void set_byte_limit(std::size_t bytes);       // 0 = no limit
+
+  std::size_t bytes_in_use() const;
+  std::int64_t live_allocations() const;
+  std::int64_t failures() const;                // allocate() calls that returned nullptr
+
+ private:
+  MemoryProvider& inner_;
+  mutable std::mutex mu_;
+  std::int64_t countdown_ = 0;
+  bool fail_all_ = false;
+  std::size_t limit_ = 0;
+  std::size_t in_use_ = 0;
+  std::int64_t live_ = 0;
+  std::int64_t failures_ = 0;
+};
+
+}  // namespace memfit

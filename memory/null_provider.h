@@ -1,0 +1,50 @@
+// NullProvider: hands out address ranges without touching memory, for dry runs and
+// planning. The returned pointers must never be dereferenced.
+//
+//   NullProvider null(80 * kGiB);           // optional capacity: beyond it, nullptr
+//   CachingAllocator alloc(null);           // the real allocator, no real memory
+//
+// Addresses start at a high, aligned base and grow; a freed range is not handed out again,
+// so every segment of a run has a distinct address (what a trace reader wants). The counters
+// tell how many calls the allocator made, which dry-run benchmarks report.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "memory/provider.h"
+
+namespace memfit {
+
+class NullProvider final : public MemoryProvider {
+ public:
+  explicit NullProvider(std::size_t capacity = 0 /* 0 = unlimited */);
+
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) override;
+  const char* name() const override { return "null"; }
+  MemoryKind kind() const override { return MemoryKind::kNone; }
+  std::size_t alignment() const override { return 512; }
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t in_use() const;
+  std::size_t peak_in_use() const;
+  std::int64_t num_allocs() const;
+  std::int64_t num_frees() const;
+
+ private:
+  const std::size_t capacity_;
+  mutable std::mutex mu_;
+  std::uintptr_t next_;
+  std::size_t in_use_ = 0;
+  std::size_t peak_ = 0;
+  std::int64_t allocs_ = 0;
+  std::int64_t frees_ = 0;
+  std::unordered_map<std::uintptr_t, std::size_t> live_;  // address -> bytes
+};
+
+}  // namespace memfit
