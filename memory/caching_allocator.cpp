@@ -20,11 +20,11 @@ using alloc_detail::Segment;
 
 namespace {
 
-void stat_increase(StatArray& a, int type, std::int64_t n) {
+inline void stat_increase(StatArray& a, int type, std::int64_t n) {
   a[kStatAll].increase(n);
   a[type].increase(n);
 }
-void stat_decrease(StatArray& a, int type, std::int64_t n) {
+inline void stat_decrease(StatArray& a, int type, std::int64_t n) {
   a[kStatAll].decrease(n);
   a[type].decrease(n);
 }
@@ -179,31 +179,62 @@ void CachingAllocator::Impl::emit_slow(EventKind kind, std::uintptr_t addr, std:
 }
 
 // inactive_split counts free blocks that share a segment with others; entering and leaving a
-// pool is where that changes, so both are accounted here.
-void CachingAllocator::Impl::pool_insert(BlockNode* b) {
-  if (b->is_split()) {
-    stats.inactive_split[kStatAll].increase(1);
-    stats.inactive_split[b->stat_type()].increase(1);
-    stat_increase(stats.inactive_split_bytes, b->stat_type(), i64(b->size));
+// pool is where that changes, so it is accounted there, with the block's links of that moment.
+void CachingAllocator::Impl::count_in_pool(const BlockNode* b, int sign) {
+  if (!b->is_split()) return;
+  const int type = b->stat_type();
+  if (sign > 0) {
+    stat_increase(stats.inactive_split, type, 1);
+    stat_increase(stats.inactive_split_bytes, type, i64(b->size));
+  } else {
+    stat_decrease(stats.inactive_split, type, 1);
+    stat_decrease(stats.inactive_split_bytes, type, i64(b->size));
   }
+}
+
+void CachingAllocator::Impl::pool_insert(BlockNode* b) {
+  count_in_pool(b, +1);
   PoolSet& pool = pool_for(b->segment->is_large);
   if (b->handle.empty()) {
-    const bool inserted = pool.insert(b).second;
-    MEMFIT_CHECK(inserted) << "block " << hex_address(b->addr) << " already in its pool";
+    auto r = pool.insert(b->entry());
+    MEMFIT_CHECK(r.second) << "block " << hex_address(b->addr) << " already in its pool";
+    b->pool_it = r.first;
   } else {
-    b->handle.value() = b;
+    b->handle.value() = b->entry();
     auto r = pool.insert(std::move(b->handle));
     MEMFIT_CHECK(r.inserted) << "block " << hex_address(b->addr) << " already in its pool";
+    b->pool_it = r.position;
   }
 }
 
 void CachingAllocator::Impl::pool_remove(BlockNode* b) {
-  if (b->is_split()) {
-    stat_decrease(stats.inactive_split, b->stat_type(), 1);
-    stat_decrease(stats.inactive_split_bytes, b->stat_type(), i64(b->size));
+  count_in_pool(b, -1);
+  b->handle = pool_for(b->segment->is_large).extract(b->pool_it);
+}
+
+// `to` (outside the pool, its key final) takes over the tree node of `from` (in the pool),
+// which leaves it. Split and merge replace one free block by another of nearby size; when no
+// other entry sorts between the two keys, the node is re-keyed where it stands, and the pair
+// allocate + free of a cached size costs no tree rebalancing at all. The caller does the
+// inactive_split accounting.
+void CachingAllocator::Impl::pool_transfer(BlockNode* from, BlockNode* to) {
+  PoolSet& pool = pool_for(to->segment->is_large);
+  const auto it = from->pool_it;
+  const alloc_detail::PoolEntry e = to->entry();
+  const alloc_detail::PoolLess less;
+  std::swap(from->handle, to->handle);  // `from` was in the pool, so its handle was empty
+  const bool in_place = (it == pool.begin() || less(*std::prev(it), e)) &&
+                        (std::next(it) == pool.end() || less(e, *std::next(it)));
+  if (in_place) {
+    // Sound: the order is unchanged, and set nodes hold non-const objects (the iterator
+    // only exposes them as const).
+    const_cast<alloc_detail::PoolEntry&>(*it) = e;
+    to->pool_it = it;
+  } else {
+    auto node = pool.extract(it);
+    node.value() = e;
+    to->pool_it = pool.insert(std::move(node)).position;
   }
-  b->handle = pool_for(b->segment->is_large).extract(b);
-  MEMFIT_CHECK(!b->handle.empty()) << "free block " << hex_address(b->addr) << " not in its pool";
 }
 
 bool CachingAllocator::Impl::should_split(const BlockNode* b, std::size_t size) const {
@@ -214,22 +245,17 @@ bool CachingAllocator::Impl::should_split(const BlockNode* b, std::size_t size) 
   return (config.max_split_size == 0 || size < config.max_split_size) && remaining > kSmallSize;
 }
 
-BlockNode* CachingAllocator::Impl::take_free_block(PoolSet& pool, StreamId stream,
+BlockNode* CachingAllocator::Impl::find_free_block(PoolSet& pool, StreamId stream,
                                                    std::size_t size) {
   auto it = pool.lower_bound(alloc_detail::SearchKey{stream, size});
-  if (it == pool.end() || (*it)->stream != stream) return nullptr;
-  BlockNode* b = *it;
+  if (it == pool.end() || it->stream != stream) return nullptr;
+  BlockNode* b = it->block;
   if (config.max_split_size != 0) {
     // Oversize blocks (>= max_split_size) are kept for oversize requests, and serve only those
     // within kLargeBuffer of their size, so they are neither split nor wasted (PyTorch's rule).
     if (size < config.max_split_size && b->size >= config.max_split_size) return nullptr;
     if (size >= config.max_split_size && b->size >= size + kLargeBuffer) return nullptr;
   }
-  if (b->is_split()) {
-    stat_decrease(stats.inactive_split, b->stat_type(), 1);
-    stat_decrease(stats.inactive_split_bytes, b->stat_type(), i64(b->size));
-  }
-  b->handle = pool.extract(it);
   return b;
 }
 
@@ -288,35 +314,49 @@ BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId 
   return b;
 }
 
+// No cached block fits: a new segment, after garbage collection when configured; failing
+// that, retry once with the cache emptied; failing that, OutOfMemory. The block returned is
+// outside the pool.
+BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t bytes,
+                                                  std::size_t size, StreamId stream,
+                                                  Category category, const std::string* tag) {
+  if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
+  BlockNode* b = new_segment_block(size, stream, category, tag);
+  if (b != nullptr) return b;
+  // Pending frees completed first (merged, they may now fit), then every wholly free segment
+  // returned to the provider.
+  ++stats.num_alloc_retries;
+  synchronize_events();
+  b = find_free_block(pool, stream, size);
+  if (b != nullptr) {
+    pool_remove(b);
+    return b;
+  }
+  release_free_segments();
+  b = new_segment_block(size, stream, category, tag);
+  if (b == nullptr) out_of_memory(bytes, stream, category, tag);
+  return b;
+}
+
 BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, StreamId stream,
                                           std::string_view tag_text) {
-  validate_request(bytes, "allocate");
-  if (!pending.empty()) process_events();
-  const std::string* tag = intern(tag_text);
+  // One compare catches both 0 (wraps around) and sizes beyond kMaxAllocationSize.
+  if (__builtin_expect(bytes - 1 >= kMaxAllocationSize, 0)) validate_request(bytes, "allocate");
+  if (__builtin_expect(!pending.empty(), 0)) process_events();
+  const std::string* tag =
+      tag_text.empty() ? nullptr
+                       : (last_tag != nullptr && *last_tag == tag_text ? last_tag : intern(tag_text));
   const std::size_t size = round_size(bytes);
   const bool is_large = size > kSmallSize;
   PoolSet& pool = pool_for(is_large);
 
-  BlockNode* b = take_free_block(pool, stream, size);
-  if (__builtin_expect(b == nullptr, 0)) {
-    if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
-    b = new_segment_block(size, stream, category, tag);
-    if (b == nullptr) {
-      // Retry once with the cache emptied: pending frees completed (they may now fit), then
-      // every wholly free segment returned to the provider.
-      ++stats.num_alloc_retries;
-      synchronize_events();
-      b = take_free_block(pool, stream, size);
-      if (b == nullptr) {
-        release_free_segments();
-        b = new_segment_block(size, stream, category, tag);
-      }
-      if (b == nullptr) out_of_memory(bytes, stream, category, tag);
-    }
-  }
+  BlockNode* b = find_free_block(pool, stream, size);
+  const bool from_pool = b != nullptr;
+  if (__builtin_expect(!from_pool, 0)) b = new_block_slow(pool, bytes, size, stream, category, tag);
 
   if (should_split(b, size)) {
     BlockNode* rest = node_from_spare();
+    if (from_pool) count_in_pool(b, -1);
     rest->addr = b->addr + size;
     rest->size = b->size - size;
     rest->stream = stream;
@@ -327,7 +367,14 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
     b->next = rest;
     b->size = size;
     rest->free_seq = ++free_seq;
-    pool_insert(rest);
+    if (from_pool) {
+      count_in_pool(rest, +1);
+      pool_transfer(b, rest);
+    } else {
+      pool_insert(rest);
+    }
+  } else if (from_pool) {
+    pool_remove(b);
   }
 
   b->state = NodeState::kAllocated;
@@ -390,27 +437,38 @@ void CachingAllocator::Impl::free_completed(BlockNode* b) {
   b->requested = 0;
   b->category = Category::kUnknown;
   b->tag = nullptr;
-  if (BlockNode* p = b->prev; p != nullptr && p->state == NodeState::kFree) {
-    pool_remove(p);
-    b->addr = p->addr;
-    b->size += p->size;
-    b->prev = p->prev;
-    if (b->prev != nullptr) {
-      b->prev->next = b;
-    } else {
-      b->segment->head = b;
-    }
-    node_to_spare(p);
-  }
-  if (BlockNode* q = b->next; q != nullptr && q->state == NodeState::kFree) {
-    pool_remove(q);
-    b->size += q->size;
-    b->next = q->next;
-    if (b->next != nullptr) b->next->prev = b;
-    node_to_spare(q);
-  }
+  BlockNode* p = b->prev != nullptr && b->prev->state == NodeState::kFree ? b->prev : nullptr;
+  BlockNode* q = b->next != nullptr && b->next->state == NodeState::kFree ? b->next : nullptr;
   b->free_seq = ++free_seq;
-  pool_insert(b);
+  if (p == nullptr && q == nullptr) {
+    pool_insert(b);
+  } else {
+    if (p != nullptr) count_in_pool(p, -1);
+    if (q != nullptr) count_in_pool(q, -1);
+    if (p != nullptr) {
+      b->addr = p->addr;
+      b->size += p->size;
+      b->prev = p->prev;
+      if (b->prev != nullptr) {
+        b->prev->next = b;
+      } else {
+        b->segment->head = b;
+      }
+    }
+    if (q != nullptr) {
+      b->size += q->size;
+      b->next = q->next;
+      if (b->next != nullptr) b->next->prev = b;
+    }
+    count_in_pool(b, +1);
+    // The merged block takes over the tree node of the larger neighbour (the nearer key).
+    BlockNode* keep = (q != nullptr && (p == nullptr || q->size >= p->size)) ? q : p;
+    BlockNode* drop = keep == q ? p : q;
+    if (drop != nullptr) drop->handle = pool_for(b->segment->is_large).extract(drop->pool_it);
+    pool_transfer(keep, b);
+    node_to_spare(p != nullptr ? p : q);
+    if (p != nullptr && q != nullptr) node_to_spare(q);
+  }
   emit(EventKind::kFreeCompleted, orig_addr, orig_size, b->stream, category, tag);
 }
 
@@ -467,8 +525,8 @@ void CachingAllocator::Impl::release_segment(BlockNode* b) {
 void CachingAllocator::Impl::release_free_segments() {
   std::vector<BlockNode*> whole;
   for (PoolSet* pool : {&small, &large}) {
-    for (BlockNode* b : *pool)
-      if (!b->is_split()) whole.push_back(b);
+    for (const auto& e : *pool)
+      if (!e.block->is_split()) whole.push_back(e.block);
   }
   for (BlockNode* b : whole) release_segment(b);
 }
@@ -488,8 +546,8 @@ void CachingAllocator::Impl::garbage_collect() {
   if (reserved <= limit) return;
   std::vector<BlockNode*> whole;
   for (PoolSet* pool : {&small, &large}) {
-    for (BlockNode* b : *pool)
-      if (!b->is_split()) whole.push_back(b);
+    for (const auto& e : *pool)
+      if (!e.block->is_split()) whole.push_back(e.block);
   }
   std::sort(whole.begin(), whole.end(),
             [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });

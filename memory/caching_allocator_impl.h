@@ -33,18 +33,35 @@ enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree };
 
 struct BlockNode;
 
-// Orders a pool by (stream, size, address); SearchKey finds the smallest fitting block.
+// A pool entry carries its key inline so that tree searches compare without touching the
+// BlockNodes (one cache miss per level saved). Pools order by (stream, size, address);
+// SearchKey finds the smallest fitting block of a stream.
+struct PoolEntry {
+  StreamId stream;
+  std::size_t size;
+  std::uintptr_t addr;
+  BlockNode* block;
+};
 struct SearchKey {
   StreamId stream;
   std::size_t size;
 };
 struct PoolLess {
   using is_transparent = void;
-  bool operator()(const BlockNode* a, const BlockNode* b) const;
-  bool operator()(const BlockNode* a, const SearchKey& k) const;
-  bool operator()(const SearchKey& k, const BlockNode* b) const;
+  bool operator()(const PoolEntry& a, const PoolEntry& b) const {
+    if (a.stream != b.stream) return a.stream < b.stream;
+    if (a.size != b.size) return a.size < b.size;
+    return a.addr < b.addr;
+  }
+  bool operator()(const PoolEntry& a, const SearchKey& k) const {
+    return a.stream != k.stream ? a.stream < k.stream : a.size < k.size;
+  }
+  bool operator()(const SearchKey& k, const PoolEntry& b) const {
+    // A key sorts before every block of its size (as if its address were 0).
+    return k.stream != b.stream ? k.stream < b.stream : k.size <= b.size;
+  }
 };
-using PoolSet = std::set<BlockNode*, PoolLess>;
+using PoolSet = std::set<PoolEntry, PoolLess>;
 
 struct Segment {
   std::uintptr_t base = 0;
@@ -68,25 +85,13 @@ struct BlockNode {
   NodeState state = NodeState::kFree;
   Category category = Category::kUnknown;
   std::vector<StreamId> stream_uses;  // other streams recorded with record_stream
+  PoolSet::iterator pool_it;          // valid while the block is in its pool
   PoolSet::node_type handle;          // the set node, held while the block is out of its pool
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
+  PoolEntry entry() { return PoolEntry{stream, size, addr, this}; }
   int stat_type() const { return segment->is_large ? kStatLargePool : kStatSmallPool; }
 };
-
-inline bool PoolLess::operator()(const BlockNode* a, const BlockNode* b) const {
-  if (a->stream != b->stream) return a->stream < b->stream;
-  if (a->size != b->size) return a->size < b->size;
-  return a->addr < b->addr;
-}
-inline bool PoolLess::operator()(const BlockNode* a, const SearchKey& k) const {
-  if (a->stream != k.stream) return a->stream < k.stream;
-  return a->size < k.size;
-}
-inline bool PoolLess::operator()(const SearchKey& k, const BlockNode* b) const {
-  if (k.stream != b->stream) return k.stream < b->stream;
-  return k.size <= b->size;  // a key sorts before every block of its size (address 0)
-}
 
 // Address -> live block. Linear probing with backward-shift deletion, load <= 1/2; grows
 // (the only allocation) when the number of live blocks reaches a new high.
@@ -168,7 +173,9 @@ struct StringHash {
 
 namespace memfit {
 
-struct CachingAllocator::Impl {
+// Hidden: calls between its members then bind directly (no PLT hop, inlinable) in the shared
+// library; nothing outside libmemfit names it.
+struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   using BlockNode = alloc_detail::BlockNode;
   using Segment = alloc_detail::Segment;
   using PoolSet = alloc_detail::PoolSet;
@@ -191,7 +198,9 @@ struct CachingAllocator::Impl {
 
   // ---- internals (caching_allocator.cpp) ----------------------------------------------------
   PoolSet& pool_for(bool is_large) { return is_large ? large : small; }
-  BlockNode* take_free_block(PoolSet& pool, StreamId stream, std::size_t size);
+  BlockNode* find_free_block(PoolSet& pool, StreamId stream, std::size_t size);  // stays in pool
+  BlockNode* new_block_slow(PoolSet& pool, std::size_t bytes, std::size_t size, StreamId stream,
+                            Category category, const std::string* tag);
   bool should_split(const BlockNode* b, std::size_t size) const;
   BlockNode* new_segment_block(std::size_t size, StreamId stream, Category category,
                                const std::string* tag);
@@ -199,6 +208,8 @@ struct CachingAllocator::Impl {
                            Category category, const std::string* tag);
   void pool_insert(BlockNode* b);
   void pool_remove(BlockNode* b);
+  void pool_transfer(BlockNode* from, BlockNode* to);
+  void count_in_pool(const BlockNode* b, int sign);
   void free_completed(BlockNode* b);  // merge with free neighbours, back into the pool
   void process_events();               // completes frees whose events have all finished
   void synchronize_events();           // waits for every pending event, completes those frees

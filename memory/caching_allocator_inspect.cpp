@@ -126,7 +126,7 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream,
   info.reserved_bytes = reserved;
   info.budget_bytes = config.budget;
   for (const PoolSet* pool : {&small, &large}) {
-    for (const BlockNode* b : *pool) info.largest_free_block = std::max(info.largest_free_block, b->size);
+    for (const auto& e : *pool) info.largest_free_block = std::max(info.largest_free_block, e.size);
   }
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     const std::int64_t cur = stats.category_bytes[c].current;
@@ -194,8 +194,8 @@ void CachingAllocator::Impl::check() const {
               << "unmerged free neighbours at " << hex_address(b->addr);
           MEMFIT_CHECK(b->event_count == 0 && b->requested == 0);
           const PoolSet& pool = seg->is_large ? large : small;
-          auto it = pool.find(const_cast<BlockNode*>(b));
-          MEMFIT_CHECK(it != pool.end() && *it == b)
+          auto it = pool.find(alloc_detail::PoolEntry{b->stream, b->size, b->addr, nullptr});
+          MEMFIT_CHECK(it != pool.end() && it->block == b && b->pool_it == it)
               << "free block " << hex_address(b->addr) << " missing from its pool";
           (seg->is_large ? free_large : free_small) += 1;
           if (b->is_split()) {
