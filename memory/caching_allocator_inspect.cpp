@@ -143,11 +143,11 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream,
   msg += ", stream " + std::to_string(stream) + ") from provider '" + provider.name() + "'";
   msg += last_failure == Failure::kBudget ? ", which would exceed the budget"
                                           : ", which returned no memory";
-  msg += ". Allocated " + format_bytes(info.allocated_bytes) + ", reserved " +
+  msg += "; allocated " + format_bytes(info.allocated_bytes) + ", reserved " +
          format_bytes(info.reserved_bytes) + ", budget " +
          (info.budget_bytes != 0 ? format_bytes(info.budget_bytes) : std::string("unlimited")) +
          ", largest free block " + format_bytes(info.largest_free_block) +
-         ". Top categories in use: ";
+         "; top categories in use: ";
   if (info.top_categories.empty()) msg += "none";
   for (std::size_t i = 0; i < info.top_categories.size(); ++i) {
     msg += (i ? ", " : "");
