@@ -334,6 +334,28 @@ TEST(DTypeTest, ConvertEveryPairMatchesElementFunctions) {
   }
 }
 
+// f16 <-> bf16 round once, from the exact value: checked against the table reference over
+// every source pattern (each 16-bit value is exact in f32, so the reference input is exact).
+TEST(DTypeTest, SixteenBitPairsRoundOnceFromTheExactValue) {
+  std::vector<u16> all(0x10000), out(0x10000);
+  for (u32 p = 0; p < 0x10000; ++p) all[p] = static_cast<u16>(p);
+  convert(all.data(), DType::kF16, out.data(), DType::kBF16, all.size());
+  for (u32 p = 0; p < 0x10000; ++p) {
+    const double v = ref_f16_value(all[p]);
+    if (std::isnan(v)) continue;  // NaN rules: checked through f32 above
+    ASSERT_EQ(out[p], ref_round(bf16_table(), static_cast<float>(v))) << std::hex << p;
+  }
+  convert(all.data(), DType::kBF16, out.data(), DType::kF16, all.size());
+  for (u32 p = 0; p < 0x10000; ++p) {
+    const double v = ref_bf16_value(all[p]);
+    if (std::isnan(v)) {
+      ASSERT_TRUE(std::isnan(ref_f16_value(out[p]))) << std::hex << p;
+      continue;
+    }
+    ASSERT_EQ(out[p], ref_round(f16_table(), static_cast<float>(v))) << std::hex << p;
+  }
+}
+
 TEST(DTypeTest, ConvertSamePointerSameDTypeIsANoOp) {
   std::vector<unsigned char> buf = source_bytes(DType::kBF16, 100, 3);
   const std::vector<unsigned char> before = buf;
