@@ -235,7 +235,7 @@ for b in "$BUILD"/bench/*; do
   [[ -f "$b" && -x "$b" && ( "$n" == *gpu* || "$n" == *cuda* ) ]] && benches+=("$b")
 done
 if ((${#benches[@]} == 0)); then
-  row benchmarks "none (no bench/*gpu*|*cuda*_bench.cpp yet)" 0
+  row benchmarks "none (no gpu/cuda bench binary yet)" 0
 fi
 for b in "${benches[@]}"; do
   n=$(basename "$b")
