@@ -26,7 +26,22 @@ std::size_t page_size() {
   return page > 0 ? static_cast<std::size_t>(page) : 4096;
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+
 }  // namespace
+
+bool PinnedHostProvider::mlock_available() { return !kSanitizerBuild; }
 
 PinnedHostProvider::PinnedHostProvider() : page_size_(page_size()) {
 #ifdef MEMFIT_HAVE_CUDA
@@ -78,11 +93,12 @@ void* PinnedHostProvider::allocate_mlock(std::size_t bytes) {
   void* ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (ptr == MAP_FAILED) return nullptr;
   allocations_.fetch_add(1, std::memory_order_relaxed);
-  if (mlock(ptr, length) == 0) {
+  const int rc = kSanitizerBuild ? -1 : mlock(ptr, length);
+  if (rc == 0) {
     locked_last_.store(true, std::memory_order_relaxed);
   } else {
     // See the header: usable memory beats a false out-of-memory; the counters tell.
-    last_errno_.store(errno, std::memory_order_relaxed);
+    last_errno_.store(kSanitizerBuild ? ENOTSUP : errno, std::memory_order_relaxed);
     unlocked_.fetch_add(1, std::memory_order_relaxed);
     locked_last_.store(false, std::memory_order_relaxed);
   }

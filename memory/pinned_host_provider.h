@@ -58,12 +58,15 @@ class PinnedHostProvider final : public MemoryProvider {
   bool locked_last() const { return locked_last_.load(std::memory_order_relaxed); }
   // Successful allocations since construction, and how many of them are not locked.
   std::int64_t allocations() const { return allocations_.load(std::memory_order_relaxed); }
-  std::int64_t unlocked_allocations() const {
-    return unlocked_.load(std::memory_order_relaxed);
-  }
+  std::int64_t unlocked_allocations() const { return unlocked_.load(std::memory_order_relaxed); }
   // errno of the most recent mlock failure (ENOMEM: over RLIMIT_MEMLOCK; EPERM: not
-  // permitted), 0 if none failed.
+  // permitted; ENOTSUP: this build cannot lock, see below), 0 if none failed.
   int last_lock_errno() const { return last_errno_.load(std::memory_order_relaxed); }
+
+  // False in sanitizer builds (ASan/TSan/MSan): their runtimes replace mlock with a no-op that
+  // reports success, so the kMlock path there counts every allocation as unlocked (ENOTSUP)
+  // instead of claiming a lock the kernel never made.
+  static bool mlock_available();
 
  private:
   void* allocate_mlock(std::size_t bytes);

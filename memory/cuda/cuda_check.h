@@ -80,10 +80,10 @@ class DeviceGuard {
 
 }  // namespace memfit::cuda
 
-#define MEMFIT_CUDA_CHECK(call)                                                \
-  do {                                                                         \
-    const cudaError_t memfit_cuda_err_ = (call);                               \
-    if (__builtin_expect(memfit_cuda_err_ != cudaSuccess, 0)) {                \
+#define MEMFIT_CUDA_CHECK(call)                                                      \
+  do {                                                                               \
+    const cudaError_t memfit_cuda_err_ = (call);                                     \
+    if (__builtin_expect(memfit_cuda_err_ != cudaSuccess, 0)) {                      \
       ::memfit::cuda::throw_cuda_error(memfit_cuda_err_, #call, __FILE__, __LINE__); \
-    }                                                                          \
+    }                                                                                \
   } while (0)

@@ -55,8 +55,8 @@ void* CudaProvider::allocate(std::size_t bytes) {
     return nullptr;
   }
   if (err != cudaSuccess) {
-    const std::string call = "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " +
-                             std::to_string(device_);
+    const std::string call =
+        "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " + std::to_string(device_);
     cuda::throw_cuda_error(err, call.c_str(), __FILE__, __LINE__);
   }
   return ptr;

@@ -18,11 +18,10 @@ CudaStreamSync::CudaStreamSync(int device) : device_(device) {
   std::string why;
   const int count = CudaProvider::cuda_device_count(&why);
   if (device < 0 || device >= count) {
-    throw InvalidArgument("CudaStreamSync: device " + std::to_string(device) +
-                          (count == 0 ? " requested but there is no usable CUDA device (" + why +
-                                            ")"
-                                      : " does not exist; valid devices are 0.." +
-                                            std::to_string(count - 1)));
+    throw InvalidArgument(
+        "CudaStreamSync: device " + std::to_string(device) +
+        (count == 0 ? " requested but there is no usable CUDA device (" + why + ")"
+                    : " does not exist; valid devices are 0.." + std::to_string(count - 1)));
   }
 }
 

@@ -25,12 +25,12 @@
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
 
-#define MEMFIT_REQUIRE_GPU()                                              \
-  do {                                                                    \
-    std::string memfit_why_;                                              \
-    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) {   \
-      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                  \
-    }                                                                     \
+#define MEMFIT_REQUIRE_GPU()                                            \
+  do {                                                                  \
+    std::string memfit_why_;                                            \
+    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) { \
+      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                \
+    }                                                                   \
   } while (0)
 
 namespace memfit {
@@ -170,9 +170,9 @@ TEST_F(AllocatorGpu, CachedSegmentsAreReleasedToSatisfyADeviceOom) {
   CudaStreamSync sync(0);
   CachingAllocator alloc(gpu, {}, &sync);
   const std::size_t free = free_device_bytes();
-  const std::size_t big = free / 10 * 4 / kRoundLarge * kRoundLarge;   // 40% of free
+  const std::size_t big = free / 10 * 4 / kRoundLarge * kRoundLarge;     // 40% of free
   const std::size_t bigger = free / 10 * 7 / kRoundLarge * kRoundLarge;  // 70%: both won't fit
-  alloc.allocate(big, Category::kActivation).reset();  // cached, not returned
+  alloc.allocate(big, Category::kActivation).reset();                    // cached, not returned
   EXPECT_EQ(alloc.stats().reserved_bytes[kStatAll].current, static_cast<std::int64_t>(big));
   Block b = alloc.allocate(bigger, Category::kActivation);
   ASSERT_TRUE(b);

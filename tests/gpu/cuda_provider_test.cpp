@@ -3,6 +3,8 @@
 // Tests that need a GPU start with MEMFIT_REQUIRE_GPU(), which skips with
 // "no CUDA device: <the runtime's reason>". The CudaCheck and *WithoutDevice* tests need no
 // GPU on purpose: error formatting and argument checking must work on CI machines too.
+#include "memory/cuda/cuda_provider.h"
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -15,18 +17,17 @@
 #include <vector>
 
 #include "memory/cuda/cuda_check.h"
-#include "memory/cuda/cuda_provider.h"
 #include "memory/cuda/cuda_stream_sync.h"
 #include "memory/error.h"
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
 
-#define MEMFIT_REQUIRE_GPU()                                              \
-  do {                                                                    \
-    std::string memfit_why_;                                              \
-    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) {   \
-      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                  \
-    }                                                                     \
+#define MEMFIT_REQUIRE_GPU()                                            \
+  do {                                                                  \
+    std::string memfit_why_;                                            \
+    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) { \
+      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                \
+    }                                                                   \
   } while (0)
 
 namespace memfit {
@@ -61,8 +62,7 @@ TEST(CudaCheck, MessageNamesTheCallTheErrorAndThePlace) {
     EXPECT_NE(what.find("returns(cudaErrorInvalidValue) failed"), std::string::npos) << what;
     EXPECT_NE(what.find(std::string(cudaGetErrorName(cudaErrorInvalidValue))), std::string::npos)
         << what;
-    EXPECT_NE(what.find(std::string(cudaGetErrorString(cudaErrorInvalidValue))),
-              std::string::npos)
+    EXPECT_NE(what.find(std::string(cudaGetErrorString(cudaErrorInvalidValue))), std::string::npos)
         << what;
     EXPECT_NE(what.find(std::string(__FILE__) + ":" + std::to_string(line)), std::string::npos)
         << what;
