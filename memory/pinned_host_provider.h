@@ -14,8 +14,9 @@
 // - kMlock: CPU-only builds, and CUDA builds with no usable device. Anonymous mmap (page
 //   aligned, whole pages) locked with mlock, freed with munmap (which also unlocks).
 //
-// When mlock fails (RLIMIT_MEMLOCK is small by default: 64 KiB before Linux 5.16, 8 MiB since;
-// `ulimit -l` shows it), the memory is still returned, not nullptr, and the failure is counted:
+// When mlock fails (an unprivileged process may lock only RLIMIT_MEMLOCK bytes, 64 KiB on
+// older distributions and 8 MiB on this project's dev machine; `ulimit -l` shows it), the
+// memory is still returned, not nullptr, and the failure is counted:
 // locked_last() turns false, unlocked_allocations() grows, last_lock_errno() says why. Why
 // not fail: without a GPU nothing DMAs from this memory, so locking only buys "never swapped",
 // and returning nullptr would make the caching allocator report OutOfMemory on a machine
