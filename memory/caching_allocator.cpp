@@ -262,8 +262,7 @@ BlockNode* CachingAllocator::Impl::find_free_block(PoolSet& pool, StreamId strea
 // ---- Impl: allocation -----------------------------------------------------------------------
 
 BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_large,
-                                                 StreamId stream, Category category,
-                                                 const std::string* tag) {
+                                                 StreamId stream) {
   if (config.budget != 0 && (seg_size > config.budget || reserved > config.budget - seg_size)) {
     last_failure = Failure::kBudget;
     return nullptr;
@@ -271,7 +270,16 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   // Book-keeping objects first, so that a bad_alloc here cannot strand provider memory.
   BlockNode* b = node_from_spare();
   auto* seg = new Segment();
-  void* p = provider.allocate(seg_size);
+  void* p = nullptr;
+  try {
+    p = provider.allocate(seg_size);  // a device provider may throw for errors other than OOM
+    if (p != nullptr) segments.emplace(reinterpret_cast<std::uintptr_t>(p), seg);
+  } catch (...) {
+    if (p != nullptr) provider.deallocate(p, seg_size);
+    delete seg;
+    node_to_spare(b);
+    throw;
+  }
   if (p == nullptr) {
     delete seg;
     node_to_spare(b);
@@ -279,8 +287,14 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
     return nullptr;
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  MEMFIT_CHECK(addr % kMinBlockSize == 0) << "provider '" << provider.name()
-                                          << "' returned unaligned " << hex_address(addr);
+  if (addr % kMinBlockSize != 0) {
+    segments.erase(addr);
+    provider.deallocate(p, seg_size);
+    delete seg;
+    node_to_spare(b);
+    MEMFIT_CHECK(false) << "provider '" << provider.name() << "' returned " << hex_address(addr)
+                        << ", not aligned to " << kMinBlockSize << " bytes";
+  }
   seg->base = addr;
   seg->size = seg_size;
   seg->stream = stream;
@@ -290,26 +304,23 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   b->size = seg_size;
   b->stream = stream;
   b->segment = seg;
-  segments.emplace(addr, seg);
   reserved += seg_size;
   stat_increase(stats.segment, b->stat_type(), 1);
   stat_increase(stats.reserved_bytes, b->stat_type(), i64(seg_size));
   ++stats.num_device_alloc;
-  emit(EventKind::kSegmentAlloc, addr, seg_size, stream, category, tag);
+  fresh_segment = seg;  // its event is emitted by malloc once the block is handed out
   return b;
 }
 
-BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream,
-                                                     Category category,
-                                                     const std::string* tag) {
+BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream) {
   const bool is_large = size > kSmallSize;
   const std::size_t seg_size = allocation_size(size);
-  BlockNode* b = alloc_segment(seg_size, is_large, stream, category, tag);
+  BlockNode* b = alloc_segment(seg_size, is_large, stream);
   // memfit addition: when a shared 20 MiB segment does not fit (budget or provider), a
   // segment of just the request (rounded to 2 MiB) may; PyTorch reports OOM here instead.
   const std::size_t tight = (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
   if (b == nullptr && is_large && tight < seg_size) {
-    b = alloc_segment(tight, is_large, stream, category, tag);
+    b = alloc_segment(tight, is_large, stream);
   }
   return b;
 }
@@ -321,7 +332,7 @@ BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t byt
                                                   std::size_t size, StreamId stream,
                                                   Category category, const std::string* tag) {
   if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
-  BlockNode* b = new_segment_block(size, stream, category, tag);
+  BlockNode* b = new_segment_block(size, stream);
   if (b != nullptr) return b;
   // Pending frees completed first (merged, they may now fit), then every wholly free segment
   // returned to the provider.
@@ -333,7 +344,7 @@ BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t byt
     return b;
   }
   release_free_segments();
-  b = new_segment_block(size, stream, category, tag);
+  b = new_segment_block(size, stream);
   if (b == nullptr) out_of_memory(bytes, stream, category, tag);
   return b;
 }
@@ -391,47 +402,74 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
   stat_increase(stats.active_bytes, type, n);
   stat_increase(stats.requested_bytes, type, i64(bytes));
   stats.category_bytes[category_index(category)].increase(n);
+  if (__builtin_expect(!from_pool, 0) && fresh_segment != nullptr) {
+    emit(EventKind::kSegmentAlloc, fresh_segment->base, fresh_segment->size, stream, category,
+         tag);
+    fresh_segment = nullptr;
+  }
   emit(EventKind::kAlloc, b->addr, b->size, stream, category, tag);
   return b;
 }
 
 // ---- Impl: free -----------------------------------------------------------------------------
 
+// Events are emitted once the structure is consistent again, so that a listener that throws
+// leaves the allocator usable.
 void CachingAllocator::Impl::free_requested(BlockNode* b) {
   MEMFIT_CHECK(b->state == NodeState::kAllocated)
       << "Block handle points at block " << hex_address(b->addr) << " that is not allocated";
+  const bool waits = !b->stream_uses.empty();
+  if (__builtin_expect(waits, 0)) {
+    // Used on other streams: reusable once the work queued there so far has finished.
+    // Recorded before anything changes, so that a failing record() leaves the block live.
+    const std::size_t mark = pending.size();
+    try {
+      for (StreamId s : b->stream_uses) pending.push_back({sync->record(s), b});
+    } catch (...) {
+      for (std::size_t i = mark; i < pending.size(); ++i) sync->release(pending[i].event);
+      pending.resize(mark);
+      throw;
+    }
+    b->event_count = static_cast<int>(pending.size() - mark);
+    b->stream_uses.clear();
+  }
   BlockNode* found = live.erase(b->addr);
   MEMFIT_CHECK(found == b) << "live map disagrees about " << hex_address(b->addr);
 
-  const int type = b->stat_type();
-  const auto n = i64(b->size);
-  stat_decrease(stats.allocation, type, 1);
-  stat_decrease(stats.allocated_bytes, type, n);
-  stat_decrease(stats.requested_bytes, type, i64(b->requested));
-  stats.category_bytes[category_index(b->category)].decrease(n);
-  emit(EventKind::kFreeRequested, b->addr, b->size, b->stream, b->category, b->tag);
-
-  if (__builtin_expect(b->stream_uses.empty(), 1)) {
-    free_completed(b);
-    return;
-  }
-  // Used on other streams: reusable once the work queued there so far has finished.
-  b->state = NodeState::kPendingFree;
-  for (StreamId s : b->stream_uses) {
-    pending.push_back({sync->record(s), b});
-    ++b->event_count;
-  }
-  b->stream_uses.clear();
-}
-
-void CachingAllocator::Impl::free_completed(BlockNode* b) {
-  const std::uintptr_t orig_addr = b->addr;
-  const std::size_t orig_size = b->size;
+  const std::uintptr_t addr = b->addr;
+  const std::size_t size = b->size;
   const Category category = b->category;
   const std::string* tag = b->tag;
   const int type = b->stat_type();
+  const auto n = i64(size);
+  stat_decrease(stats.allocation, type, 1);
+  stat_decrease(stats.allocated_bytes, type, n);
+  stat_decrease(stats.requested_bytes, type, i64(b->requested));
+  stats.category_bytes[category_index(category)].decrease(n);
+  if (__builtin_expect(waits, 0)) {
+    b->state = NodeState::kPendingFree;
+    emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
+    return;
+  }
+  merge_into_pool(b);
+  emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
+  emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
+}
+
+void CachingAllocator::Impl::free_completed(BlockNode* b) {
+  const std::uintptr_t addr = b->addr;
+  const std::size_t size = b->size;
+  const Category category = b->category;
+  const std::string* tag = b->tag;
+  merge_into_pool(b);
+  emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
+}
+
+// The block stops being active, merges with free neighbours and enters its pool.
+void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
+  const int type = b->stat_type();
   stat_decrease(stats.active, type, 1);
-  stat_decrease(stats.active_bytes, type, i64(orig_size));
+  stat_decrease(stats.active_bytes, type, i64(b->size));
 
   b->state = NodeState::kFree;
   b->requested = 0;
@@ -469,7 +507,6 @@ void CachingAllocator::Impl::free_completed(BlockNode* b) {
     node_to_spare(p != nullptr ? p : q);
     if (p != nullptr && q != nullptr) node_to_spare(q);
   }
-  emit(EventKind::kFreeCompleted, orig_addr, orig_size, b->stream, category, tag);
 }
 
 void CachingAllocator::Impl::record_stream(BlockNode* b, StreamId stream) {
@@ -517,9 +554,12 @@ void CachingAllocator::Impl::release_segment(BlockNode* b) {
   stat_decrease(stats.reserved_bytes, type, i64(seg->size));
   ++stats.num_device_free;
   segments.erase(seg->base);
-  emit(EventKind::kSegmentFree, seg->base, seg->size, seg->stream, Category::kUnknown, nullptr);
+  const std::uintptr_t base = seg->base;
+  const std::size_t size = seg->size;
+  const StreamId stream = seg->stream;
   delete seg;
   node_to_spare(b);
+  emit(EventKind::kSegmentFree, base, size, stream, Category::kUnknown, nullptr);
 }
 
 void CachingAllocator::Impl::release_free_segments() {

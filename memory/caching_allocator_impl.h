@@ -202,15 +202,14 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   BlockNode* new_block_slow(PoolSet& pool, std::size_t bytes, std::size_t size, StreamId stream,
                             Category category, const std::string* tag);
   bool should_split(const BlockNode* b, std::size_t size) const;
-  BlockNode* new_segment_block(std::size_t size, StreamId stream, Category category,
-                               const std::string* tag);
-  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, StreamId stream,
-                           Category category, const std::string* tag);
+  BlockNode* new_segment_block(std::size_t size, StreamId stream);
+  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, StreamId stream);
   void pool_insert(BlockNode* b);
   void pool_remove(BlockNode* b);
   void pool_transfer(BlockNode* from, BlockNode* to);
   void count_in_pool(const BlockNode* b, int sign);
-  void free_completed(BlockNode* b);  // merge with free neighbours, back into the pool
+  void free_completed(BlockNode* b);   // a pending free whose events have all completed
+  void merge_into_pool(BlockNode* b);  // merge with free neighbours, back into the pool
   void process_events();               // completes frees whose events have all finished
   void synchronize_events();           // waits for every pending event, completes those frees
   void release_segment(BlockNode* b);  // b covers a whole free segment
@@ -245,6 +244,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   };
   std::vector<Pending> pending;  // recorded events of pending frees, oldest first
   std::vector<BlockNode*> spare;
+  Segment* fresh_segment = nullptr;  // obtained by this malloc; its event is still due
   std::size_t reserved = 0;  // == stats.reserved_bytes[kStatAll].current
   std::uint64_t free_seq = 0;
   enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
