@@ -58,8 +58,8 @@ AllocatorConfig parse_alloc_conf(std::string_view text) {
     }
     const std::size_t colon = entry.find(':');
     if (colon == std::string_view::npos) {
-      fail(text, "entry '" + std::string(entry) + "' has no ':'; expected key:value, keys: " +
-                     kValidKeys);
+      fail(text, "entry '" + std::string(entry) +
+                     "' has no ':'; expected key:value, keys: " + kValidKeys);
     }
     const std::string_view key = trim(entry.substr(0, colon));
     const std::string_view value = trim(entry.substr(colon + 1));
@@ -145,7 +145,8 @@ std::string AllocatorConfig::to_string() const {
     out += value;
   };
   // A max_split_size set from code need not be whole MiB; the text form rounds it up.
-  if (max_split_size != 0) add("max_split_size_mb", std::to_string((max_split_size + (1 << 20) - 1) >> 20));
+  if (max_split_size != 0)
+    add("max_split_size_mb", std::to_string((max_split_size + (1 << 20) - 1) >> 20));
   if (roundup_power2_divisions != 0) {
     add("roundup_power2_divisions", std::to_string(roundup_power2_divisions));
   }

@@ -1,4 +1,4 @@
-// Private to the caching allocator (caching_allocator*.cpp); not installed API.
+// Private to the caching allocator (caching_allocator*.cpp, block_pool.cpp); not API.
 //
 // Data structures, after PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp):
 // - BlockNode: one contiguous range of a segment, linked to its address neighbours
@@ -164,6 +164,18 @@ class PtrMap {
   std::size_t size_ = 0;
 };
 
+inline void stat_increase(StatArray& a, int type, std::int64_t n) {
+  a[kStatAll].increase(n);
+  a[type].increase(n);
+}
+inline void stat_decrease(StatArray& a, int type, std::int64_t n) {
+  a[kStatAll].decrease(n);
+  a[type].decrease(n);
+}
+inline std::int64_t i64(std::size_t n) { return static_cast<std::int64_t>(n); }
+
+std::string hex_address(std::uintptr_t a);  // "0x7e0000000000", for messages
+
 struct StringHash {
   using is_transparent = void;
   std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -188,7 +200,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   void free_requested(BlockNode* b);  // caller's free: pending on events, or back to the pool
   void record_stream(BlockNode* b, StreamId stream);
   void empty_cache();
-  void check() const;                 // the whole-structure check
+  void check() const;  // the whole-structure check
   void after_op() const {
     if (__builtin_expect(debug_checks, 0)) check();
   }
@@ -245,7 +257,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::vector<Pending> pending;  // recorded events of pending frees, oldest first
   std::vector<BlockNode*> spare;
   Segment* fresh_segment = nullptr;  // obtained by this malloc; its event is still due
-  std::size_t reserved = 0;  // == stats.reserved_bytes[kStatAll].current
+  std::size_t reserved = 0;          // == stats.reserved_bytes[kStatAll].current
   std::uint64_t free_seq = 0;
   enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
   AllocatorStats stats;

@@ -16,13 +16,15 @@ using alloc_detail::BlockNode;
 using alloc_detail::NodeState;
 using alloc_detail::Segment;
 
-namespace {
-
-std::string hex_address(std::uintptr_t a) {
+std::string alloc_detail::hex_address(std::uintptr_t a) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
   return buf;
 }
+
+using alloc_detail::hex_address;
+
+namespace {
 
 BlockState state_of(const BlockNode* b) {
   switch (b->state) {
@@ -46,9 +48,9 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   AllocatorStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
-                       &s.requested_bytes}) {
+  for (StatArray* a :
+       {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& st : *a) st.reset_peak();
   }
   for (Stat& st : s.category_bytes) st.reset_peak();
@@ -57,9 +59,9 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   AllocatorStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
-                       &s.requested_bytes}) {
+  for (StatArray* a :
+       {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& st : *a) st.reset_accumulated();
   }
   for (Stat& st : s.category_bytes) st.reset_accumulated();
@@ -117,8 +119,8 @@ void CachingAllocator::Impl::bad_pointer(const char* op, std::uintptr_t addr) co
                         "has not been freed yet");
 }
 
-void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream,
-                                           Category category, const std::string* tag) {
+void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, Category category,
+                                           const std::string* tag) {
   ++stats.num_ooms;
   OomInfo info;
   info.requested_bytes = bytes;
@@ -137,8 +139,7 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream,
   if (info.top_categories.size() > 3) info.top_categories.resize(3);
 
   std::string msg = "out of memory: tried to allocate " + format_bytes(round_size(bytes)) + " (" +
-                    std::to_string(bytes) + " bytes requested; category " +
-                    category_name(category);
+                    std::to_string(bytes) + " bytes requested; category " + category_name(category);
   if (tag != nullptr) msg += ", tag '" + *tag + "'";
   msg += ", stream " + std::to_string(stream) + ") from provider '" + provider.name() + "'";
   msg += last_failure == Failure::kBudget ? ", which would exceed the budget"
@@ -168,8 +169,8 @@ void CachingAllocator::Impl::check() const {
   std::uintptr_t prev_end = 0;
   for (const auto& [addr, seg] : segments) {
     MEMFIT_CHECK(addr == seg->base);
-    MEMFIT_CHECK(seg->base >= prev_end) << "segment " << hex_address(seg->base)
-                                        << " overlaps the previous one";
+    MEMFIT_CHECK(seg->base >= prev_end)
+        << "segment " << hex_address(seg->base) << " overlaps the previous one";
     prev_end = seg->base + seg->size;
     const int type = seg->is_large ? kStatLargePool : kStatSmallPool;
     for (int t : {int{kStatAll}, type}) {

@@ -65,13 +65,17 @@ TEST(AllocConf, ToStringRoundTrips) {
 
 TEST(AllocConf, RangeErrorsNameKeyValueAndRange) {
   expect_error("max_split_size_mb:0", {"max_split_size_mb", "'0'", "[1, 1073741824]"});
-  expect_error("max_split_size_mb:1073741825", {"max_split_size_mb", "1073741825", "[1, 1073741824]"});
+  expect_error("max_split_size_mb:1073741825",
+               {"max_split_size_mb", "1073741825", "[1, 1073741824]"});
   expect_error("max_split_size_mb:-5", {"max_split_size_mb", "'-5'", "[1, 1073741824]"});
   expect_error("max_split_size_mb:12.5", {"max_split_size_mb", "'12.5'"});
-  expect_error("roundup_power2_divisions:3", {"roundup_power2_divisions", "'3'", "power of two in [1, 64]"});
+  expect_error("roundup_power2_divisions:3",
+               {"roundup_power2_divisions", "'3'", "power of two in [1, 64]"});
   expect_error("roundup_power2_divisions:128", {"roundup_power2_divisions", "'128'", "[1, 64]"});
-  expect_error("garbage_collection_threshold:1", {"garbage_collection_threshold", "'1'", "0 < F < 1"});
-  expect_error("garbage_collection_threshold:0", {"garbage_collection_threshold", "'0'", "0 < F < 1"});
+  expect_error("garbage_collection_threshold:1",
+               {"garbage_collection_threshold", "'1'", "0 < F < 1"});
+  expect_error("garbage_collection_threshold:0",
+               {"garbage_collection_threshold", "'0'", "0 < F < 1"});
   expect_error("garbage_collection_threshold:nan", {"garbage_collection_threshold", "'nan'"});
   expect_error("garbage_collection_threshold:-0.5", {"garbage_collection_threshold", "'-0.5'"});
   expect_error("budget:12parsecs", {"budget", "'12parsecs'", "GiB"});

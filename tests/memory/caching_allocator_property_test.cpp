@@ -264,7 +264,8 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
           if (e.addr() == p.addr) ++n.reuse_after_pending;
         if (sc.host) {
           auto* bytes = reinterpret_cast<unsigned char*>(e.addr());
-          std::memset(bytes, static_cast<int>(e.addr() >> 9), std::min<std::size_t>(e.requested, 64));
+          std::memset(bytes, static_cast<int>(e.addr() >> 9),
+                      std::min<std::size_t>(e.requested, 64));
           bytes[e.requested - 1] = static_cast<unsigned char>(e.requested);
         }
         live.push_back(std::move(e));
@@ -332,11 +333,12 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
     drop_completed();
     verify(a, live, pending, sync);
     const AllocatorStats st = a.stats();
-    std::printf("%s: %d allocs, %d frees (%d pending), %d reuses after events, %d OOMs, "
-                "%lld retries, %d empty_cache, %lld segments allocated, %d model checks\n",
-                sc.name, n.allocs, n.frees, n.pending_frees, n.reuse_after_pending, n.ooms,
-                static_cast<long long>(st.num_alloc_retries), n.empty_caches,
-                static_cast<long long>(st.num_device_alloc), n.checks);
+    std::printf(
+        "%s: %d allocs, %d frees (%d pending), %d reuses after events, %d OOMs, "
+        "%lld retries, %d empty_cache, %lld segments allocated, %d model checks\n",
+        sc.name, n.allocs, n.frees, n.pending_frees, n.reuse_after_pending, n.ooms,
+        static_cast<long long>(st.num_alloc_retries), n.empty_caches,
+        static_cast<long long>(st.num_device_alloc), n.checks);
     for (LiveEntry& e : live)
       if (e.raw != nullptr) a.free(e.raw);
     live.clear();  // frees every Block

@@ -81,10 +81,10 @@ TEST(CachingAllocator, RoundSize) {
   AllocatorConfig c;
   c.roundup_power2_divisions = 4;  // steps of 2^k / 4 between 2^k and 2^(k+1)
   CachingAllocator r(null, c);
-  EXPECT_EQ(r.round_size(1200), 1536u);            // <= 512 * 4: granule rounding only
-  EXPECT_EQ(r.round_size(4096), 4096u);            // powers of two stay
-  EXPECT_EQ(r.round_size(5000), 5120u);            // [4096, 8192) in steps of 1024
-  EXPECT_EQ(r.round_size(9000), 10240u);           // [8192, 16384) in steps of 2048
+  EXPECT_EQ(r.round_size(1200), 1536u);                        // <= 512 * 4: granule rounding only
+  EXPECT_EQ(r.round_size(4096), 4096u);                        // powers of two stay
+  EXPECT_EQ(r.round_size(5000), 5120u);                        // [4096, 8192) in steps of 1024
+  EXPECT_EQ(r.round_size(9000), 10240u);                       // [8192, 16384) in steps of 2048
   EXPECT_EQ(r.round_size(3 * kMiB + 1), 3 * kMiB + kMiB / 2);  // steps of 512 KiB
   c.roundup_power2_divisions = 1;
   CachingAllocator p2(null, c);
@@ -231,8 +231,10 @@ TEST(CachingAllocator, ListenersSeeTheEventSequence) {
   a.empty_cache();
   const auto at = reinterpret_cast<std::uintptr_t>(p);
   const std::vector<std::pair<EventKind, std::size_t>> want = {
-      {EventKind::kSegmentAlloc, kSmallBuffer}, {EventKind::kAlloc, 1024},
-      {EventKind::kFreeRequested, 1024},        {EventKind::kFreeCompleted, 1024},
+      {EventKind::kSegmentAlloc, kSmallBuffer},
+      {EventKind::kAlloc, 1024},
+      {EventKind::kFreeRequested, 1024},
+      {EventKind::kFreeCompleted, 1024},
       {EventKind::kSegmentFree, kSmallBuffer}};
   ASSERT_EQ(seen.size(), want.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
@@ -354,8 +356,7 @@ TEST(CachingAllocator, MaxSplitSizeKeepsOversizeBlocksWhole) {
   Block o90 = a.allocate(90 * kMiB, kAct);
   EXPECT_EQ(addr(o90), big_addr);
   // ...and then whole, not split.
-  EXPECT_EQ(a.stats().allocated_bytes[kStatAll].current,
-            std::int64_t((50 + 70 + 100) * kMiB));
+  EXPECT_EQ(a.stats().allocated_bytes[kStatAll].current, std::int64_t((50 + 70 + 100) * kMiB));
   EXPECT_EQ(a.snapshot().segments.size(), 3u);
 
   // Without max_split_size the 100 MiB block serves the 50 MiB request and is split.
@@ -519,8 +520,7 @@ TEST(CachingAllocator, ManyThreads) {
     threads.emplace_back([&a, t] {
       std::vector<Block> mine;
       for (int i = 0; i < 5000; ++i) {
-        mine.push_back(a.allocate(std::size_t(1 + (i * 7919 + t) % 300000), kAct,
-                                  StreamId(t % 2)));
+        mine.push_back(a.allocate(std::size_t(1 + (i * 7919 + t) % 300000), kAct, StreamId(t % 2)));
         mine.back().as<unsigned char>()[0] = static_cast<unsigned char>(t);
         if (i % 3 == 2) {
           mine.erase(mine.begin() + (i % static_cast<int>(mine.size())));

@@ -74,7 +74,7 @@ TEST(Oom, MessageAndInfoGiveTheFigures) {
     if (e.kind == EventKind::kOom) ooms.push_back({e.size, e.stream, std::string(e.tag)});
   });
   Block p = a.allocate(30 * kMiB, Category::kParameter, kDefaultStream, "embed");  // 30 MiB seg
-  Block x = a.allocate(12 * kMiB, Category::kActivation);                         // 12 MiB seg
+  Block x = a.allocate(12 * kMiB, Category::kActivation);                          // 12 MiB seg
   Block t = a.allocate(4 * kMiB, Category::kTemporary);  // 20 MiB seg, 16 MiB left free
   ASSERT_EQ(a.stats().reserved_bytes[kStatAll].current, std::int64_t(62 * kMiB));
 
