@@ -213,13 +213,13 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
     return nullptr;
   }
   const auto addr = reinterpret_cast<std::uintptr_t>(p);
-  if (addr % kMinBlockSize != 0) {
+  if (addr % provider.alignment() != 0) {
     segments.erase(addr);
     provider.deallocate(p, seg_size);
     delete seg;
     node_to_spare(b);
     MEMFIT_CHECK(false) << "provider '" << provider.name() << "' returned " << hex_address(addr)
-                        << ", not aligned to " << kMinBlockSize << " bytes";
+                        << ", not aligned to its own " << provider.alignment() << " bytes";
   }
   seg->base = addr;
   seg->size = seg_size;

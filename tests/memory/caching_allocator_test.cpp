@@ -283,9 +283,16 @@ TEST(CachingAllocator, RecordStreamDefersReuseUntilEventsComplete) {
   Block y = a.allocate(1000, kAct, 0);
   EXPECT_NE(addr(y), x_addr);
   y.reset();
+  const auto completed_x = [&] {
+    return std::count_if(seen.begin(), seen.end(), [&](const Recorded& r) {
+      return r.kind == EventKind::kFreeCompleted && r.addr == x_addr;
+    });
+  };
+  EXPECT_EQ(completed_x(), 0);
   sync.complete_all();
   Block z = a.allocate(1000, kAct, 0);  // events polled first: x is back and is the best fit
   EXPECT_EQ(addr(z), x_addr);
+  EXPECT_EQ(completed_x(), 1);
   EXPECT_EQ(sync.outstanding(), 0u);
   EXPECT_EQ(a.stats().active[kStatAll].current, 1);
 
@@ -510,6 +517,39 @@ TEST(CachingAllocator, DestructorReturnsEverythingAndReportsLiveBlocks) {
     Block b = a.allocate(1000, kAct);
   }
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+// cudaMalloc guarantees only 256-byte alignment: segments may start off a 512-byte boundary.
+class Aligned256Provider final : public MemoryProvider {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* p = host_.allocate(bytes + 256);
+    return p == nullptr ? nullptr : static_cast<char*>(p) + 256;
+  }
+  void deallocate(void* p, std::size_t bytes) override {
+    host_.deallocate(static_cast<char*>(p) - 256, bytes + 256);
+  }
+  const char* name() const override { return "aligned256"; }
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+  std::size_t alignment() const override { return 256; }
+
+ private:
+  HostProvider host_;
+};
+
+TEST(CachingAllocator, ProviderAlignedTo256Bytes) {
+  Aligned256Provider provider;
+  CachingAllocator a(provider, checked());
+  std::vector<Block> blocks;
+  for (std::size_t n : {std::size_t{1}, std::size_t{700}, 3 * kMiB, std::size_t{5000}}) {
+    blocks.push_back(a.allocate(n, kAct));
+    EXPECT_EQ(addr(blocks.back()) % 256, 0u);
+    EXPECT_EQ(addr(blocks.back()) % 512, 256u);  // the segment base's offset is kept
+    blocks.back().as<char>()[n - 1] = 1;
+  }
+  blocks.erase(blocks.begin() + 1);
+  blocks.push_back(a.allocate(600, kAct));
+  EXPECT_EQ(a.snapshot().segments.size(), 2u);
 }
 
 TEST(CachingAllocator, ManyThreads) {
