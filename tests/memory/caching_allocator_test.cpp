@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +19,19 @@
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
+
+// Counts heap allocations in this test binary (the replacement also serves libmemfit), so a
+// test can assert that the allocator's fast path makes none.
+namespace {
+std::atomic<long> g_operator_new_calls{0};
+}  // namespace
+void* operator new(std::size_t n) {
+  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace memfit {
 namespace {
@@ -550,6 +566,24 @@ TEST(CachingAllocator, ProviderAlignedTo256Bytes) {
   blocks.erase(blocks.begin() + 1);
   blocks.push_back(a.allocate(600, kAct));
   EXPECT_EQ(a.snapshot().segments.size(), 2u);
+}
+
+TEST(CachingAllocator, FastPathMakesNoHeapAllocation) {
+  HostProvider host;
+  CachingAllocator a(host);
+  const auto pairs = [&] {
+    Block b = a.allocate(4096, kAct, 0, "layer3.mlp");  // small pool, split and merged
+    void* p = a.allocate_raw(3 * kMiB, Category::kGradient, 1, "layer3.mlp.grad");  // large
+    a.free(p);
+  };
+  pairs();  // warm: segments, tags, tree nodes, spare block nodes exist now
+  const long before = g_operator_new_calls.load();
+  for (int i = 0; i < 1000; ++i) pairs();
+  EXPECT_EQ(g_operator_new_calls.load() - before, 0);
+  EXPECT_EQ(a.stats().num_device_alloc, 2);
+  // The counter does see allocations made inside libmemfit.
+  { CachingAllocator other(host); }
+  EXPECT_GT(g_operator_new_calls.load() - before, 0);
 }
 
 TEST(CachingAllocator, ManyThreads) {
