@@ -4,6 +4,7 @@
 // the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,8 +63,19 @@ std::size_t CachingAllocator::Impl::round_size(std::size_t bytes) const {
   return (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
 }
 
+// Every BlockNode is born with a tree node in its handle, so that putting it into a pool never
+// allocates: then no allocation failure can strike halfway through a split or merge.
+void CachingAllocator::Impl::grow_spare() {
+  auto b = std::make_unique<BlockNode>();
+  PoolSet nursery;
+  nursery.insert(alloc_detail::PoolEntry{0, 0, 0, b.get()});
+  b->handle = nursery.extract(nursery.begin());
+  spare.push_back(b.get());
+  b.release();
+}
+
 BlockNode* CachingAllocator::Impl::node_from_spare() {
-  if (spare.empty()) return new BlockNode();
+  if (spare.empty()) grow_spare();
   BlockNode* b = spare.back();
   spare.pop_back();
   return b;
@@ -78,6 +90,7 @@ void CachingAllocator::Impl::node_to_spare(BlockNode* b) {
   b->requested = 0;
   b->event_count = 0;
   b->state = NodeState::kFree;
+  b->category = Category::kUnknown;
   b->stream_uses.clear();
   spare.push_back(b);
 }
@@ -121,16 +134,11 @@ void CachingAllocator::Impl::count_in_pool(const BlockNode* b, int sign) {
 void CachingAllocator::Impl::pool_insert(BlockNode* b) {
   count_in_pool(b, +1);
   PoolSet& pool = pool_for(b->segment->is_large);
-  if (b->handle.empty()) {
-    auto r = pool.insert(b->entry());
-    MEMFIT_CHECK(r.second) << "block " << hex_address(b->addr) << " already in its pool";
-    b->pool_it = r.first;
-  } else {
-    b->handle.value() = b->entry();
-    auto r = pool.insert(std::move(b->handle));
-    MEMFIT_CHECK(r.inserted) << "block " << hex_address(b->addr) << " already in its pool";
-    b->pool_it = r.position;
-  }
+  MEMFIT_CHECK(!b->handle.empty()) << "block " << hex_address(b->addr) << " has no tree node";
+  b->handle.value() = b->entry();
+  auto r = pool.insert(std::move(b->handle));
+  MEMFIT_CHECK(r.inserted) << "block " << hex_address(b->addr) << " already in its pool";
+  b->pool_it = r.position;
 }
 
 void CachingAllocator::Impl::pool_remove(BlockNode* b) {
@@ -287,6 +295,9 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
   const std::size_t size = round_size(bytes);
   const bool is_large = size > kSmallSize;
   PoolSet& pool = pool_for(is_large);
+  // What a split and the live map may need, obtained before anything changes.
+  if (__builtin_expect(spare.empty(), 0)) grow_spare();
+  live.reserve_one();
 
   BlockNode* b = find_free_block(pool, stream, size);
   const bool from_pool = b != nullptr;

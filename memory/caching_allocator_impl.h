@@ -8,15 +8,17 @@
 // - PtrMap: address -> live block, for free(void*) and for telling a foreign pointer from a
 //   double free.
 // Where memfit differs, for the fast path (no heap allocation once warm):
-// - Each BlockNode keeps the std::set node it was extracted with (C++17 node handles), and
-//   retired BlockNodes go to a free list, so split / merge / pool insert / pool erase allocate
-//   nothing after warm-up. PyTorch news and deletes a Block on every split and merge.
+// - Each BlockNode owns one std::set node (a C++17 node handle) from birth, and retired
+//   BlockNodes go to a free list, so split / merge / pool insert / pool erase allocate nothing
+//   after warm-up. PyTorch news and deletes a Block on every split and merge.
+// - Split and merge re-key the tree node in place when the order allows (pool_transfer).
 // - PtrMap is an open-addressing table (no per-entry node) instead of a node-based hash map.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -104,8 +106,12 @@ class PtrMap {
       if (slots_[i].key == 0) return nullptr;
     }
   }
+  // Makes room for one more entry, so that the insert() after it cannot fail.
+  void reserve_one() {
+    if (__builtin_expect(2 * (size_ + 1) > slots_.size(), 0)) rehash(2 * slots_.size());
+  }
   void insert(std::uintptr_t key, BlockNode* value) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
+    reserve_one();
     std::size_t i = home(key);
     while (slots_[i].key != 0) i = (i + 1) & mask_;
     slots_[i] = {key, value};
@@ -229,6 +235,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   void garbage_collect();
   [[noreturn]] void out_of_memory(std::size_t bytes, StreamId stream, Category category,
                                   const std::string* tag);
+  void grow_spare();
   BlockNode* node_from_spare();
   void node_to_spare(BlockNode* b);
   const std::string* intern(std::string_view tag);
