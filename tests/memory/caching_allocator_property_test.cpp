@@ -140,6 +140,11 @@ void verify(const CachingAllocator& a, const std::vector<LiveEntry>& live,
           want.inactive_split_bytes[t].current += n;
         }
       }
+      if (b.state == BlockState::kInactive) {
+        EXPECT_EQ(b.requested_size, 0u);
+        EXPECT_EQ(b.category, Category::kUnknown);
+        EXPECT_EQ(b.tag, "");
+      }
       if (b.state == BlockState::kActiveAllocated) {
         allocated[b.address] = &b;
         want.category_bytes[category_index(b.category)].current += n;
