@@ -21,17 +21,31 @@
 #include "memory/size.h"
 
 // Counts heap allocations in this test binary (the replacement also serves libmemfit), so a
-// test can assert that the allocator's fast path makes none.
+// test can assert that the allocator's fast path makes none. Every unaligned form of new and
+// delete is replaced, so that each pair meets the same malloc/free (sanitizers check that).
 namespace {
 std::atomic<long> g_operator_new_calls{0};
+void* counted_new(std::size_t n) noexcept {
+  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n != 0 ? n : 1);
+}
 }  // namespace
 void* operator new(std::size_t n) {
-  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  if (void* p = counted_new(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = counted_new(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_new(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace memfit {
 namespace {
