@@ -49,6 +49,7 @@ ReplayResult replay(const AllocTrace& trace, CachingAllocator& allocator,
   Peaks peaks;
   std::size_t steps_seen = 0;
   std::int64_t allocs_at_second_step = 0, frees_at_second_step = 0;
+  std::int64_t allocs_at_step = start.num_device_alloc;
 
   using Clock = std::chrono::steady_clock;
   Clock::duration busy{};
@@ -92,7 +93,11 @@ ReplayResult replay(const AllocTrace& trace, CachingAllocator& allocator,
           busy += Clock::now() - t0;
           const AllocatorStats s = allocator.stats();
           const std::size_t step_peak = peaks.fold(s);
-          if (steps_seen > 0) r.step_peak_reserved_bytes.push_back(step_peak);
+          if (steps_seen > 0) {
+          r.step_peak_reserved_bytes.push_back(step_peak);
+          r.step_provider_allocs.push_back(s.num_device_alloc - allocs_at_step);
+        }
+        allocs_at_step = s.num_device_alloc;
           if (steps_seen == 1) {
             allocs_at_second_step = s.num_device_alloc;
             frees_at_second_step = s.num_device_free;
@@ -122,7 +127,10 @@ ReplayResult replay(const AllocTrace& trace, CachingAllocator& allocator,
 
   const AllocatorStats end = allocator.stats();
   const std::size_t last_peak = peaks.fold(end);
-  if (steps_seen > 0) r.step_peak_reserved_bytes.push_back(last_peak);
+  if (steps_seen > 0) {
+    r.step_peak_reserved_bytes.push_back(last_peak);
+    r.step_provider_allocs.push_back(end.num_device_alloc - allocs_at_step);
+  }
   if (options.check_invariants) allocator.check_invariants();
 
   r.peak_reserved_bytes = peaks.reserved;

@@ -55,8 +55,12 @@ struct ReplayResult {
   std::int64_t provider_allocs_after_first_step = 0;
   std::int64_t provider_frees_after_first_step = 0;
   bool has_steady_state = false;
-  // Peak reserved bytes during each step (from its marker to the next, or the end).
+  // Per step (from its marker to the next, or the end): peak reserved bytes and provider
+  // allocate calls. Note a trace whose later step has a higher live peak than any step
+  // before it (the GPT trace's step 1: optimizer state appears at the end of step 0) needs
+  // provider calls in that step however good the allocator; from then on it should need none.
   std::vector<std::size_t> step_peak_reserved_bytes;
+  std::vector<std::int64_t> step_provider_allocs;
 
   double seconds = 0;  // wall time of the ops themselves
   double ns_per_op = 0;
