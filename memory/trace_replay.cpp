@@ -94,10 +94,10 @@ ReplayResult replay(const AllocTrace& trace, CachingAllocator& allocator,
           const AllocatorStats s = allocator.stats();
           const std::size_t step_peak = peaks.fold(s);
           if (steps_seen > 0) {
-          r.step_peak_reserved_bytes.push_back(step_peak);
-          r.step_provider_allocs.push_back(s.num_device_alloc - allocs_at_step);
-        }
-        allocs_at_step = s.num_device_alloc;
+            r.step_peak_reserved_bytes.push_back(step_peak);
+            r.step_provider_allocs.push_back(s.num_device_alloc - allocs_at_step);
+          }
+          allocs_at_step = s.num_device_alloc;
           if (steps_seen == 1) {
             allocs_at_second_step = s.num_device_alloc;
             frees_at_second_step = s.num_device_free;

@@ -90,14 +90,14 @@ TEST(GptTrace, SavedBytesPerBlockMatchHandCount) {
 TEST(GptTrace, LiveBytesAtEndOfForwardMatchHandCount) {
   const AllocTrace t = make_gpt_training_trace(tiny_spec());
   const std::vector<std::size_t> live = live_before_each_op(t);
-  const std::size_t state = 4 * kTinyParams;  // one FP32 copy of the parameters
-  const std::size_t forward_live = 2 * 2 * 8 * 8      // batch: inputs, targets (B,T) int64
-                                   + 2 * 8 * 16 * 2   // embedding output (B,T,C)
+  const std::size_t state = 4 * kTinyParams;         // one FP32 copy of the parameters
+  const std::size_t forward_live = 2 * 2 * 8 * 8     // batch: inputs, targets (B,T) int64
+                                   + 2 * 8 * 16 * 2  // embedding output (B,T,C)
                                    + 2 * kTinySavedPerBlock + 2 * 2 * 8 * 4  // ln_f stats
-                                   + 2 * 8 * 16 * 2   // ln_f output
-                                   + 2 * 8 * 64 * 4   // FP32 log-softmax (B,T,V)
-                                   + 4                // loss
-                                   + 64 * 16 * 2      // wte cast for the LM head
+                                   + 2 * 8 * 16 * 2                          // ln_f output
+                                   + 2 * 8 * 64 * 4         // FP32 log-softmax (B,T,V)
+                                   + 4                      // loss
+                                   + 64 * 16 * 2            // wte cast for the LM head
                                    + 2 * 12 * 16 * 16 * 2;  // per block qkv/proj/fc/fcproj casts
   EXPECT_EQ(forward_live, 38788u);
   // Step 0: parameters only; later steps also hold gradients and two Adam moments.
@@ -229,8 +229,7 @@ TEST(AllocTraceValidate, RefusesMalformedTracesNamingTheOp) {
   AllocTrace t;
   t.alloc(100, Category::kActivation, 0, "a");  // id 0
   t.free(7);
-  EXPECT_NE(validate_error(t).find("op 1 (free id 7): id was never allocated"),
-            std::string::npos)
+  EXPECT_NE(validate_error(t).find("op 1 (free id 7): id was never allocated"), std::string::npos)
       << validate_error(t);
 
   AllocTrace twice;
@@ -245,8 +244,9 @@ TEST(AllocTraceValidate, RefusesMalformedTracesNamingTheOp) {
   double_free.empty_cache();
   double_free.free(id);
   double_free.free(id);
-  EXPECT_NE(validate_error(double_free).find("op 3 (free id 0): id is not live: already freed at op 2"),
-            std::string::npos)
+  EXPECT_NE(
+      validate_error(double_free).find("op 3 (free id 0): id is not live: already freed at op 2"),
+      std::string::npos)
       << validate_error(double_free);
 
   AllocTrace dead_record;

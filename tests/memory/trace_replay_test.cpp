@@ -112,8 +112,8 @@ TEST(TraceReplay, EmptyCacheOpReturnsSegments) {
   NullProvider null;
   CachingAllocator alloc(null);
   const ReplayResult r = replay(t, alloc);
-  EXPECT_EQ(r.provider_frees - r.provider_frees_after_first_step, r.provider_allocs -
-                                                                      r.provider_allocs_after_first_step);
+  EXPECT_EQ(r.provider_frees - r.provider_frees_after_first_step,
+            r.provider_allocs - r.provider_allocs_after_first_step);
   EXPECT_GE(r.provider_allocs_after_first_step, 1);  // the cache was emptied: step 1 refills
   EXPECT_EQ(r.peak_live_bytes, (3u << 20) + 1000u);
 }
