@@ -5,9 +5,17 @@
 //   convert(src, DType::kF32, dst, DType::kBF16, n);  // vectorized where the CPU allows
 //
 // f16 is IEEE 754 binary16; bf16 is the top half of binary32. Conversions from f32 round to
-// nearest, ties to even; overflow gives infinity; NaN stays NaN (quiet, sign kept; bf16 keeps
-// the top payload bits). Conversions to f32 are exact. convert() uses F16C/AVX2 when the CPU
-// has them (checked once at run time) and a scalar path otherwise; both give identical bits.
+// nearest, ties to even; overflow gives infinity (|x| >= 65520 for f16); NaN stays NaN (quiet,
+// sign kept; bf16 keeps the top payload bits). Conversions to f32 are exact. convert() uses
+// F16C/AVX2 when the CPU has them (checked once at run time) and a scalar path otherwise; both
+// give identical bits for every input, independent of the MXCSR rounding/DAZ/FTZ modes.
+//
+// NaN bits, exactly (the F16C instructions' rule, which the scalar path follows):
+//   f32 -> f16:  sign | 0x7E00 | (f32 mantissa >> 13)          quiet bit set, top payload kept
+//   f16 -> f32:  sign | 0x7FC00000 | (f16 mantissa << 13)      quiet bit set, payload kept
+//   f32 -> bf16: (f32 bits >> 16) | 0x0040                     quiet bit set, top payload kept
+//   bf16 -> f32: bf16 bits << 16                               unchanged (a signaling NaN stays so)
+// f16 <-> bf16 go through f32 (exact), so they round once and follow the rules above.
 #pragma once
 
 #include <cstddef>
