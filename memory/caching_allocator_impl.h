@@ -1,0 +1,250 @@
+// Private to the caching allocator (caching_allocator*.cpp); not installed API.
+//
+// Data structures, after PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp):
+// - BlockNode: one contiguous range of a segment, linked to its address neighbours
+//   (prev/next) so a free can merge in O(1).
+// - Two pools (small, large), each a std::set of the free blocks ordered by (stream, size,
+//   address): best fit is one lower_bound.
+// - PtrMap: address -> live block, for free(void*) and for telling a foreign pointer from a
+//   double free.
+// Where memfit differs, for the fast path (no heap allocation once warm):
+// - Each BlockNode keeps the std::set node it was extracted with (C++17 node handles), and
+//   retired BlockNodes go to a free list, so split / merge / pool insert / pool erase allocate
+//   nothing after warm-up. PyTorch news and deletes a Block on every split and merge.
+// - PtrMap is an open-addressing table (no per-entry node) instead of a node-based hash map.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "memory/caching_allocator.h"
+
+namespace memfit::alloc_detail {
+
+enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree };
+
+struct BlockNode;
+
+// Orders a pool by (stream, size, address); SearchKey finds the smallest fitting block.
+struct SearchKey {
+  StreamId stream;
+  std::size_t size;
+};
+struct PoolLess {
+  using is_transparent = void;
+  bool operator()(const BlockNode* a, const BlockNode* b) const;
+  bool operator()(const BlockNode* a, const SearchKey& k) const;
+  bool operator()(const SearchKey& k, const BlockNode* b) const;
+};
+using PoolSet = std::set<BlockNode*, PoolLess>;
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  StreamId stream = kDefaultStream;
+  bool is_large = false;
+  BlockNode* head = nullptr;  // the block at `base`
+};
+
+struct BlockNode {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;       // rounded
+  std::size_t requested = 0;  // caller's bytes while allocated or pending, else 0
+  StreamId stream = kDefaultStream;
+  Segment* segment = nullptr;
+  BlockNode* prev = nullptr;  // address neighbours within the segment
+  BlockNode* next = nullptr;
+  const std::string* tag = nullptr;  // interned; nullptr = no tag
+  std::uint64_t free_seq = 0;        // when it last entered a pool; garbage collection age
+  int event_count = 0;               // outstanding stream events while pending
+  NodeState state = NodeState::kFree;
+  Category category = Category::kUnknown;
+  std::vector<StreamId> stream_uses;  // other streams recorded with record_stream
+  PoolSet::node_type handle;          // the set node, held while the block is out of its pool
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  int stat_type() const { return segment->is_large ? kStatLargePool : kStatSmallPool; }
+};
+
+inline bool PoolLess::operator()(const BlockNode* a, const BlockNode* b) const {
+  if (a->stream != b->stream) return a->stream < b->stream;
+  if (a->size != b->size) return a->size < b->size;
+  return a->addr < b->addr;
+}
+inline bool PoolLess::operator()(const BlockNode* a, const SearchKey& k) const {
+  if (a->stream != k.stream) return a->stream < k.stream;
+  return a->size < k.size;
+}
+inline bool PoolLess::operator()(const SearchKey& k, const BlockNode* b) const {
+  if (k.stream != b->stream) return k.stream < b->stream;
+  return k.size <= b->size;  // a key sorts before every block of its size (address 0)
+}
+
+// Address -> live block. Linear probing with backward-shift deletion, load <= 1/2; grows
+// (the only allocation) when the number of live blocks reaches a new high.
+class PtrMap {
+ public:
+  PtrMap() { rehash(1024); }
+  BlockNode* find(std::uintptr_t key) const {
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return slots_[i].value;
+      if (slots_[i].key == 0) return nullptr;
+    }
+  }
+  void insert(std::uintptr_t key, BlockNode* value) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(2 * slots_.size());
+    std::size_t i = home(key);
+    while (slots_[i].key != 0) i = (i + 1) & mask_;
+    slots_[i] = {key, value};
+    ++size_;
+  }
+  // Removes `key`; returns its block, or nullptr when absent.
+  BlockNode* erase(std::uintptr_t key) {
+    std::size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) return nullptr;
+      i = (i + 1) & mask_;
+    }
+    BlockNode* value = slots_[i].value;
+    // Shift later members of the probe run back so that lookups never cross a hole.
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].key);
+      const bool stays = (i <= j) ? (i < h && h <= j) : (i < h || h <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {0, nullptr};
+    --size_;
+    return value;
+  }
+  std::size_t size() const { return size_; }
+  template <typename F>
+  void for_each(F&& f) const {
+    for (const Slot& s : slots_)
+      if (s.key != 0) f(s.key, s.value);
+  }
+
+ private:
+  struct Slot {
+    std::uintptr_t key = 0;  // 0 = empty; providers never return address 0
+    BlockNode* value = nullptr;
+  };
+  std::size_t home(std::uintptr_t key) const {
+    // Fibonacci hashing: block addresses are multiples of 512, so low bits carry nothing.
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void rehash(std::size_t capacity) {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(capacity, Slot{});
+    mask_ = capacity - 1;
+    shift_ = 64 - __builtin_ctzll(capacity);
+    size_ = 0;
+    for (const Slot& s : old)
+      if (s.key != 0) insert(s.key, s.value);
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;
+  int shift_ = 0;
+  std::size_t size_ = 0;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+}  // namespace memfit::alloc_detail
+
+namespace memfit {
+
+struct CachingAllocator::Impl {
+  using BlockNode = alloc_detail::BlockNode;
+  using Segment = alloc_detail::Segment;
+  using PoolSet = alloc_detail::PoolSet;
+
+  Impl(MemoryProvider& p, AllocatorConfig c, StreamSync* s);
+  ~Impl();
+
+  // ---- operations; the caller holds mu ------------------------------------------------------
+  BlockNode* malloc(std::size_t bytes, Category category, StreamId stream, std::string_view tag);
+  void free_requested(BlockNode* b);  // caller's free: pending on events, or back to the pool
+  void record_stream(BlockNode* b, StreamId stream);
+  void empty_cache();
+  void check() const;                 // the whole-structure check
+  void after_op() const {
+    if (__builtin_expect(debug_checks, 0)) check();
+  }
+  [[noreturn]] void bad_pointer(const char* op, std::uintptr_t addr) const;
+  std::size_t round_size(std::size_t bytes) const;
+  static void validate_request(std::size_t bytes, const char* op);
+
+  // ---- internals (caching_allocator.cpp) ----------------------------------------------------
+  PoolSet& pool_for(bool is_large) { return is_large ? large : small; }
+  BlockNode* take_free_block(PoolSet& pool, StreamId stream, std::size_t size);
+  bool should_split(const BlockNode* b, std::size_t size) const;
+  BlockNode* new_segment_block(std::size_t size, StreamId stream, Category category,
+                               const std::string* tag);
+  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, StreamId stream,
+                           Category category, const std::string* tag);
+  void pool_insert(BlockNode* b);
+  void pool_remove(BlockNode* b);
+  void free_completed(BlockNode* b);  // merge with free neighbours, back into the pool
+  void process_events();               // completes frees whose events have all finished
+  void synchronize_events();           // waits for every pending event, completes those frees
+  void release_segment(BlockNode* b);  // b covers a whole free segment
+  void release_free_segments();
+  void garbage_collect();
+  [[noreturn]] void out_of_memory(std::size_t bytes, StreamId stream, Category category,
+                                  const std::string* tag);
+  BlockNode* node_from_spare();
+  void node_to_spare(BlockNode* b);
+  const std::string* intern(std::string_view tag);
+  void emit(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
+            Category category, const std::string* tag) {
+    if (__builtin_expect(has_listeners, 0)) emit_slow(kind, addr, size, stream, category, tag);
+  }
+  void emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
+                 Category category, const std::string* tag);
+
+  // ---- state --------------------------------------------------------------------------------
+  MemoryProvider& provider;
+  AllocatorConfig config;
+  ImmediateStreamSync immediate;
+  StreamSync* sync;
+  bool debug_checks;
+  mutable std::mutex mu;
+
+  PoolSet small, large;
+  std::map<std::uintptr_t, Segment*> segments;  // by base address
+  alloc_detail::PtrMap live;                    // active_allocated blocks
+  struct Pending {
+    EventHandle event;
+    BlockNode* block;
+  };
+  std::vector<Pending> pending;  // recorded events of pending frees, oldest first
+  std::vector<BlockNode*> spare;
+  std::size_t reserved = 0;  // == stats.reserved_bytes[kStatAll].current
+  std::uint64_t free_seq = 0;
+  enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
+  AllocatorStats stats;
+
+  std::unordered_set<std::string, alloc_detail::StringHash, std::equal_to<>> tags;
+  const std::string* last_tag = nullptr;  // the previous request's tag, looked up first
+
+  bool has_listeners = false;
+  ListenerId next_listener = 1;
+  std::vector<std::pair<ListenerId, AllocatorListener>> listeners;
+};
+
+}  // namespace memfit
