@@ -37,10 +37,6 @@ std::string operator+(const Where& w, const char* s) {
   return std::string("Backend::") + w.op + " (" + w.backend + ")" + s;
 }
 
-bool valid_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
 // Byte range [begin, end) an operand touches; empty when it touches nothing.
 struct Span {
   std::uintptr_t begin = 0;
@@ -155,14 +151,10 @@ void Backend::release_event(EventHandle event) {
 
 namespace {
 
-// Checks one operand: known dtype, on an allowed device, memory behind any elements.
+// Checks one operand: on an allowed device, memory behind any elements. (Tensor's
+// constructor has already rejected unknown dtypes.)
 void check_operand(const Where& where, const char* role, const Tensor& t, Device dev,
                    bool host_ok) {
-  if (!valid_dtype(t.dtype())) {
-    throw InvalidArgument(where + ": " + role + " has dtype code " +
-                          std::to_string(static_cast<int>(t.dtype())) +
-                          "; valid: f32, f16, bf16");
-  }
   if (t.device() != dev && !(host_ok && t.device() == Device::kCpu)) {
     throw InvalidArgument(where + ": " + role + " is " + tensor_desc(t) + "; valid: a tensor on " +
                           device_name(dev) + (host_ok ? " or the host (cpu)" : ""));

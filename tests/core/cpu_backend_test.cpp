@@ -258,7 +258,7 @@ TEST(CpuBackend, RejectsBadArguments) {
   CpuBackend be;
   HostBuf f(DType::kF32, 8), g(DType::kF32, 8), h(DType::kBF16, 8), small(DType::kF32, 7);
   Tensor meta(reinterpret_cast<void*>(0x1000), Shape{8}, DType::kF32, Device::kMeta);
-  Tensor null(nullptr, Shape{8}, DType::kF32, Device::kCpu);
+  Tensor null;  // default: a scalar view of nothing
   expect_invalid([&] { be.fill(kDefaultStream, meta, 0); }, {"fill (cpu)", "x", "meta", "valid"});
   expect_invalid([&] { be.scale(kDefaultStream, 2, null); }, {"scale", "no memory"});
   expect_invalid([&] { be.copy(kDefaultStream, f.t(), h.t()); }, {"copy", "same dtype", "cast"});
@@ -272,8 +272,6 @@ TEST(CpuBackend, RejectsBadArguments) {
   expect_invalid([&] { be.sumsq(kDefaultStream, f.t(), h.at(0, 2)); }, {"sumsq", "f32", "2 elements"});
   expect_invalid([&] { be.sumsq(kDefaultStream, f.t(), f.at(6, 2)); }, {"sumsq", "overlaps"});
   expect_invalid([&] { read_sumsq(meta); }, {"read_sumsq", "host"});
-  Tensor bad_dtype(f.t().raw(), Shape{8}, static_cast<DType>(7), Device::kCpu);
-  expect_invalid([&] { be.scale(kDefaultStream, 1, bad_dtype); }, {"dtype code 7", "bf16"});
   // A rejected op has written nothing.
   g.fill(5.0f);
   EXPECT_THROW(be.axpy(kDefaultStream, 1, small.t(), g.t()), InvalidArgument);
