@@ -9,18 +9,25 @@
 //
 // GEMM goes through OpenBLAS's cblas_sgemm with FP32 accumulation. f16/bf16 operands are
 // widened (exactly) to f32 in scratch, and a non-f32 C is computed in f32 scratch (holding
-// the widened old C when beta != 0) and rounded once to its dtype. The scratch is plain host
-// heap (std::vector), outside the caching allocator and its budget: at most one A, one B and
-// one C matrix of f32 per call, freed on return. Elementwise ops work in 4096-element f32
+// the widened old C when beta != 0) and rounded once to its dtype. Scratch per call is at most
+// one A, one B and one C matrix of f32 (none when all three are f32). It comes from
+//   - the caching allocator given to set_workspace_allocator(), as Category::kWorkspace blocks
+//     on the op's stream, tagged "cpu.gemm.scratch", so it counts against the budget like a
+//     device's workspace would; or, when none is set (the default),
+//   - a pool of host buffers the backend keeps for reuse (cpu/scratch_pool.h), outside any
+//     budget; scratch_bytes() reports it and release_scratch() frees the idle part.
+// Elementwise ops need no scratch beyond the stack. They work in 4096-element f32
 // chunks, with OpenMP across chunks from 64K elements; sumsq() sums per-block partials in a
 // fixed order, so its result does not depend on the thread count.
 // Thread safety: as Backend (backend.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/backend.h"
 #include "core/cpu/inline_streams.h"
+#include "core/cpu/scratch_pool.h"
 
 namespace memfit {
 
@@ -29,6 +36,12 @@ class CpuBackend final : public Backend {
   CpuBackend() = default;
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
+
+  // GEMM scratch from `alloc` from now on (nullptr: the backend's own pool). `alloc` must
+  // outlive its use here; it may itself be built on stream_sync().
+  void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
+  std::size_t scratch_bytes() const { return scratch_.held_bytes(); }  // pool only
+  void release_scratch() { scratch_.release_idle(); }
 
   std::size_t live_events() const { return streams_.live_events(); }  // for leak tests
 
@@ -58,12 +71,19 @@ class CpuBackend final : public Backend {
 
  private:
   cpu::InlineStreams streams_;
+  cpu::ScratchPool scratch_;
+  CachingAllocator* workspace_ = nullptr;
 };
 
 namespace cpu {
 
-// The batched GEMM of backend.h on host memory; `d` has its strides resolved (no kPacked).
-void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c);
+// Floats of scratch gemm() needs: m*k if A is not f32, k*n if B is not, m*n if C is not.
+std::size_t gemm_scratch_floats(const GemmDesc& d, const Tensor& a, const Tensor& b,
+                                const Tensor& c);
+
+// The batched GEMM of backend.h on host memory; `d` has its strides resolved (no kPacked);
+// `scratch` holds gemm_scratch_floats() floats.
+void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, float* scratch);
 
 // One plain row-major cblas_sgemm call, C = alpha * op(A) @ op(B) + beta * C with dense
 // leading dimensions. Exposed so benchmarks can time OpenBLAS itself as their anchor in the

@@ -7,9 +7,10 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
-
 #include "core/cpu/cpu_backend.h"
+#include "memory/block.h"
+#include "memory/caching_allocator.h"
+#include "memory/size.h"
 
 namespace memfit {
 namespace cpu {
@@ -22,13 +23,14 @@ const char* element(const Tensor& t, std::int64_t offset) {
 
 // f32 view of `count` elements of t from `offset`: t's own memory when it is f32, else the
 // elements widened into `scratch`.
-const float* as_f32(const Tensor& t, std::int64_t offset, std::int64_t count,
-                    std::vector<float>& scratch) {
+const float* as_f32(const Tensor& t, std::int64_t offset, std::int64_t count, float* scratch) {
   if (t.dtype() == DType::kF32) return reinterpret_cast<const float*>(element(t, offset));
-  scratch.resize(static_cast<std::size_t>(count));
-  convert(element(t, offset), t.dtype(), scratch.data(), DType::kF32,
-          static_cast<std::size_t>(count));
-  return scratch.data();
+  convert(element(t, offset), t.dtype(), scratch, DType::kF32, static_cast<std::size_t>(count));
+  return scratch;
+}
+
+std::size_t floats_if_narrow(const Tensor& t, std::int64_t x, std::int64_t y) {
+  return t.dtype() == DType::kF32 ? 0 : static_cast<std::size_t>(x * y);
 }
 
 }  // namespace
@@ -42,12 +44,22 @@ void blas_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, co
               std::max(ldb, 1), beta, c, std::max(n, 1));
 }
 
-void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c) {
+std::size_t gemm_scratch_floats(const GemmDesc& d, const Tensor& a, const Tensor& b,
+                                const Tensor& c) {
+  if (d.m == 0 || d.n == 0 || d.batch == 0) return 0;
+  return checked_add(checked_add(floats_if_narrow(a, d.m, d.k), floats_if_narrow(b, d.k, d.n),
+                                 "CPU GEMM scratch"),
+                     floats_if_narrow(c, d.m, d.n), "CPU GEMM scratch");
+}
+
+void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, float* scratch) {
   if (d.m == 0 || d.n == 0 || d.batch == 0) return;
   const std::int64_t size_a = d.m * d.k;
   const std::int64_t size_b = d.k * d.n;
   const std::int64_t size_c = d.m * d.n;
-  std::vector<float> sa, sb, sc;
+  float* sa = scratch;
+  float* sb = sa + floats_if_narrow(a, d.m, d.k);
+  float* sc = sb + floats_if_narrow(b, d.k, d.n);
   const float* fa = nullptr;
   const float* fb = nullptr;
   for (std::int64_t i = 0; i < d.batch; ++i) {
@@ -61,10 +73,11 @@ void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c) 
     if (c.dtype() == DType::kF32) {
       fc = reinterpret_cast<float*>(c_elem);
     } else {
-      sc.resize(static_cast<std::size_t>(size_c));
-      fc = sc.data();
+      fc = sc;
       // beta == 0: the old C must not be read (it may be NaN), so it is not even widened.
-      if (d.beta != 0.0f) convert(c_elem, c.dtype(), fc, DType::kF32, sc.size());
+      if (d.beta != 0.0f) {
+        convert(c_elem, c.dtype(), fc, DType::kF32, static_cast<std::size_t>(size_c));
+      }
     }
     if (d.k == 0) {
       // BLAS rejects lda = 0, and there is nothing to multiply: C = beta * C.
@@ -87,9 +100,21 @@ void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c) 
 
 std::int64_t CpuBackend::max_gemm_dim() const { return INT_MAX; }
 
-void CpuBackend::do_gemm(StreamId, const GemmDesc& d, const Tensor& a, const Tensor& b,
+void CpuBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                          const Tensor& c) {
-  cpu::gemm(d, a, b, c);
+  const std::size_t floats = cpu::gemm_scratch_floats(d, a, b, c);
+  if (floats == 0) {
+    cpu::gemm(d, a, b, c, nullptr);
+  } else if (workspace_ != nullptr) {
+    // Freed on return: the work is done by then (streams run inline).
+    Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
+                                    Category::kWorkspace, stream,
+                                    "cpu.gemm.scratch");
+    cpu::gemm(d, a, b, c, ws.as<float>());
+  } else {
+    cpu::ScratchPool::Lease ws = scratch_.take(floats);
+    cpu::gemm(d, a, b, c, ws.data());
+  }
 }
 
 }  // namespace memfit

@@ -11,6 +11,8 @@
 #include <random>
 #include <string>
 
+#include "core/cpu/scratch_pool.h"
+#include "memory/allocator_event.h"
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
 #include "memory/host_provider.h"
@@ -320,6 +322,76 @@ TEST(CpuBackend, GemmRejectsBadShapes) {
   be.gemm(kDefaultStream, s, shared.at(0, 4), shared.at(4, 4), shared.at(8, 4));  // adjacent: fine
   Tensor on_meta(reinterpret_cast<void*>(0x1000), Shape{8}, DType::kF16, Device::kMeta);
   expect_invalid([&] { be.gemm(kDefaultStream, d, a.t(), b.t(), on_meta); }, {"C is", "meta"});
+}
+
+TEST(CpuBackend, GemmScratchFromPoolOrWorkspaceAllocator) {
+  // bf16 A and C need scratch (A: 3*5, C: 3*4 floats); B is f32 and is used in place.
+  std::mt19937 rng(11);
+  HostBuf a(DType::kBF16, 15), b(DType::kF32, 20), c1(DType::kBF16, 12), c2(DType::kBF16, 12);
+  a.randomize(rng);
+  b.randomize(rng);
+  GemmDesc d;
+  d.m = 3;
+  d.n = 4;
+  d.k = 5;
+  CpuBackend pooled;
+  EXPECT_EQ(pooled.scratch_bytes(), 0u);
+  pooled.gemm(kDefaultStream, d, a.t(), b.t(), c1.t());
+  EXPECT_EQ(pooled.scratch_bytes(), (15 + 12) * sizeof(float));
+  pooled.gemm(kDefaultStream, d, a.t(), b.t(), c1.t());  // reused, not grown
+  EXPECT_EQ(pooled.scratch_bytes(), (15 + 12) * sizeof(float));
+  pooled.release_scratch();
+  EXPECT_EQ(pooled.scratch_bytes(), 0u);
+
+  CpuBackend be;
+  HostProvider host;
+  CachingAllocator alloc(host, {}, &be.stream_sync());
+  be.set_workspace_allocator(&alloc);
+  int workspace_allocs = 0;
+  alloc.add_listener([&](const AllocatorEvent& e) {
+    if (e.kind == EventKind::kAlloc && e.category == Category::kWorkspace &&
+        e.tag == "cpu.gemm.scratch") {
+      ++workspace_allocs;
+    }
+  });
+  be.gemm(kDefaultStream, d, a.t(), b.t(), c2.t());
+  EXPECT_EQ(workspace_allocs, 1);
+  const AllocatorStats st = alloc.stats();
+  EXPECT_EQ(st.requested_bytes[kStatAll].peak,
+            static_cast<std::int64_t>((15 + 12) * sizeof(float)));
+  EXPECT_EQ(st.allocated_bytes[kStatAll].current, 0);  // freed on return
+  EXPECT_EQ(be.scratch_bytes(), 0u);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(c1.get(i), c2.get(i));
+  // Under a budget too small for the scratch, the GEMM fails as an OOM and writes nothing.
+  c2.fill(7.0f);
+  alloc.empty_cache();
+  alloc.set_budget(64);
+  EXPECT_THROW(be.gemm(kDefaultStream, d, a.t(), b.t(), c2.t()), OutOfMemory);
+  EXPECT_EQ(c2.get(0), 7.0f);
+}
+
+TEST(ScratchPool, ReusesFittingBuffersAndBoundsIdle) {
+  cpu::ScratchPool pool;
+  float* first;
+  {
+    auto l = pool.take(100);
+    first = l.data();
+    EXPECT_GE(l.capacity(), 100u);
+  }
+  {
+    auto l = pool.take(50);  // fits in the idle 100
+    EXPECT_EQ(l.data(), first);
+    auto m = pool.take(50);  // the 100 is leased: a new one
+    EXPECT_NE(m.data(), first);
+  }
+  EXPECT_EQ(pool.held_bytes(), 150 * sizeof(float));
+  std::vector<cpu::ScratchPool::Lease> many;
+  for (int i = 0; i < 8; ++i) many.push_back(pool.take(1000 + i));
+  many.clear();  // only kMaxIdle stay
+  EXPECT_LE(pool.held_bytes(),
+            cpu::ScratchPool::kMaxIdle * 1007 * sizeof(float));
+  pool.release_idle();
+  EXPECT_EQ(pool.held_bytes(), 0u);
 }
 
 }  // namespace
