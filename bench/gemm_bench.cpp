@@ -75,8 +75,7 @@ void run(benchmark::State& state, DType in) {
   d.m = d.n = d.k = n;
   const int ni = static_cast<int>(n);
   auto anchor = [&] {
-    cpu::blas_sgemm(false, false, ni, ni, ni, 1.0f, o.a.data(), o.b.data(), 0.0f,
-                    c_anchor.data());
+    cpu::blas_sgemm(false, false, ni, ni, ni, 1.0f, o.a.data(), o.b.data(), 0.0f, c_anchor.data());
   };
   auto memfit = [&] {
     be.gemm(kDefaultStream, d, a, b, c);
@@ -117,9 +116,15 @@ void run(benchmark::State& state, DType in) {
 void BM_Gemm_F32(benchmark::State& s) { run(s, DType::kF32); }
 void BM_Gemm_BF16in_F32out(benchmark::State& s) { run(s, DType::kBF16); }
 
-#define MEMFIT_GEMM_BENCH(fn)                                                           \
-  BENCHMARK(fn)->Arg(512)->Arg(1024)->UseManualTime()->MinWarmUpTime(0.3)->MinTime(1.0)-> \
-      Repetitions(3)->Unit(benchmark::kMillisecond)
+#define MEMFIT_GEMM_BENCH(fn) \
+  BENCHMARK(fn)               \
+      ->Arg(512)              \
+      ->Arg(1024)             \
+      ->UseManualTime()       \
+      ->MinWarmUpTime(0.3)    \
+      ->MinTime(1.0)          \
+      ->Repetitions(3)        \
+      ->Unit(benchmark::kMillisecond)
 MEMFIT_GEMM_BENCH(BM_Gemm_F32);
 MEMFIT_GEMM_BENCH(BM_Gemm_BF16in_F32out);
 
@@ -143,7 +148,8 @@ class CollectingReporter : public benchmark::ConsoleReporter {
   std::optional<Figures> median(const std::string& name, std::int64_t n) {
     std::vector<Figures>& v = figures_[{name, n}];
     if (v.empty()) return std::nullopt;
-    std::sort(v.begin(), v.end(), [](const Figures& x, const Figures& y) { return x.ratio < y.ratio; });
+    std::sort(v.begin(), v.end(),
+              [](const Figures& x, const Figures& y) { return x.ratio < y.ratio; });
     return v[v.size() / 2];
   }
 

@@ -173,8 +173,7 @@ void check_same_numel(const Where& where, const char* ra, const Tensor& a, const
   }
 }
 
-void check_no_overlap(const Where& where, const char* ra, Span a, const char* rb,
-                      Span b) {
+void check_no_overlap(const Where& where, const char* ra, Span a, const char* rb, Span b) {
   if (overlaps(a, b)) {
     std::ostringstream os;
     os << (where + ": ") << ra << " [0x" << std::hex << a.begin << ", 0x" << a.end << ") overlaps "
@@ -223,8 +222,8 @@ void Backend::gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Te
   const std::int64_t size_b = mul_or_neg(d.k, d.n);
   const std::int64_t size_c = mul_or_neg(d.m, d.n);
   if (size_a < 0 || size_b < 0 || size_c < 0) {
-    throw InvalidArgument(w + ": a matrix of m=" + std::to_string(d.m) + " n=" +
-                          std::to_string(d.n) + " k=" + std::to_string(d.k) +
+    throw InvalidArgument(w + ": a matrix of m=" + std::to_string(d.m) +
+                          " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) +
                           " has more than 2^63 elements; valid: sizes whose products fit int64");
   }
   struct Operand {
@@ -247,20 +246,19 @@ void Backend::gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Te
     }
     const std::int64_t need = gemm_extent(w, o.role, d.batch, o.stride, o.size);
     if (o.t.numel() < need) {
-      throw InvalidArgument(w + ": " + o.role + " is " + tensor_desc(o.t) + " (" +
-                            std::to_string(o.t.numel()) + " elements) but m=" +
-                            std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" +
-                            std::to_string(d.k) + " trans_a=" + std::to_string(d.trans_a) +
-                            " trans_b=" + std::to_string(d.trans_b) + " batch=" +
-                            std::to_string(d.batch) + " " + o.stride_name + "=" +
-                            std::to_string(o.stride) + " need " + std::to_string(need) +
-                            "; valid: numel >= (batch-1)*stride + matrix size");
+      throw InvalidArgument(
+          w + ": " + o.role + " is " + tensor_desc(o.t) + " (" + std::to_string(o.t.numel()) +
+          " elements) but m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) +
+          " k=" + std::to_string(d.k) + " trans_a=" + std::to_string(d.trans_a) +
+          " trans_b=" + std::to_string(d.trans_b) + " batch=" + std::to_string(d.batch) + " " +
+          o.stride_name + "=" + std::to_string(o.stride) + " need " + std::to_string(need) +
+          "; valid: numel >= (batch-1)*stride + matrix size");
     }
     spans[i] = span_of(o.t, (d.m == 0 || d.n == 0) ? 0 : need);
   }
   if (d.batch > 1 && size_c > 0 && ops[2].stride < size_c) {
-    throw InvalidArgument(w + ": stride_c=" + std::to_string(ops[2].stride) + " < m*n=" +
-                          std::to_string(size_c) +
+    throw InvalidArgument(w + ": stride_c=" + std::to_string(ops[2].stride) +
+                          " < m*n=" + std::to_string(size_c) +
                           " makes the batch's outputs overlap; valid: stride_c >= m*n");
   }
   check_no_overlap(w, "C", spans[2], "A", spans[0]);
@@ -335,7 +333,8 @@ void Backend::sumsq(StreamId stream, const Tensor& x, const Tensor& out) {
   if (out.dtype() != DType::kF32 || out.numel() != kSumSqSlots) {
     throw InvalidArgument(w + ": out is " + tensor_desc(out) +
                           "; valid: an f32 tensor of 2 elements (sum of squares, non-finite "
-                          "count) on " + device_name(device()));
+                          "count) on " +
+                          device_name(device()));
   }
   check_no_overlap(w, "out", span_of(out, out.numel()), "x", span_of(x, x.numel()));
   do_sumsq(stream, x, out);

@@ -106,17 +106,16 @@ class Backend {
 
   // An event marks the work queued on a stream so far; handles are never 0.
   EventHandle record_event(StreamId stream);
-  bool query_event(EventHandle event);        // true once complete; never blocks
-  void synchronize_event(EventHandle event);  // blocks until complete
+  bool query_event(EventHandle event);                  // true once complete; never blocks
+  void synchronize_event(EventHandle event);            // blocks until complete
   void wait_event(StreamId stream, EventHandle event);  // later work on `stream` waits for it
-  void release_event(EventHandle event);      // the handle is dead afterwards
+  void release_event(EventHandle event);                // the handle is dead afterwards
 
   // The allocator's view of the events above (memory/stream.h); lives as long as the backend.
   StreamSync& stream_sync() { return sync_; }
 
   // ---- ops: each validates, then queues on `stream` ----------------------------------------
-  void gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
-            const Tensor& c);
+  void gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c);
   // x[i] = value rounded to x's dtype.
   void fill(StreamId stream, const Tensor& x, float value);
   // dst = src, same dtype and numel (shapes may differ); each side on device() or the host.

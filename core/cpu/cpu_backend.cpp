@@ -13,9 +13,9 @@
 namespace memfit {
 namespace {
 
-constexpr std::int64_t kChunk = 4096;              // 16 KiB of f32: stays in L1/L2
-constexpr std::int64_t kParallelMin = 64 * 1024;   // below this a thread team costs more
-constexpr std::int64_t kSumBlock = 64 * 1024;      // sumsq partial-sum granule
+constexpr std::int64_t kChunk = 4096;             // 16 KiB of f32: stays in L1/L2
+constexpr std::int64_t kParallelMin = 64 * 1024;  // below this a thread team costs more
+constexpr std::int64_t kSumBlock = 64 * 1024;     // sumsq partial-sum granule
 
 char* element(const Tensor& t, std::int64_t offset) {
   return static_cast<char*>(t.raw()) + static_cast<std::size_t>(offset) * dtype_size(t.dtype());
@@ -50,7 +50,8 @@ void store(const float* v, const Tensor& t, std::int64_t off, std::int64_t count
 void CpuBackend::do_fill(StreamId, const Tensor& x, float value) {
   if (x.dtype() == DType::kF32) {
     float* p = static_cast<float*>(x.raw());
-    for_chunks(x.numel(), [&](std::int64_t off, std::int64_t n) { std::fill_n(p + off, n, value); });
+    for_chunks(x.numel(),
+               [&](std::int64_t off, std::int64_t n) { std::fill_n(p + off, n, value); });
     return;
   }
   std::uint16_t bits = 0;

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+
 #include "core/cpu/cpu_backend.h"
 #include "memory/block.h"
 #include "memory/caching_allocator.h"
@@ -47,9 +48,9 @@ void blas_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, co
 std::size_t gemm_scratch_floats(const GemmDesc& d, const Tensor& a, const Tensor& b,
                                 const Tensor& c) {
   if (d.m == 0 || d.n == 0 || d.batch == 0) return 0;
-  return checked_add(checked_add(floats_if_narrow(a, d.m, d.k), floats_if_narrow(b, d.k, d.n),
-                                 "CPU GEMM scratch"),
-                     floats_if_narrow(c, d.m, d.n), "CPU GEMM scratch");
+  return checked_add(
+      checked_add(floats_if_narrow(a, d.m, d.k), floats_if_narrow(b, d.k, d.n), "CPU GEMM scratch"),
+      floats_if_narrow(c, d.m, d.n), "CPU GEMM scratch");
 }
 
 void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, float* scratch) {
@@ -108,8 +109,7 @@ void CpuBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, co
   } else if (workspace_ != nullptr) {
     // Freed on return: the work is done by then (streams run inline).
     Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
-                                    Category::kWorkspace, stream,
-                                    "cpu.gemm.scratch");
+                                    Category::kWorkspace, stream, "cpu.gemm.scratch");
     cpu::gemm(d, a, b, c, ws.as<float>());
   } else {
     cpu::ScratchPool::Lease ws = scratch_.take(floats);

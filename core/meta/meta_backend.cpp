@@ -23,14 +23,22 @@ std::int64_t bytes(const Tensor& t) { return static_cast<std::int64_t>(t.nbytes(
 
 const char* meta_op_name(MetaOp op) {
   switch (op) {
-    case MetaOp::kGemm: return "gemm";
-    case MetaOp::kFill: return "fill";
-    case MetaOp::kCopy: return "copy";
-    case MetaOp::kCast: return "cast";
-    case MetaOp::kAxpy: return "axpy";
-    case MetaOp::kScale: return "scale";
-    case MetaOp::kSumSq: return "sumsq";
-    case MetaOp::kCount: break;
+    case MetaOp::kGemm:
+      return "gemm";
+    case MetaOp::kFill:
+      return "fill";
+    case MetaOp::kCopy:
+      return "copy";
+    case MetaOp::kCast:
+      return "cast";
+    case MetaOp::kAxpy:
+      return "axpy";
+    case MetaOp::kScale:
+      return "scale";
+    case MetaOp::kSumSq:
+      return "sumsq";
+    case MetaOp::kCount:
+      break;
   }
   return "?";
 }
@@ -81,9 +89,7 @@ void MetaBackend::do_gemm(StreamId, const GemmDesc& d, const Tensor& a, const Te
   count(MetaOp::kGemm, read, written, d.flops());
 }
 
-void MetaBackend::do_fill(StreamId, const Tensor& x, float) {
-  count(MetaOp::kFill, 0, bytes(x));
-}
+void MetaBackend::do_fill(StreamId, const Tensor& x, float) { count(MetaOp::kFill, 0, bytes(x)); }
 
 void MetaBackend::do_copy(StreamId, const Tensor& src, const Tensor& dst) {
   const bool transfer = src.device() != dst.device();

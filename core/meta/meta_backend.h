@@ -28,9 +28,9 @@ const char* meta_op_name(MetaOp op);  // "gemm", "fill", ...
 
 struct MetaStats {
   std::array<std::int64_t, static_cast<std::size_t>(MetaOp::kCount)> op_calls{};
-  std::int64_t gemm_flops = 0;     // sum of GemmDesc::flops() (2*m*n*k*batch); saturates
-  std::int64_t bytes_read = 0;     // operand bytes an op must read (C only when beta != 0)
-  std::int64_t bytes_written = 0;  // operand bytes an op writes
+  std::int64_t gemm_flops = 0;       // sum of GemmDesc::flops() (2*m*n*k*batch); saturates
+  std::int64_t bytes_read = 0;       // operand bytes an op must read (C only when beta != 0)
+  std::int64_t bytes_written = 0;    // operand bytes an op writes
   std::int64_t host_copy_bytes = 0;  // copy() bytes with one side on the host (transfers)
 
   std::int64_t calls(MetaOp op) const { return op_calls[static_cast<std::size_t>(op)]; }

@@ -271,7 +271,8 @@ TEST(CpuBackend, RejectsBadArguments) {
   expect_invalid([&] { be.cast(kDefaultStream, f.at(0, 4), f_as_bf16); }, {"cast", "overlaps"});
   expect_invalid([&] { be.axpy(kDefaultStream, 1, f.t(), small.t()); }, {"axpy"});
   expect_invalid([&] { be.axpy(kDefaultStream, 1, f.at(0, 4), f.at(1, 4)); }, {"axpy", "overlaps"});
-  expect_invalid([&] { be.sumsq(kDefaultStream, f.t(), h.at(0, 2)); }, {"sumsq", "f32", "2 elements"});
+  expect_invalid([&] { be.sumsq(kDefaultStream, f.t(), h.at(0, 2)); },
+                 {"sumsq", "f32", "2 elements"});
   expect_invalid([&] { be.sumsq(kDefaultStream, f.t(), f.at(6, 2)); }, {"sumsq", "overlaps"});
   expect_invalid([&] { read_sumsq(meta); }, {"read_sumsq", "host"});
   // A rejected op has written nothing.
@@ -286,7 +287,7 @@ TEST(CpuBackend, GemmRejectsBadShapes) {
   GemmDesc d;
   d.m = 2;
   d.n = 4;
-  d.k = 3;  // A (2,3)=6, B (3,4)=12, C (2,4)=8
+  d.k = 3;                                          // A (2,3)=6, B (3,4)=12, C (2,4)=8
   be.gemm(kDefaultStream, d, a.t(), b.t(), c.t());  // fits exactly
   GemmDesc e = d;
   e.k = 4;
@@ -317,8 +318,9 @@ TEST(CpuBackend, GemmRejectsBadShapes) {
   s.m = 2;
   s.n = 2;
   s.k = 2;
-  expect_invalid([&] { be.gemm(kDefaultStream, s, shared.at(0, 4), shared.at(4, 4), shared.at(6, 4)); },
-                 {"C", "overlaps", "B"});
+  expect_invalid(
+      [&] { be.gemm(kDefaultStream, s, shared.at(0, 4), shared.at(4, 4), shared.at(6, 4)); },
+      {"C", "overlaps", "B"});
   be.gemm(kDefaultStream, s, shared.at(0, 4), shared.at(4, 4), shared.at(8, 4));  // adjacent: fine
   Tensor on_meta(reinterpret_cast<void*>(0x1000), Shape{8}, DType::kF16, Device::kMeta);
   expect_invalid([&] { be.gemm(kDefaultStream, d, a.t(), b.t(), on_meta); }, {"C is", "meta"});
@@ -388,8 +390,7 @@ TEST(ScratchPool, ReusesFittingBuffersAndBoundsIdle) {
   std::vector<cpu::ScratchPool::Lease> many;
   for (int i = 0; i < 8; ++i) many.push_back(pool.take(1000 + i));
   many.clear();  // only kMaxIdle stay
-  EXPECT_LE(pool.held_bytes(),
-            cpu::ScratchPool::kMaxIdle * 1007 * sizeof(float));
+  EXPECT_LE(pool.held_bytes(), cpu::ScratchPool::kMaxIdle * 1007 * sizeof(float));
   pool.release_idle();
   EXPECT_EQ(pool.held_bytes(), 0u);
 }

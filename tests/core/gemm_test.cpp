@@ -26,9 +26,12 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // f32, f16, bf16), with a margin of about 2x.
 double out_eps(DType t) {
   switch (t) {
-    case DType::kF32: return 1e-6;
-    case DType::kF16: return 1e-3;
-    case DType::kBF16: return 1e-2;
+    case DType::kF32:
+      return 1e-6;
+    case DType::kF16:
+      return 1e-3;
+    case DType::kBF16:
+      return 1e-2;
   }
   return 0;
 }
@@ -37,17 +40,16 @@ struct Case {
   std::int64_t m, n, k, batch;
   bool ta, tb;
   float alpha, beta;
-  std::int64_t pad_a = 0;       // extra elements between A's batch entries
-  bool broadcast_b = false;     // stride_b = 0
+  std::int64_t pad_a = 0;    // extra elements between A's batch entries
+  bool broadcast_b = false;  // stride_b = 0
   std::int64_t pad_c = 0;
 };
 
 std::string describe(const Case& c, DType da, DType db, DType dc) {
   return std::string("A ") + dtype_name(da) + " B " + dtype_name(db) + " C " + dtype_name(dc) +
-         " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" +
-         std::to_string(c.k) + " batch=" + std::to_string(c.batch) + (c.ta ? " TA" : "") +
-         (c.tb ? " TB" : "") + " alpha=" + std::to_string(c.alpha) +
-         " beta=" + std::to_string(c.beta);
+         " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+         " batch=" + std::to_string(c.batch) + (c.ta ? " TA" : "") + (c.tb ? " TB" : "") +
+         " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
 }
 
 // Runs one case and compares every output element with the double reference computed from
@@ -118,8 +120,8 @@ void run_case(const Case& c, DType da, DType db, DType dc, std::uint32_t seed) {
         const double tol = out_eps(dc) * std::fabs(ref) +
                            1e-6 * std::sqrt(static_cast<double>(c.k) + 1) * mag + 1e-30;
         if (!(std::fabs(got - ref) <= tol) && ++bad <= 5) {
-          ADD_FAILURE() << "batch " << bi << " (" << i << "," << j << "): got " << got
-                        << " want " << ref << " tol " << tol;
+          ADD_FAILURE() << "batch " << bi << " (" << i << "," << j << "): got " << got << " want "
+                        << ref << " tol " << tol;
         }
       }
     }

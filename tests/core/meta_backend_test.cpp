@@ -46,8 +46,8 @@ TEST(MetaBackend, Identity) {
 TEST(MetaBackend, OpsCountWithoutTouchingMemory) {
   MetaBackend be;
   MetaTensors mt;
-  Tensor a = mt.make({4, 3, 5}, DType::kBF16);   // batch 4 of (3,5)
-  Tensor w = mt.make({7, 5}, DType::kF32);       // broadcast (7,5), used transposed
+  Tensor a = mt.make({4, 3, 5}, DType::kBF16);  // batch 4 of (3,5)
+  Tensor w = mt.make({7, 5}, DType::kF32);      // broadcast (7,5), used transposed
   Tensor c = mt.make({4, 3, 7}, DType::kF16);
   GemmDesc d;
   d.m = 3;
@@ -131,9 +131,8 @@ TEST(MetaBackend, RejectsWhatCpuRejects) {
   struct Operands {
     Tensor a6, b12, c8, x7, o2;
   };
-  Operands on_meta{mt.make({6}, DType::kF32), mt.make({12}, DType::kF32),
-                   mt.make({8}, DType::kF16), mt.make({7}, DType::kF32),
-                   mt.make({2}, DType::kBF16)};
+  Operands on_meta{mt.make({6}, DType::kF32), mt.make({12}, DType::kF32), mt.make({8}, DType::kF16),
+                   mt.make({7}, DType::kF32), mt.make({2}, DType::kBF16)};
   Operands on_cpu{h6.t(), h12.t(), h8.t(), h7.t(), h2.t()};
   GemmDesc d;
   d.m = 2;
@@ -182,7 +181,8 @@ TEST(MetaBackend, RejectsWhatCpuRejects) {
     // Same text once the backend names, devices and addresses are set aside.
     auto strip = [](std::string s) {
       for (const char* w : {"(meta)", "(cpu)", " on meta", " on cpu"}) {
-        for (std::size_t p; (p = s.find(w)) != std::string::npos;) s.erase(p, std::string(w).size());
+        for (std::size_t p; (p = s.find(w)) != std::string::npos;)
+          s.erase(p, std::string(w).size());
       }
       return s;
     };
