@@ -1,6 +1,7 @@
 // f32 -> bf16 and f32 -> f16 conversion of 1M elements: the scalar path (the anchor) against
 // what convert() dispatches to on this CPU. Prints GB/s (bytes read + written: 6 per element)
-// for each and the dispatched/scalar ratio, both from this run (median of the repetitions).
+// for each and the dispatched/scalar ratio, both from this run (median of the repetitions,
+// CPU time per call).
 //
 //   ./build/bench/dtype_bench                 # all four, then the summary lines
 //   ./build/bench/dtype_bench --benchmark_repetitions=9
@@ -68,7 +69,9 @@ class CollectingReporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration || r.error_occurred || r.iterations == 0) continue;
-      const double secs = r.real_accumulated_time / static_cast<double>(r.iterations);
+      // CPU time, as the G/s column above: on a shared machine wall time also counts the
+      // time this thread was descheduled.
+      const double secs = r.cpu_accumulated_time / static_cast<double>(r.iterations);
       gbps_[r.run_name.function_name].push_back(kElems * kBytesPerElem / secs / 1e9);
     }
   }
@@ -87,9 +90,10 @@ class CollectingReporter : public benchmark::ConsoleReporter {
 void summary(CollectingReporter& rep, const char* what, const char* scalar, const char* disp) {
   const double s = rep.median(scalar), d = rep.median(disp);
   if (s == 0 || d == 0) return;
-  std::printf("%-9s %zu elements: scalar %.2f GB/s (anchor), dispatched [%s] %.2f GB/s, "
-              "ratio %.2fx\n",
-              what, kElems, s, convert_isa(), d, d / s);
+  std::printf(
+      "%-9s %zu elements: scalar %.2f GB/s (anchor), dispatched [%s] %.2f GB/s, "
+      "ratio %.2fx\n",
+      what, kElems, s, convert_isa(), d, d / s);
 }
 
 }  // namespace
@@ -100,7 +104,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   memfit::CollectingReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
-  std::printf("\nGB/s = (4 B read + 2 B written) per element / median time per call\n");
+  std::printf("\nGB/s = (4 B read + 2 B written) per element / median CPU time per call\n");
   memfit::summary(rep, "f32->bf16", "BM_F32ToBF16_Scalar", "BM_F32ToBF16_Dispatched");
   memfit::summary(rep, "f32->f16", "BM_F32ToF16_Scalar", "BM_F32ToF16_Dispatched");
   benchmark::Shutdown();

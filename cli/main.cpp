@@ -1,14 +1,29 @@
-// The memfit program. Subcommands register themselves in cli/commands.h order.
+// The memfit program: one subcommand per file in cli/. User errors (memfit::Error) print
+// their message and exit 2; anything else is a bug and exits 3.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
 
+#include "cli/demo_command.h"
+#include "memory/error.h"
+
 int main(int argc, char** argv) {
   CLI::App app{"memfit: fit neural-network training into a memory budget"};
   app.set_version_flag("--version", "memfit 0.1.0");
-  app.require_subcommand(0, 1);
-  CLI11_PARSE(app, argc, argv);
-  if (app.get_subcommands().empty()) std::printf("%s", app.help().c_str());
-  return 0;
+  app.require_subcommand(1);
+  int exit_code = 0;
+  memfit::cli::add_demo_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const memfit::Error& e) {
+    std::fprintf(stderr, "memfit: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memfit: internal error: %s\n", e.what());
+    return 3;
+  }
+  return exit_code;
 }

@@ -24,9 +24,9 @@ struct Alias {
   DType type;
 };
 constexpr Alias kAliases[] = {
-    {"f32", DType::kF32},       {"float32", DType::kF32},  {"fp32", DType::kF32},
-    {"float", DType::kF32},     {"f16", DType::kF16},      {"float16", DType::kF16},
-    {"fp16", DType::kF16},      {"half", DType::kF16},     {"bf16", DType::kBF16},
+    {"f32", DType::kF32},       {"float32", DType::kF32}, {"fp32", DType::kF32},
+    {"float", DType::kF32},     {"f16", DType::kF16},     {"float16", DType::kF16},
+    {"fp16", DType::kF16},      {"half", DType::kF16},    {"bf16", DType::kBF16},
     {"bfloat16", DType::kBF16},
 };
 
@@ -61,8 +61,72 @@ std::uint32_t shift_rne(std::uint32_t m, unsigned s) {
   return r + ((rem > half || (rem == half && (r & 1))) ? 1 : 0);
 }
 
-// The element loops of the scalar path. Integer arithmetic only, so the MXCSR rounding and
-// DAZ/FTZ modes a caller may have set cannot change the result.
+// The element conversions, in integer arithmetic only, so the MXCSR rounding and DAZ/FTZ
+// modes a caller may have set cannot change the result. They have internal linkage so the
+// loops below inline them: calls to a shared library's exported functions are not inlined
+// (they may be interposed), which made the scalar loops several times slower.
+inline float f16_to_f32_impl(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu;
+  std::uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1F) {
+    // Inf, or NaN: quiet bit set, payload moved to the top of the f32 mantissa (what the
+    // F16C instruction does, so both paths agree).
+    return bits_f32(sign | 0x7F800000u | (mant ? (0x400000u | (mant << 13)) : 0u));
+  }
+  if (exp != 0) return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return bits_f32(sign);
+  // Denormal: mant * 2^-24. Normalize so the leading one sits at bit 10.
+  std::uint32_t e = 113;  // the f32 exponent of 2^-14, the f16 denormal scale
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  return bits_f32(sign | (e << 23) | ((mant & 0x3FFu) << 13));
+}
+
+inline std::uint16_t f32_to_f16_impl(float f) {
+  const std::uint32_t x = f32_bits(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t a = x & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) {
+    // NaN: quiet, sign kept, top 9 payload bits kept (F16C's rule).
+    return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+  }
+  // 65520 = 65504 + half an ulp: the tie rounds to the even neighbour, 2^16, i.e. infinity.
+  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
+  const std::uint32_t exp = a >> 23;
+  const std::uint32_t mant = a & 0x7FFFFFu;
+  if (exp >= 113) {
+    // Normal f16 range (>= 2^-14). Adding 0xFFF plus the lowest kept bit carries out of the
+    // 13 dropped bits exactly when rounding to nearest even goes up, and a carry into the
+    // exponent is the right answer. Branch-free: on real data rounding up is a coin flip.
+    const std::uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);
+    return static_cast<std::uint16_t>(sign | ((r >> 13) - (112u << 10)));
+  }
+  // Denormal f16 (or zero): value / 2^-24 = m * 2^(exp - 126), rounded. Below 2^-25 (and
+  // every f32 denormal) that is under half the smallest f16 denormal: zero.
+  if (exp < 102) return static_cast<std::uint16_t>(sign);
+  const std::uint32_t m = mant | 0x800000u;
+  return static_cast<std::uint16_t>(sign | shift_rne(m, 126u - exp));
+}
+
+inline float bf16_to_f32_impl(std::uint16_t b) {
+  return bits_f32(static_cast<std::uint32_t>(b) << 16);
+}
+
+inline std::uint16_t f32_to_bf16_impl(float f) {
+  const std::uint32_t x = f32_bits(f);
+  // Round to nearest even on the low 16 bits; a carry into the exponent is the right answer
+  // (the largest finite values round up to infinity).
+  const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  // NaN: rounding could carry a payload into the sign, truncating could clear every payload
+  // bit left (making infinity); keep the top bits and set the quiet bit.
+  const std::uint32_t quiet = (x >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded);
+}
+
+// The element loops of the scalar path.
 template <typename S, typename D, typename F>
 void convert_loop(const void* src, void* dst, std::size_t n, F f) {
   const auto* s = static_cast<const unsigned char*>(src);
@@ -109,8 +173,8 @@ void check_convert_args(const void* src, DType st, void* dst, DType dt, std::siz
   const std::uintptr_t s_end = s + n * dtype_size(st);
   const std::uintptr_t d_end = d + n * dtype_size(dt);
   if (s < d_end && d < s_end) {
-    throw InvalidArgument(std::string("convert: src and dst overlap (") + dtype_name(st) +
-                          " -> " + dtype_name(dt) + ", n = " + std::to_string(n) +
+    throw InvalidArgument(std::string("convert: src and dst overlap (") + dtype_name(st) + " -> " +
+                          dtype_name(dt) + ", n = " + std::to_string(n) +
                           "); valid: disjoint buffers, or the same pointer with equal dtypes");
   }
 }
@@ -133,63 +197,10 @@ DType parse_dtype(std::string_view s) {
   throw InvalidArgument("unknown dtype '" + std::string(s) + "'; valid: " + valid);
 }
 
-float f16_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu;
-  std::uint32_t mant = h & 0x3FFu;
-  if (exp == 0x1F) {
-    // Inf, or NaN: quiet bit set, payload moved to the top of the f32 mantissa (what the
-    // F16C instruction does, so both paths agree).
-    return bits_f32(sign | 0x7F800000u | (mant ? (0x400000u | (mant << 13)) : 0u));
-  }
-  if (exp != 0) return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-  if (mant == 0) return bits_f32(sign);
-  // Denormal: mant * 2^-24. Normalize so the leading one sits at bit 10.
-  std::uint32_t e = 113;  // the f32 exponent of 2^-14, the f16 denormal scale
-  while ((mant & 0x400u) == 0) {
-    mant <<= 1;
-    --e;
-  }
-  return bits_f32(sign | (e << 23) | ((mant & 0x3FFu) << 13));
-}
-
-std::uint16_t f32_to_f16(float f) {
-  const std::uint32_t x = f32_bits(f);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const std::uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) {
-    // NaN: quiet, sign kept, top 9 payload bits kept (F16C's rule).
-    return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  }
-  // 65520 = 65504 + half an ulp: the tie rounds to the even neighbour, 2^16, i.e. infinity.
-  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);
-  const std::uint32_t exp = a >> 23;
-  const std::uint32_t mant = a & 0x7FFFFFu;
-  if (exp >= 113) {  // normal f16 range (>= 2^-14); a carry may round up into the exponent
-    const std::uint32_t h = ((exp - 112u) << 10) | (mant >> 13);
-    const std::uint32_t rem = mant & 0x1FFFu;
-    const std::uint32_t up = (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ? 1u : 0u;
-    return static_cast<std::uint16_t>(sign | (h + up));
-  }
-  // Denormal f16 (or zero): value / 2^-24 = m * 2^(exp - 126), rounded. Below 2^-25 (and
-  // every f32 denormal) that is under half the smallest f16 denormal: zero.
-  if (exp < 102) return static_cast<std::uint16_t>(sign);
-  const std::uint32_t m = mant | 0x800000u;
-  return static_cast<std::uint16_t>(sign | shift_rne(m, 126u - exp));
-}
-
-float bf16_to_f32(std::uint16_t b) { return bits_f32(static_cast<std::uint32_t>(b) << 16); }
-
-std::uint16_t f32_to_bf16(float f) {
-  const std::uint32_t x = f32_bits(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
-    // NaN: truncating could clear every payload bit left (making infinity); set the quiet bit.
-    return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  }
-  // Round to nearest even on the low 16 bits; a carry into the exponent is the right answer
-  // (the largest finite values round up to infinity).
-  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
+float f16_to_f32(std::uint16_t h) { return f16_to_f32_impl(h); }
+std::uint16_t f32_to_f16(float f) { return f32_to_f16_impl(f); }
+float bf16_to_f32(std::uint16_t b) { return bf16_to_f32_impl(b); }
+std::uint16_t f32_to_bf16(float f) { return f32_to_bf16_impl(f); }
 
 void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) {
   check_convert_args(src, st, dst, dt, n);
@@ -214,17 +225,26 @@ void convert_scalar(const void* src, DType st, void* dst, DType dt, std::size_t 
     std::memcpy(dst, src, n * dtype_size(st));
     return;
   }
-  // Pairs of 16-bit types go through f32, which holds both exactly: one rounding in total.
+  // Lambdas, not function pointers, so each loop gets its element function inlined. Pairs of
+  // 16-bit types go through f32, which holds both exactly: one rounding in total.
   switch (st) {
     case DType::kF32:
-      if (dt == DType::kF16) return convert_loop<float, u16>(src, dst, n, f32_to_f16);
-      return convert_loop<float, u16>(src, dst, n, f32_to_bf16);
+      if (dt == DType::kF16) {
+        return convert_loop<float, u16>(src, dst, n, [](float f) { return f32_to_f16_impl(f); });
+      }
+      return convert_loop<float, u16>(src, dst, n, [](float f) { return f32_to_bf16_impl(f); });
     case DType::kF16:
-      if (dt == DType::kF32) return convert_loop<u16, float>(src, dst, n, f16_to_f32);
-      return convert_loop<u16, u16>(src, dst, n, [](u16 h) { return f32_to_bf16(f16_to_f32(h)); });
+      if (dt == DType::kF32) {
+        return convert_loop<u16, float>(src, dst, n, [](u16 h) { return f16_to_f32_impl(h); });
+      }
+      return convert_loop<u16, u16>(src, dst, n,
+                                    [](u16 h) { return f32_to_bf16_impl(f16_to_f32_impl(h)); });
     case DType::kBF16:
-      if (dt == DType::kF32) return convert_loop<u16, float>(src, dst, n, bf16_to_f32);
-      return convert_loop<u16, u16>(src, dst, n, [](u16 b) { return f32_to_f16(bf16_to_f32(b)); });
+      if (dt == DType::kF32) {
+        return convert_loop<u16, float>(src, dst, n, [](u16 b) { return bf16_to_f32_impl(b); });
+      }
+      return convert_loop<u16, u16>(src, dst, n,
+                                    [](u16 b) { return f32_to_f16_impl(bf16_to_f32_impl(b)); });
   }
 }
 

@@ -83,9 +83,8 @@ void convert_avx2(const void* src, DType st, void* dst, DType dt, std::size_t n)
     }
   } else if (st == DType::kF32 && dt == DType::kF16) {
     for (; i + 8 <= n; i += 8) {
-      store_u16x8(d + i * 2, _mm256_cvtps_ph(_mm256_loadu_ps(reinterpret_cast<const float*>(
-                                                 s + i * 4)),
-                                             kRne));
+      store_u16x8(d + i * 2, _mm256_cvtps_ph(
+                                 _mm256_loadu_ps(reinterpret_cast<const float*>(s + i * 4)), kRne));
     }
   } else if (st == DType::kBF16 && dt == DType::kF32) {
     for (; i + 8 <= n; i += 8) {

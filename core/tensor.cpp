@@ -37,8 +37,8 @@ std::string dims_str(const std::int64_t* dims, int ndim) {
 
 // numel * dtype size, which must fit an int64 like every size a Tensor reports.
 std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* where) {
-  const std::size_t n = checked_mul(static_cast<std::size_t>(shape.numel()), dtype_size(dtype),
-                                    where);
+  const std::size_t n =
+      checked_mul(static_cast<std::size_t>(shape.numel()), dtype_size(dtype), where);
   if (n > static_cast<std::size_t>(kInt64Max)) {
     throw InvalidArgument(std::string(where) + ": shape " + shape.str() + " of " +
                           dtype_name(dtype) + " is " + std::to_string(n) +
@@ -63,8 +63,8 @@ const char* device_name(Device d) {
 
 void tensor_dtype_mismatch(DType have, std::size_t want_bytes) {
   throw InvalidArgument("tensor data access with a " + std::to_string(want_bytes) +
-                        "-byte element type, but the tensor's dtype is " + dtype_name(have) +
-                        " (" + std::to_string(dtype_size(have)) +
+                        "-byte element type, but the tensor's dtype is " + dtype_name(have) + " (" +
+                        std::to_string(dtype_size(have)) +
                         " bytes): use float for f32, std::uint16_t for f16/bf16");
 }
 
@@ -155,8 +155,8 @@ Tensor Tensor::slice0(std::int64_t begin, std::int64_t end) const {
   const std::int64_t rows = size(0);
   if (begin < 0 || begin > end || end > rows) {
     throw InvalidArgument("slice0 [" + std::to_string(begin) + ", " + std::to_string(end) +
-                          ") of shape " + shape_.str() + ": valid is 0 <= begin <= end <= " +
-                          std::to_string(rows));
+                          ") of shape " + shape_.str() +
+                          ": valid is 0 <= begin <= end <= " + std::to_string(rows));
   }
   std::int64_t dims[kMaxDims];
   for (int i = 0; i < ndim(); ++i) dims[i] = size(i);

@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "core/dtype.h"
 #include "memory/block.h"
@@ -90,6 +91,17 @@ class Tensor {
 class OwnedTensor {
  public:
   OwnedTensor() = default;
+  OwnedTensor(OwnedTensor&& o) noexcept : block_(std::move(o.block_)), view_(o.view_) {
+    o.view_ = Tensor();
+  }
+  OwnedTensor& operator=(OwnedTensor&& o) noexcept {
+    if (this != &o) {
+      block_ = std::move(o.block_);
+      view_ = o.view_;
+      o.view_ = Tensor();
+    }
+    return *this;
+  }
   static OwnedTensor empty(CachingAllocator& alloc, Shape shape, DType dtype, Device device,
                            Category category, StreamId stream = kDefaultStream,
                            std::string_view tag = {});

@@ -93,7 +93,7 @@ u16 ref_round(const Table& t, float f) {
   const double v = std::fabs(static_cast<double>(f));  // exact
   if (v >= t.value.back()) return sign | t.pattern.back();
   const auto hi = std::upper_bound(t.value.begin(), t.value.end(), v) - t.value.begin();
-  const auto lo = hi - 1;  // value[lo] <= v < value[hi]
+  const auto lo = hi - 1;                                     // value[lo] <= v < value[hi]
   const double dlo = v - t.value[lo], dhi = t.value[hi] - v;  // exact: few significant bits
   std::size_t pick;
   if (dlo < dhi) {
@@ -111,7 +111,9 @@ u16 nan_to_f16(u32 x) { return ((x >> 16) & 0x8000) | 0x7E00 | ((x >> 13) & 0x3F
 u16 nan_to_bf16(u32 x) { return static_cast<u16>((x >> 16) | 0x40); }
 bool is_nan_f32(u32 x) { return (x & 0x7FFFFFFFu) > 0x7F800000u; }
 
-u16 expect_f16(float f) { return is_nan_f32(bits(f)) ? nan_to_f16(bits(f)) : ref_round(f16_table(), f); }
+u16 expect_f16(float f) {
+  return is_nan_f32(bits(f)) ? nan_to_f16(bits(f)) : ref_round(f16_table(), f);
+}
 u16 expect_bf16(float f) {
   return is_nan_f32(bits(f)) ? nan_to_bf16(bits(f)) : ref_round(bf16_table(), f);
 }
@@ -149,10 +151,9 @@ std::vector<float> special_f32_inputs() {
     around(from_bits(p << 16));
     around(from_bits((p << 16) | 0x8000));  // the midpoint to the next bf16 (or to infinity)
   }
-  for (float f : {65504.0f, 65519.0f, 65520.0f, 65536.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f,
-                  0x1.8p-25f, 0x1p-26f, std::numeric_limits<float>::max(),
-                  std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
-                  1.0f, 1.5f, 0.1f}) {
+  for (float f : {65504.0f, 65519.0f, 65520.0f, 65536.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f,
+                  0x1p-26f, std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
+                  std::numeric_limits<float>::denorm_min(), 1.0f, 1.5f, 0.1f}) {
     around(f);
   }
   for (u32 x : {0x7F800000u, 0x7F800001u, 0x7F801FFFu, 0x7F802000u, 0x7F80FFFFu, 0x7F808000u,
@@ -251,20 +252,20 @@ TEST(DTypeTest, F32ToBF16RoundsToNearestEven) {
 }
 
 TEST(DTypeTest, NamedBoundaries) {
-  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);                             // largest finite f16
-  EXPECT_EQ(f32_to_f16(std::nextafter(65520.0f, 0.0f)), 0x7BFF);       // just under the tie
-  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);                             // tie to even: inf
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);                        // largest finite f16
+  EXPECT_EQ(f32_to_f16(std::nextafter(65520.0f, 0.0f)), 0x7BFF);  // just under the tie
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7C00);                        // tie to even: inf
   EXPECT_EQ(f32_to_f16(-65520.0f), 0xFC00);
-  EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);                             // smallest denormal
-  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);                             // tie to even: zero
+  EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);  // smallest denormal
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);  // tie to even: zero
   EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
-  EXPECT_EQ(f32_to_f16(0x1.8p-24f), 0x0002);                           // 1.5 ulp: tie to 2
+  EXPECT_EQ(f32_to_f16(0x1.8p-24f), 0x0002);  // 1.5 ulp: tie to 2
   EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
   EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to inf
-  EXPECT_EQ(f32_to_bf16(from_bits(0x7F80FFFFu)), 0x7FC0);  // truncation would give inf
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808000u)), 0x3F80);  // tie, even stays
-  EXPECT_EQ(f32_to_bf16(from_bits(0x3F818000u)), 0x3F82);  // tie, odd rounds up
+  EXPECT_EQ(f32_to_bf16(from_bits(0x7F80FFFFu)), 0x7FC0);             // truncation would give inf
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F808000u)), 0x3F80);             // tie, even stays
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3F818000u)), 0x3F82);             // tie, odd rounds up
 }
 
 // ---- convert(): dispatch, pairs, tails, alignment, errors -----------------------------------
@@ -333,6 +334,28 @@ TEST(DTypeTest, ConvertEveryPairMatchesElementFunctions) {
   }
 }
 
+// f16 <-> bf16 round once, from the exact value: checked against the table reference over
+// every source pattern (each 16-bit value is exact in f32, so the reference input is exact).
+TEST(DTypeTest, SixteenBitPairsRoundOnceFromTheExactValue) {
+  std::vector<u16> all(0x10000), out(0x10000);
+  for (u32 p = 0; p < 0x10000; ++p) all[p] = static_cast<u16>(p);
+  convert(all.data(), DType::kF16, out.data(), DType::kBF16, all.size());
+  for (u32 p = 0; p < 0x10000; ++p) {
+    const double v = ref_f16_value(all[p]);
+    if (std::isnan(v)) continue;  // NaN rules: checked through f32 above
+    ASSERT_EQ(out[p], ref_round(bf16_table(), static_cast<float>(v))) << std::hex << p;
+  }
+  convert(all.data(), DType::kBF16, out.data(), DType::kF16, all.size());
+  for (u32 p = 0; p < 0x10000; ++p) {
+    const double v = ref_bf16_value(all[p]);
+    if (std::isnan(v)) {
+      ASSERT_TRUE(std::isnan(ref_f16_value(out[p]))) << std::hex << p;
+      continue;
+    }
+    ASSERT_EQ(out[p], ref_round(f16_table(), static_cast<float>(v))) << std::hex << p;
+  }
+}
+
 TEST(DTypeTest, ConvertSamePointerSameDTypeIsANoOp) {
   std::vector<unsigned char> buf = source_bytes(DType::kBF16, 100, 3);
   const std::vector<unsigned char> before = buf;
@@ -389,8 +412,8 @@ TEST(DTypeTest, IsaMatchesCpu) {
 
 #ifdef MEMFIT_TEST_X86
 
-#define REQUIRE_AVX2()                                                                  \
-  if (!detail::cpu_has_avx2_f16c())                                                     \
+#define REQUIRE_AVX2()                                                                 \
+  if (!detail::cpu_has_avx2_f16c())                                                    \
   GTEST_SKIP() << "this CPU lacks AVX2/F16C: convert() uses the scalar path only, so " \
                   "there is no vector path to compare"
 
@@ -436,8 +459,7 @@ TEST(DTypeAvx2Test, AllSixteenBitPatternsMatchScalar) {
 
 TEST(DTypeAvx2Test, F32InputsMatchScalar) {
   REQUIRE_AVX2();
-  for (const std::vector<float>& in :
-       {special_f32_inputs(), random_f32_inputs(kRandomInputs, 3)}) {
+  for (const std::vector<float>& in : {special_f32_inputs(), random_f32_inputs(kRandomInputs, 3)}) {
     const auto* src = reinterpret_cast<const unsigned char*>(in.data());
     for (DType dt : kAll) EXPECT_EQ(compare_paths(src, DType::kF32, dt, in.size()), 0u);
   }

@@ -156,7 +156,8 @@ TEST(TensorTest, Slice0OffsetsRows) {
   EXPECT_EQ(s.slice0(2, 3).raw(), t.slice0(3, 4).raw());
 
   for (auto [b, e2] : {std::pair<std::int64_t, std::int64_t>{-1, 2}, {3, 2}, {0, 6}, {6, 6}}) {
-    const std::string msg = invalid_argument_message([&, b = b, e2 = e2] { (void)t.slice0(b, e2); });
+    const std::string msg =
+        invalid_argument_message([&, b = b, e2 = e2] { (void)t.slice0(b, e2); });
     EXPECT_TRUE(contains(msg, "(5, 3, 2)")) << msg;
     EXPECT_TRUE(contains(msg, "<= 5")) << msg;
   }
@@ -212,8 +213,8 @@ TEST(OwnedTensorTest, EmptyAllocatesWithCategoryAndTag) {
 TEST(OwnedTensorTest, SizesFollowTheDType) {
   HostProvider host;
   CachingAllocator alloc(host);
-  OwnedTensor h = OwnedTensor::empty(alloc, {3, 5}, DType::kBF16, Device::kCpu,
-                                     Category::kGradient);
+  OwnedTensor h =
+      OwnedTensor::empty(alloc, {3, 5}, DType::kBF16, Device::kCpu, Category::kGradient);
   EXPECT_EQ(h.block().size(), 30u);
   EXPECT_EQ(h.view().nbytes(), 30u);
   EXPECT_EQ(alloc.stats().requested_bytes[kStatAll].current, 30);
@@ -223,8 +224,8 @@ TEST(OwnedTensorTest, SizesFollowTheDType) {
 TEST(OwnedTensorTest, ResetReleasesAndUndefines) {
   HostProvider host;
   CachingAllocator alloc(host);
-  OwnedTensor t = OwnedTensor::empty(alloc, {1024}, DType::kF32, Device::kCpu,
-                                     Category::kOptimizerState);
+  OwnedTensor t =
+      OwnedTensor::empty(alloc, {1024}, DType::kF32, Device::kCpu, Category::kOptimizerState);
   EXPECT_GT(category_current(alloc, Category::kOptimizerState), 0);
   t.reset();
   EXPECT_EQ(category_current(alloc, Category::kOptimizerState), 0);
@@ -250,8 +251,8 @@ TEST(OwnedTensorTest, MoveTransfersOwnership) {
 TEST(OwnedTensorTest, ZeroSizeGetsNoBlock) {
   HostProvider host;
   CachingAllocator alloc(host);
-  OwnedTensor t = OwnedTensor::empty(alloc, {0, 128}, DType::kF32, Device::kCpu,
-                                     Category::kActivation);
+  OwnedTensor t =
+      OwnedTensor::empty(alloc, {0, 128}, DType::kF32, Device::kCpu, Category::kActivation);
   EXPECT_EQ(t.view().raw(), nullptr);
   EXPECT_TRUE(t.view().defined());
   EXPECT_EQ(t.view().numel(), 0);
@@ -262,12 +263,12 @@ TEST(OwnedTensorTest, ZeroSizeGetsNoBlock) {
 TEST(OwnedTensorTest, BadRequestsThrowBeforeAllocating) {
   HostProvider host;
   CachingAllocator alloc(host);
-  EXPECT_THROW(OwnedTensor::empty(alloc, {2}, DType::kF32, static_cast<Device>(7),
-                                  Category::kActivation),
-               InvalidArgument);
-  EXPECT_THROW(OwnedTensor::empty(alloc, {2}, static_cast<DType>(7), Device::kCpu,
-                                  Category::kActivation),
-               InvalidArgument);
+  EXPECT_THROW(
+      OwnedTensor::empty(alloc, {2}, DType::kF32, static_cast<Device>(7), Category::kActivation),
+      InvalidArgument);
+  EXPECT_THROW(
+      OwnedTensor::empty(alloc, {2}, static_cast<DType>(7), Device::kCpu, Category::kActivation),
+      InvalidArgument);
   // More than any provider can give: the allocator's own InvalidArgument.
   EXPECT_THROW(OwnedTensor::empty(alloc, {std::int64_t{1} << 50}, DType::kF32, Device::kCpu,
                                   Category::kActivation),
