@@ -1,0 +1,115 @@
+// MetaBackend: counts what it is asked to do; never reads or writes a tensor's memory.
+#include "core/meta/meta_backend.h"
+
+#include <climits>
+#include <cstdint>
+#include <limits>
+
+namespace memfit {
+namespace {
+
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
+std::int64_t sat_add(std::int64_t a, std::int64_t b) { return a > kMax - b ? kMax : a + b; }
+
+std::int64_t sat_mul(std::int64_t a, std::int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  return a > kMax / b ? kMax : a * b;
+}
+
+std::int64_t bytes(const Tensor& t) { return static_cast<std::int64_t>(t.nbytes()); }
+
+}  // namespace
+
+const char* meta_op_name(MetaOp op) {
+  switch (op) {
+    case MetaOp::kGemm:
+      return "gemm";
+    case MetaOp::kFill:
+      return "fill";
+    case MetaOp::kCopy:
+      return "copy";
+    case MetaOp::kCast:
+      return "cast";
+    case MetaOp::kAxpy:
+      return "axpy";
+    case MetaOp::kScale:
+      return "scale";
+    case MetaOp::kSumSq:
+      return "sumsq";
+    case MetaOp::kCount:
+      break;
+  }
+  return "?";
+}
+
+std::int64_t MetaStats::total_calls() const {
+  std::int64_t t = 0;
+  for (std::int64_t c : op_calls) t += c;
+  return t;
+}
+
+MetaStats MetaBackend::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void MetaBackend::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = MetaStats{};
+}
+
+std::int64_t MetaBackend::max_gemm_dim() const { return INT_MAX; }
+
+void MetaBackend::count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops,
+                        std::int64_t host_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.op_calls[static_cast<std::size_t>(op)];
+  stats_.bytes_read = sat_add(stats_.bytes_read, read);
+  stats_.bytes_written = sat_add(stats_.bytes_written, written);
+  stats_.gemm_flops = sat_add(stats_.gemm_flops, flops);
+  stats_.host_copy_bytes = sat_add(stats_.host_copy_bytes, host_bytes);
+}
+
+void MetaBackend::do_gemm(StreamId, const GemmDesc& d, const Tensor& a, const Tensor& b,
+                          const Tensor& c) {
+  // Each distinct matrix is read once (a broadcast operand, stride 0, once for the batch).
+  const bool work = d.m > 0 && d.n > 0 && d.batch > 0;
+  const std::int64_t mats_a = d.stride_a == 0 ? 1 : d.batch;
+  const std::int64_t mats_b = d.stride_b == 0 ? 1 : d.batch;
+  std::int64_t read = 0;
+  std::int64_t written = 0;
+  if (work) {
+    read = sat_add(sat_mul(sat_mul(mats_a, d.m * d.k), dtype_size(a.dtype())),
+                   sat_mul(sat_mul(mats_b, d.k * d.n), dtype_size(b.dtype())));
+    const std::int64_t c_bytes = sat_mul(sat_mul(d.batch, d.m * d.n), dtype_size(c.dtype()));
+    if (d.beta != 0.0f) read = sat_add(read, c_bytes);
+    written = c_bytes;
+  }
+  count(MetaOp::kGemm, read, written, d.flops());
+}
+
+void MetaBackend::do_fill(StreamId, const Tensor& x, float) { count(MetaOp::kFill, 0, bytes(x)); }
+
+void MetaBackend::do_copy(StreamId, const Tensor& src, const Tensor& dst) {
+  const bool transfer = src.device() != dst.device();
+  count(MetaOp::kCopy, bytes(src), bytes(dst), 0, transfer ? bytes(src) : 0);
+}
+
+void MetaBackend::do_cast(StreamId, const Tensor& src, const Tensor& dst) {
+  count(MetaOp::kCast, bytes(src), bytes(dst));
+}
+
+void MetaBackend::do_axpy(StreamId, float, const Tensor& x, const Tensor& y) {
+  count(MetaOp::kAxpy, sat_add(bytes(x), bytes(y)), bytes(y));
+}
+
+void MetaBackend::do_scale(StreamId, float, const Tensor& x) {
+  count(MetaOp::kScale, bytes(x), bytes(x));
+}
+
+void MetaBackend::do_sumsq(StreamId, const Tensor& x, const Tensor& out) {
+  count(MetaOp::kSumSq, sat_add(bytes(x), bytes(out)), bytes(out));
+}
+
+}  // namespace memfit
