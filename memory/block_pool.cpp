@@ -105,16 +105,21 @@ const std::string* CachingAllocator::Impl::intern(std::string_view tag) {
 }
 
 void CachingAllocator::Impl::emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size,
-                                       StreamId stream, Category category, const std::string* tag) {
+                                       StreamId stream, Category category, const std::string* tag,
+                                       const EventKind* kind2) {
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  const AllocatorEvent e{kind,
-                         addr,
-                         size,
-                         stream,
-                         category,
-                         tag != nullptr ? std::string_view(*tag) : std::string_view(),
-                         std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()};
+  AllocatorEvent e{kind,
+                   addr,
+                   size,
+                   stream,
+                   category,
+                   tag != nullptr ? std::string_view(*tag) : std::string_view(),
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()};
   for (const auto& [id, fn] : listeners) fn(e);
+  if (kind2 != nullptr) {
+    e.kind = *kind2;
+    for (const auto& [id, fn] : listeners) fn(e);
+  }
 }
 
 // inactive_split counts free blocks that share a segment with others; entering and leaving a
@@ -389,8 +394,11 @@ void CachingAllocator::Impl::free_requested(BlockNode* b) {
     return;
   }
   merge_into_pool(b);
-  emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
-  emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
+  if (__builtin_expect(has_listeners, 0)) {
+    // Back in the cache at once: one clock reading serves both events.
+    const EventKind completed = EventKind::kFreeCompleted;
+    emit_slow(EventKind::kFreeRequested, addr, size, b->stream, category, tag, &completed);
+  }
 }
 
 void CachingAllocator::Impl::free_completed(BlockNode* b) {

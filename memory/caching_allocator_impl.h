@@ -241,10 +241,13 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   const std::string* intern(std::string_view tag);
   void emit(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
             Category category, const std::string* tag) {
-    if (__builtin_expect(has_listeners, 0)) emit_slow(kind, addr, size, stream, category, tag);
+    if (__builtin_expect(has_listeners, 0)) {
+      emit_slow(kind, addr, size, stream, category, tag, nullptr);
+    }
   }
+  // Emits kind, then kind2 when it is not `kind`, with one clock reading for both.
   void emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
-                 Category category, const std::string* tag);
+                 Category category, const std::string* tag, const EventKind* kind2);
 
   // ---- state --------------------------------------------------------------------------------
   MemoryProvider& provider;
