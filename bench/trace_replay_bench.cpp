@@ -27,6 +27,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
+#include "memory/gpt_trace.h"
 #include "memory/trace_replay.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memory/alloc_conf.h"
-#include "memory/alloc_trace.h"
+#include "memory/gpt_trace.h"
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
 #include "memory/null_provider.h"

@@ -1,3 +1,4 @@
+#include "memory/gpt_trace.h"
 #include "memory/trace_replay.h"
 
 #include <gtest/gtest.h>
