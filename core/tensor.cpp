@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "memory/caching_allocator.h"
@@ -128,6 +129,17 @@ Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
     : data_(data), shape_(shape), dtype_(dtype), device_(device) {
   check_enums(dtype, device);
   checked_nbytes(shape_, dtype_, "tensor bytes");
+  // Backends access elements through typed pointers (float*, half*), and a misaligned one is
+  // undefined behaviour on the CPU and a fault in a CUDA kernel; views made by slice0 and
+  // reshape stay aligned, so only a hand-made pointer can get this wrong.
+  const auto addr = reinterpret_cast<std::uintptr_t>(data_);
+  if (addr % dtype_size(dtype_) != 0) {
+    std::ostringstream os;
+    os << "tensor data pointer 0x" << std::hex << addr << std::dec << " is not aligned to its "
+       << dtype_name(dtype_) << " element size (" << dtype_size(dtype_)
+       << " bytes); valid: a pointer that is a multiple of the element size";
+    throw InvalidArgument(os.str());
+  }
   // A null pointer is only meaningful for an empty tensor; anything else is an undefined
   // tensor pretending to have storage.
   if (data_ == nullptr && shape_.numel() != 0) {

@@ -7,8 +7,10 @@
 //   float* p = v.data<float>();     // checks the dtype
 //
 // Shapes have at most kMaxDims dimensions; every dimension is >= 0 and numel/nbytes are
-// overflow-checked when the shape is built (InvalidArgument). A Tensor never owns memory;
-// the code that made the view keeps the owner alive.
+// overflow-checked when the shape is built (InvalidArgument). A Tensor's data pointer is
+// aligned to its element size (InvalidArgument otherwise). A Tensor never owns memory; the
+// code that made the view keeps the owner alive. Nothing here reads or writes the memory, so
+// meta tensors (addresses only) go through the same code.
 #pragma once
 
 #include <array>

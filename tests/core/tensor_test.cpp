@@ -121,6 +121,16 @@ TEST(TensorTest, ConstructorRejectsBadInput) {
   EXPECT_THROW(Tensor(nullptr, {2}, DType::kF32, Device::kCpu), InvalidArgument);
   EXPECT_THROW(Tensor(&x, {1}, static_cast<DType>(5), Device::kCpu), InvalidArgument);
   EXPECT_THROW(Tensor(&x, {1}, DType::kF32, static_cast<Device>(9)), InvalidArgument);
+  // A pointer off its element size: typed access through it would be undefined.
+  alignas(4) unsigned char bytes[16] = {};
+  const std::string msg =
+      invalid_argument_message([&] { (void)Tensor(bytes + 2, {2}, DType::kF32, Device::kCpu); });
+  EXPECT_TRUE(contains(msg, "not aligned")) << msg;
+  EXPECT_TRUE(contains(msg, "f32 element size (4 bytes)")) << msg;
+  EXPECT_THROW(Tensor(bytes + 1, {2}, DType::kBF16, Device::kCpu), InvalidArgument);
+  EXPECT_NO_THROW(Tensor(bytes + 2, {2}, DType::kBF16, Device::kCpu));
+  EXPECT_THROW(Tensor(reinterpret_cast<void*>(0x7e0000000001), {2}, DType::kF16, Device::kMeta),
+               InvalidArgument);
   EXPECT_STREQ(device_name(Device::kCpu), "cpu");
   EXPECT_STREQ(device_name(Device::kCuda), "cuda");
   EXPECT_STREQ(device_name(Device::kMeta), "meta");
