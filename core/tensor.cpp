@@ -7,6 +7,7 @@
 
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
+#include "memory/provider.h"
 #include "memory/size.h"
 
 namespace memfit {
@@ -46,6 +47,23 @@ std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* where) {
                           " bytes; the limit is 2^63-1");
   }
   return n;
+}
+
+// The allocator's memory must be what the device can use: a CPU tensor on a null provider's
+// addresses would be dereferenced by the CPU backend, a CUDA tensor on host memory would
+// fault in a kernel, and a meta tensor from a real provider would make a dry run allocate
+// (at full model scale) the memory it exists to avoid.
+bool provider_serves(const MemoryProvider& provider, Device device) {
+  const MemoryKind kind = provider.kind();
+  switch (device) {
+    case Device::kCpu:
+      return kind == MemoryKind::kHost || kind == MemoryKind::kPinnedHost;
+    case Device::kCuda:
+      return kind == MemoryKind::kDevice;
+    case Device::kMeta:
+      return kind == MemoryKind::kNone;
+  }
+  return false;
 }
 
 }  // namespace
@@ -189,6 +207,12 @@ Tensor Tensor::slice0(std::int64_t begin, std::int64_t end) const {
 OwnedTensor OwnedTensor::empty(CachingAllocator& alloc, Shape shape, DType dtype, Device device,
                                Category category, StreamId stream, std::string_view tag) {
   check_enums(dtype, device);
+  if (!provider_serves(alloc.provider(), device)) {
+    throw InvalidArgument(std::string("OwnedTensor::empty: a ") + device_name(device) +
+                          " tensor from an allocator over the '" + alloc.provider().name() +
+                          "' provider; valid: cpu from host or pinned_host memory, cuda from "
+                          "device memory, meta from a null provider");
+  }
   OwnedTensor t;
   const std::size_t bytes = checked_nbytes(shape, dtype, "OwnedTensor::empty bytes");
   // The allocator rejects 0 bytes; an empty tensor needs no storage, so it gets no block.

@@ -6,6 +6,11 @@
 //   Tensor v = x.view();            // cheap to copy; does not keep the memory alive
 //   float* p = v.data<float>();     // checks the dtype
 //
+// OwnedTensor::empty checks that the allocator's provider serves the device: cpu takes host or
+// pinned host memory, cuda device memory, meta a NullProvider's addresses (InvalidArgument
+// otherwise), so a dry run never allocates real memory and no backend is handed addresses it
+// cannot use.
+//
 // Shapes have at most kMaxDims dimensions; every dimension is >= 0 and numel/nbytes are
 // overflow-checked when the shape is built (InvalidArgument). A Tensor's data pointer is
 // aligned to its element size (InvalidArgument otherwise). A Tensor never owns memory; the

@@ -286,6 +286,27 @@ TEST(OwnedTensorTest, BadRequestsThrowBeforeAllocating) {
   EXPECT_EQ(alloc.stats().allocation[kStatAll].allocated, 0);
 }
 
+TEST(OwnedTensorTest, DeviceMustMatchTheProvidersMemory) {
+  HostProvider host;
+  NullProvider null;
+  CachingAllocator host_alloc(host), null_alloc(null);
+  // Null addresses on the CPU would be dereferenced; real memory for meta is what a dry run
+  // must not allocate; host memory is not CUDA device memory.
+  const std::string msg = invalid_argument_message([&] {
+    (void)OwnedTensor::empty(null_alloc, {4}, DType::kF32, Device::kCpu, Category::kActivation);
+  });
+  EXPECT_TRUE(contains(msg, "cpu tensor")) << msg;
+  EXPECT_TRUE(contains(msg, "'null' provider")) << msg;
+  EXPECT_THROW(
+      OwnedTensor::empty(host_alloc, {4}, DType::kF32, Device::kMeta, Category::kActivation),
+      InvalidArgument);
+  EXPECT_THROW(
+      OwnedTensor::empty(host_alloc, {4}, DType::kF32, Device::kCuda, Category::kActivation),
+      InvalidArgument);
+  EXPECT_EQ(host_alloc.stats().allocation[kStatAll].allocated, 0);
+  EXPECT_EQ(null_alloc.stats().allocation[kStatAll].allocated, 0);
+}
+
 TEST(OwnedTensorTest, MetaTensorsComeFromANullProvider) {
   NullProvider null;
   CachingAllocator alloc(null);
