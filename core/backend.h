@@ -154,8 +154,9 @@ class Backend {
   virtual void do_scale(StreamId stream, float a, const Tensor& x) = 0;
   virtual void do_sumsq(StreamId stream, const Tensor& x, const Tensor& out) = 0;
 
-  // Backends with library limits (cuBLAS and CBLAS take 32-bit sizes) report them here; the
-  // base class then rejects larger GEMMs with InvalidArgument. Default: no limit.
+  // Backends with library limits (CBLAS and cuBLAS take 32-bit m, n, k; cuBLAS's strided
+  // batched GEMM a 32-bit batch count) report them here; the base class then rejects a GEMM
+  // whose m, n, k or batch is larger with InvalidArgument. Default: no limit.
   virtual std::int64_t max_gemm_dim() const;
 
  private:

@@ -309,6 +309,10 @@ TEST(CpuBackend, GemmRejectsBadShapes) {
   e.k = std::int64_t{1} << 31;  // beyond CBLAS's 32-bit sizes
   expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); }, {"<= 2147483647"});
   e = d;
+  e.batch = std::int64_t{1} << 31;  // beyond cuBLAS's 32-bit batch count, on every backend
+  expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); },
+                 {"batch=2147483648", "<= 2147483647"});
+  e = d;
   e.m = e.n = e.k = std::int64_t{1} << 40;
   e.batch = std::int64_t{1} << 40;
   expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); }, {});
