@@ -31,7 +31,7 @@
 
 namespace memfit {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public cpu::InlineBackend {
  public:
   CpuBackend() = default;
   Device device() const override { return Device::kCpu; }
@@ -43,20 +43,7 @@ class CpuBackend final : public Backend {
   std::size_t scratch_bytes() const { return scratch_.held_bytes(); }  // pool only
   void release_scratch() { scratch_.release_idle(); }
 
-  std::size_t live_events() const { return streams_.live_events(); }  // for leak tests
-
  protected:
-  StreamId do_create_stream() override { return streams_.create(); }
-  void do_destroy_stream(StreamId stream) override { streams_.destroy(stream); }
-  bool do_has_stream(StreamId stream) const override { return streams_.has(stream); }
-  void do_synchronize(StreamId) override {}
-  EventHandle do_record_event(StreamId stream) override { return streams_.record(stream); }
-  bool do_has_event(EventHandle event) const override { return streams_.has_event(event); }
-  bool do_query_event(EventHandle) override { return true; }
-  void do_synchronize_event(EventHandle) override {}
-  void do_wait_event(StreamId, EventHandle) override {}
-  void do_release_event(EventHandle event) override { streams_.release(event); }
-
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
   void do_fill(StreamId stream, const Tensor& x, float value) override;
@@ -70,7 +57,6 @@ class CpuBackend final : public Backend {
   std::int64_t max_gemm_dim() const override;
 
  private:
-  cpu::InlineStreams streams_;
   cpu::ScratchPool scratch_;
   CachingAllocator* workspace_ = nullptr;
 };

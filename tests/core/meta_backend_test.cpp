@@ -116,6 +116,7 @@ TEST(MetaBackend, StreamsEventsAndAllocator) {
   EventHandle e = be.record_event(s);
   EXPECT_TRUE(be.query_event(e));
   be.release_event(e);
+  EXPECT_EQ(be.live_events(), 0u);  // the allocator released every event it recorded
   be.destroy_stream(s);
   EXPECT_THROW(be.fill(s, Tensor(), 0.0f), InvalidArgument);
 }
