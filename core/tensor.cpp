@@ -111,12 +111,17 @@ Shape Shape::of(const std::int64_t* dims, int ndim) {
 }
 
 void Shape::init(const std::int64_t* dims, int ndim) {
-  std::size_t numel = 1;
+  bool empty = false;
   for (int i = 0; i < ndim; ++i) {
     if (dims[i] < 0) {
       throw InvalidArgument("shape " + dims_str(dims, ndim) + ": dimension " + std::to_string(i) +
                             " is " + std::to_string(dims[i]) + "; dimensions must be >= 0");
     }
+    empty = empty || dims[i] == 0;
+  }
+  // A zero anywhere makes the product 0, even when the dimensions before it overflow.
+  std::size_t numel = empty ? 0 : 1;
+  for (int i = 0; i < ndim && !empty; ++i) {
     numel = checked_mul(numel, static_cast<std::size_t>(dims[i]), "shape numel");
   }
   // Products are checked in size_t; numel is reported as int64 and scaled by at most

@@ -85,6 +85,7 @@ TEST(ShapeTest, OverflowingNumelThrows) {
   EXPECT_NO_THROW((Shape{std::int64_t{1} << 30, std::int64_t{1} << 30}));
   // A zero anywhere makes the product 0, whatever the other dimensions are.
   EXPECT_EQ((Shape{kBig, 0, kBig}).numel(), 0);
+  EXPECT_EQ((Shape{kBig, kBig, 0}).numel(), 0);  // even when the dimensions before it overflow
 }
 
 // ---- Tensor ---------------------------------------------------------------------------------
