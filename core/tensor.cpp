@@ -87,6 +87,12 @@ void tensor_dtype_mismatch(DType have, std::size_t want_bytes) {
                         " bytes): use float for f32, std::uint16_t for f16/bf16");
 }
 
+void shape_index_out_of_range(int i, int ndim) {
+  throw InvalidArgument("dimension " + std::to_string(i) + " of a " + std::to_string(ndim) +
+                        "-dimensional shape; valid: 0 to " + std::to_string(ndim - 1) +
+                        (ndim == 0 ? " (none: a scalar has no dimensions)" : ""));
+}
+
 // ---- Shape ----------------------------------------------------------------------------------
 
 Shape::Shape(std::initializer_list<std::int64_t> dims) {

@@ -42,8 +42,10 @@ const char* device_name(Device d);  // "cpu", "cuda", "meta"
 
 inline constexpr int kMaxDims = 6;
 
-// Throws InvalidArgument: a typed access whose element size does not match the dtype.
+// Throw InvalidArgument: a typed access whose element size does not match the dtype; a
+// dimension index outside [0, ndim).
 [[noreturn]] void tensor_dtype_mismatch(DType have, std::size_t want_bytes);
+[[noreturn]] void shape_index_out_of_range(int i, int ndim);
 
 class Shape {
  public:
@@ -52,7 +54,10 @@ class Shape {
   static Shape of(const std::int64_t* dims, int ndim);
 
   int ndim() const { return ndim_; }
-  std::int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  std::int64_t operator[](int i) const {  // 0 <= i < ndim()
+    if (i < 0 || i >= ndim_) shape_index_out_of_range(i, ndim_);
+    return dims_[static_cast<std::size_t>(i)];
+  }
   std::int64_t numel() const { return numel_; }
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }

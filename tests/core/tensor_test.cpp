@@ -58,6 +58,17 @@ TEST(ShapeTest, Basics) {
   EXPECT_EQ(Shape::of(nullptr, 0), Shape{});
 }
 
+TEST(ShapeTest, IndexOutsideTheRankThrows) {
+  const Shape s{2, 3, 4};
+  const std::string msg = invalid_argument_message([&] { (void)s[3]; });
+  EXPECT_TRUE(contains(msg, "dimension 3 of a 3-dimensional shape")) << msg;
+  EXPECT_THROW((void)s[-1], InvalidArgument);
+  EXPECT_THROW((void)s[kMaxDims], InvalidArgument);  // past the storage, not just the rank
+  EXPECT_THROW((void)Shape{}[0], InvalidArgument);
+  std::vector<float> buf(24);
+  EXPECT_THROW((void)Tensor(buf.data(), s, DType::kF32, Device::kCpu).size(3), InvalidArgument);
+}
+
 TEST(ShapeTest, NegativeDimensionThrowsNamingIt) {
   const std::string msg = invalid_argument_message([] { Shape s{2, -3, 4}; });
   EXPECT_TRUE(contains(msg, "dimension 1")) << msg;
