@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <random>
 #include <string>
 
@@ -396,6 +397,10 @@ TEST(ScratchPool, ReusesFittingBuffersAndBoundsIdle) {
   many.clear();  // only kMaxIdle stay
   EXPECT_LE(pool.held_bytes(), cpu::ScratchPool::kMaxIdle * 1007 * sizeof(float));
   pool.release_idle();
+  EXPECT_EQ(pool.held_bytes(), 0u);
+  // A request no host can meet (its byte count does not even fit size_t) fails without
+  // counting the memory it did not get.
+  EXPECT_THROW(pool.take(SIZE_MAX / 2), std::bad_alloc);
   EXPECT_EQ(pool.held_bytes(), 0u);
 }
 
