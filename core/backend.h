@@ -78,6 +78,9 @@ struct GemmDesc {
 //   [1] count of non-finite elements (NaN, +-inf); exact to 2^24, and > 0 whenever one was seen.
 // Results accumulate (+=), so one slot pair can gather a whole model's gradient norm with no
 // host round trip: fill(s, out, 0), sumsq() per tensor, one copy() to a host tensor, one sync.
+// Deterministic on every backend: the same x and out give the same bits whatever the thread
+// count or launch configuration (partials are combined in a fixed order, never by float
+// atomics), so a loss-scale or clipping decision replays exactly.
 inline constexpr std::int64_t kSumSqSlots = 2;
 
 struct SumSqResult {

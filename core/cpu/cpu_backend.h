@@ -16,9 +16,10 @@
 //     device's workspace would; or, when none is set (the default),
 //   - a pool of host buffers the backend keeps for reuse (cpu/scratch_pool.h), outside any
 //     budget; scratch_bytes() reports it and release_scratch() frees the idle part.
-// Elementwise ops need no scratch beyond the stack. They work in 4096-element f32
-// chunks, with OpenMP across chunks from 64K elements; sumsq() sums per-block partials in a
-// fixed order, so its result does not depend on the thread count.
+// Elementwise ops work in 4096-element f32 chunks on the stack, with OpenMP across chunks
+// from 64K elements. sumsq() keeps one double partial per 64K-element block (a heap array of
+// n/64K entries) and adds them in block order, so its result does not depend on the thread
+// count.
 // Thread safety: as Backend (backend.h).
 #pragma once
 
