@@ -54,7 +54,9 @@ namespace memfit {
 // k == 0 gives C = beta * C. m, n or batch == 0 is a valid no-op.
 // Tensors need numel >= (batch - 1) * stride + matrix size; shapes beyond that are not read,
 // so callers pass (B, T, C) activations as m = B*T without reshaping. C's matrices must not
-// overlap one another (stride_c >= m*n when batch > 1) nor A's or B's memory.
+// overlap one another (stride_c >= m*n when batch > 1), and C's extent (from its first
+// element to the end of its last matrix, gaps between strided matrices included) must not
+// overlap A's or B's extent.
 struct GemmDesc {
   static constexpr std::int64_t kPacked = -1;
 
