@@ -34,7 +34,8 @@ struct Operands {
   std::vector<std::uint16_t> a16, b16;
 };
 
-const Operands& operands(std::int64_t n) {
+// Mutable: the benchmarks write their results into c.
+Operands& operands(std::int64_t n) {
   static std::map<std::int64_t, Operands> cache;
   auto it = cache.find(n);
   if (it != cache.end()) return it->second;
@@ -63,7 +64,7 @@ double flops(std::int64_t n) { return 2.0 * static_cast<double>(n) * n * n; }
 void run(benchmark::State& state, DType in) {
   using Clock = std::chrono::steady_clock;
   const std::int64_t n = state.range(0);
-  Operands& o = const_cast<Operands&>(operands(n));
+  Operands& o = operands(n);
   void* pa = in == DType::kF32 ? static_cast<void*>(o.a.data()) : o.a16.data();
   void* pb = in == DType::kF32 ? static_cast<void*>(o.b.data()) : o.b16.data();
   Tensor a(pa, Shape{n, n}, in, Device::kCpu);

@@ -213,10 +213,11 @@ void Backend::gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Te
                           "; valid: all >= 0");
   }
   const std::int64_t lim = max_gemm_dim();
-  if (d.m > lim || d.n > lim || d.k > lim) {
+  if (d.m > lim || d.n > lim || d.k > lim || d.batch > lim) {
     throw InvalidArgument(w + ": m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) +
-                          " k=" + std::to_string(d.k) + "; valid on this backend: each <= " +
-                          std::to_string(lim) + " (split the GEMM)");
+                          " k=" + std::to_string(d.k) + " batch=" + std::to_string(d.batch) +
+                          "; valid on this backend: each <= " + std::to_string(lim) +
+                          " (split the GEMM)");
   }
   const std::int64_t size_a = mul_or_neg(d.m, d.k);
   const std::int64_t size_b = mul_or_neg(d.k, d.n);

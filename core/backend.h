@@ -54,7 +54,9 @@ namespace memfit {
 // k == 0 gives C = beta * C. m, n or batch == 0 is a valid no-op.
 // Tensors need numel >= (batch - 1) * stride + matrix size; shapes beyond that are not read,
 // so callers pass (B, T, C) activations as m = B*T without reshaping. C's matrices must not
-// overlap one another (stride_c >= m*n when batch > 1) nor A's or B's memory.
+// overlap one another (stride_c >= m*n when batch > 1), and C's extent (from its first
+// element to the end of its last matrix, gaps between strided matrices included) must not
+// overlap A's or B's extent.
 struct GemmDesc {
   static constexpr std::int64_t kPacked = -1;
 
@@ -78,6 +80,9 @@ struct GemmDesc {
 //   [1] count of non-finite elements (NaN, +-inf); exact to 2^24, and > 0 whenever one was seen.
 // Results accumulate (+=), so one slot pair can gather a whole model's gradient norm with no
 // host round trip: fill(s, out, 0), sumsq() per tensor, one copy() to a host tensor, one sync.
+// Deterministic on every backend: the same x and out give the same bits whatever the thread
+// count or launch configuration (partials are combined in a fixed order, never by float
+// atomics), so a loss-scale or clipping decision replays exactly.
 inline constexpr std::int64_t kSumSqSlots = 2;
 
 struct SumSqResult {
@@ -154,8 +159,9 @@ class Backend {
   virtual void do_scale(StreamId stream, float a, const Tensor& x) = 0;
   virtual void do_sumsq(StreamId stream, const Tensor& x, const Tensor& out) = 0;
 
-  // Backends with library limits (cuBLAS and CBLAS take 32-bit sizes) report them here; the
-  // base class then rejects larger GEMMs with InvalidArgument. Default: no limit.
+  // Backends with library limits (CBLAS and cuBLAS take 32-bit m, n, k; cuBLAS's strided
+  // batched GEMM a 32-bit batch count) report them here; the base class then rejects a GEMM
+  // whose m, n, k or batch is larger with InvalidArgument. Default: no limit.
   virtual std::int64_t max_gemm_dim() const;
 
  private:

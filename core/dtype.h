@@ -43,10 +43,12 @@ void convert(const void* src, DType st, void* dst, DType dt, std::size_t n);
 const char* convert_isa();
 
 namespace detail {
-// Entry points of each implementation, exposed for tests that compare them bit for bit.
+// Entry points of each implementation, exposed for tests and benchmarks that compare them.
+// convert_scalar checks its arguments as convert() does.
 void convert_scalar(const void* src, DType st, void* dst, DType dt, std::size_t n);
 bool cpu_has_avx2_f16c();
-// Defined only when the build compiled the AVX2 file; call only if cpu_has_avx2_f16c().
+// Defined only when the build compiled the AVX2 file; call only if cpu_has_avx2_f16c(), with
+// arguments convert() would accept (it does not check them again).
 void convert_avx2(const void* src, DType st, void* dst, DType dt, std::size_t n);
 }  // namespace detail
 

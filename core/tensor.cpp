@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <string>
 
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
+#include "memory/provider.h"
 #include "memory/size.h"
 
 namespace memfit {
@@ -47,6 +49,23 @@ std::size_t checked_nbytes(const Shape& shape, DType dtype, const char* where) {
   return n;
 }
 
+// The allocator's memory must be what the device can use: a CPU tensor on a null provider's
+// addresses would be dereferenced by the CPU backend, a CUDA tensor on host memory would
+// fault in a kernel, and a meta tensor from a real provider would make a dry run allocate
+// (at full model scale) the memory it exists to avoid.
+bool provider_serves(const MemoryProvider& provider, Device device) {
+  const MemoryKind kind = provider.kind();
+  switch (device) {
+    case Device::kCpu:
+      return kind == MemoryKind::kHost || kind == MemoryKind::kPinnedHost;
+    case Device::kCuda:
+      return kind == MemoryKind::kDevice;
+    case Device::kMeta:
+      return kind == MemoryKind::kNone;
+  }
+  return false;
+}
+
 }  // namespace
 
 const char* device_name(Device d) {
@@ -66,6 +85,12 @@ void tensor_dtype_mismatch(DType have, std::size_t want_bytes) {
                         "-byte element type, but the tensor's dtype is " + dtype_name(have) + " (" +
                         std::to_string(dtype_size(have)) +
                         " bytes): use float for f32, std::uint16_t for f16/bf16");
+}
+
+void shape_index_out_of_range(int i, int ndim) {
+  throw InvalidArgument("dimension " + std::to_string(i) + " of a " + std::to_string(ndim) +
+                        "-dimensional shape; valid: 0 to " + std::to_string(ndim - 1) +
+                        (ndim == 0 ? " (none: a scalar has no dimensions)" : ""));
 }
 
 // ---- Shape ----------------------------------------------------------------------------------
@@ -92,12 +117,17 @@ Shape Shape::of(const std::int64_t* dims, int ndim) {
 }
 
 void Shape::init(const std::int64_t* dims, int ndim) {
-  std::size_t numel = 1;
+  bool empty = false;
   for (int i = 0; i < ndim; ++i) {
     if (dims[i] < 0) {
       throw InvalidArgument("shape " + dims_str(dims, ndim) + ": dimension " + std::to_string(i) +
                             " is " + std::to_string(dims[i]) + "; dimensions must be >= 0");
     }
+    empty = empty || dims[i] == 0;
+  }
+  // A zero anywhere makes the product 0, even when the dimensions before it overflow.
+  std::size_t numel = empty ? 0 : 1;
+  for (int i = 0; i < ndim && !empty; ++i) {
     numel = checked_mul(numel, static_cast<std::size_t>(dims[i]), "shape numel");
   }
   // Products are checked in size_t; numel is reported as int64 and scaled by at most
@@ -128,6 +158,17 @@ Tensor::Tensor(void* data, Shape shape, DType dtype, Device device)
     : data_(data), shape_(shape), dtype_(dtype), device_(device) {
   check_enums(dtype, device);
   checked_nbytes(shape_, dtype_, "tensor bytes");
+  // Backends access elements through typed pointers (float*, half*), and a misaligned one is
+  // undefined behaviour on the CPU and a fault in a CUDA kernel; views made by slice0 and
+  // reshape stay aligned, so only a hand-made pointer can get this wrong.
+  const auto addr = reinterpret_cast<std::uintptr_t>(data_);
+  if (addr % dtype_size(dtype_) != 0) {
+    std::ostringstream os;
+    os << "tensor data pointer 0x" << std::hex << addr << std::dec << " is not aligned to its "
+       << dtype_name(dtype_) << " element size (" << dtype_size(dtype_)
+       << " bytes); valid: a pointer that is a multiple of the element size";
+    throw InvalidArgument(os.str());
+  }
   // A null pointer is only meaningful for an empty tensor; anything else is an undefined
   // tensor pretending to have storage.
   if (data_ == nullptr && shape_.numel() != 0) {
@@ -177,6 +218,12 @@ Tensor Tensor::slice0(std::int64_t begin, std::int64_t end) const {
 OwnedTensor OwnedTensor::empty(CachingAllocator& alloc, Shape shape, DType dtype, Device device,
                                Category category, StreamId stream, std::string_view tag) {
   check_enums(dtype, device);
+  if (!provider_serves(alloc.provider(), device)) {
+    throw InvalidArgument(std::string("OwnedTensor::empty: a ") + device_name(device) +
+                          " tensor from an allocator over the '" + alloc.provider().name() +
+                          "' provider; valid: cpu from host or pinned_host memory, cuda from "
+                          "device memory, meta from a null provider");
+  }
   OwnedTensor t;
   const std::size_t bytes = checked_nbytes(shape, dtype, "OwnedTensor::empty bytes");
   // The allocator rejects 0 bytes; an empty tensor needs no storage, so it gets no block.

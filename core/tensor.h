@@ -6,9 +6,16 @@
 //   Tensor v = x.view();            // cheap to copy; does not keep the memory alive
 //   float* p = v.data<float>();     // checks the dtype
 //
+// OwnedTensor::empty checks that the allocator's provider serves the device: cpu takes host or
+// pinned host memory, cuda device memory, meta a NullProvider's addresses (InvalidArgument
+// otherwise), so a dry run never allocates real memory and no backend is handed addresses it
+// cannot use.
+//
 // Shapes have at most kMaxDims dimensions; every dimension is >= 0 and numel/nbytes are
-// overflow-checked when the shape is built (InvalidArgument). A Tensor never owns memory;
-// the code that made the view keeps the owner alive.
+// overflow-checked when the shape is built (InvalidArgument). A Tensor's data pointer is
+// aligned to its element size (InvalidArgument otherwise). A Tensor never owns memory; the
+// code that made the view keeps the owner alive. Nothing here reads or writes the memory, so
+// meta tensors (addresses only) go through the same code.
 #pragma once
 
 #include <array>
@@ -35,8 +42,10 @@ const char* device_name(Device d);  // "cpu", "cuda", "meta"
 
 inline constexpr int kMaxDims = 6;
 
-// Throws InvalidArgument: a typed access whose element size does not match the dtype.
+// Throw InvalidArgument: a typed access whose element size does not match the dtype; a
+// dimension index outside [0, ndim).
 [[noreturn]] void tensor_dtype_mismatch(DType have, std::size_t want_bytes);
+[[noreturn]] void shape_index_out_of_range(int i, int ndim);
 
 class Shape {
  public:
@@ -45,7 +54,10 @@ class Shape {
   static Shape of(const std::int64_t* dims, int ndim);
 
   int ndim() const { return ndim_; }
-  std::int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  std::int64_t operator[](int i) const {  // 0 <= i < ndim()
+    if (i < 0 || i >= ndim_) shape_index_out_of_range(i, ndim_);
+    return dims_[static_cast<std::size_t>(i)];
+  }
   std::int64_t numel() const { return numel_; }
   bool operator==(const Shape& o) const;
   bool operator!=(const Shape& o) const { return !(*this == o); }

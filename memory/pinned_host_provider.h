@@ -40,6 +40,7 @@ namespace memfit {
 class PinnedHostProvider final : public MemoryProvider {
  public:
   enum class Mode { kCudaHostAlloc, kMlock };
+  static constexpr std::size_t kCudaAlignment = 256;
 
   // Picks kCudaHostAlloc when this is a CUDA build and a device is usable, else kMlock.
   PinnedHostProvider();
@@ -51,8 +52,14 @@ class PinnedHostProvider final : public MemoryProvider {
   void deallocate(void* ptr, std::size_t bytes) override;
   const char* name() const override { return "pinned_host"; }
   MemoryKind kind() const override { return MemoryKind::kPinnedHost; }
-  // The OS page size (kMlock: mmap hands out whole pages; kCudaHostAlloc: the driver does too).
-  std::size_t alignment() const override { return page_size_; }
+  // kMlock: the OS page size (mmap hands out whole pages). kCudaHostAlloc: 256 bytes, the
+  // alignment the CUDA programming guide promises for every address its allocation routines
+  // return; the pages cudaHostAlloc hands out are whole pages in practice, but that is not
+  // documented, and the caching allocator treats a pointer below alignment() as a broken
+  // invariant, so only the promise is reported.
+  std::size_t alignment() const override {
+    return mode_ == Mode::kCudaHostAlloc ? kCudaAlignment : page_size_;
+  }
 
   Mode mode() const { return mode_; }
   // Whether the most recent successful allocate() (by any thread) returned locked memory.

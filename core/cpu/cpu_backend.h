@@ -16,9 +16,10 @@
 //     device's workspace would; or, when none is set (the default),
 //   - a pool of host buffers the backend keeps for reuse (cpu/scratch_pool.h), outside any
 //     budget; scratch_bytes() reports it and release_scratch() frees the idle part.
-// Elementwise ops need no scratch beyond the stack. They work in 4096-element f32
-// chunks, with OpenMP across chunks from 64K elements; sumsq() sums per-block partials in a
-// fixed order, so its result does not depend on the thread count.
+// Elementwise ops work in 4096-element f32 chunks on the stack, with OpenMP across chunks
+// from 64K elements. sumsq() keeps one double partial per 64K-element block (a heap array of
+// n/64K entries) and adds them in block order, so its result does not depend on the thread
+// count.
 // Thread safety: as Backend (backend.h).
 #pragma once
 
@@ -31,7 +32,7 @@
 
 namespace memfit {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public cpu::InlineBackend {
  public:
   CpuBackend() = default;
   Device device() const override { return Device::kCpu; }
@@ -43,20 +44,7 @@ class CpuBackend final : public Backend {
   std::size_t scratch_bytes() const { return scratch_.held_bytes(); }  // pool only
   void release_scratch() { scratch_.release_idle(); }
 
-  std::size_t live_events() const { return streams_.live_events(); }  // for leak tests
-
  protected:
-  StreamId do_create_stream() override { return streams_.create(); }
-  void do_destroy_stream(StreamId stream) override { streams_.destroy(stream); }
-  bool do_has_stream(StreamId stream) const override { return streams_.has(stream); }
-  void do_synchronize(StreamId) override {}
-  EventHandle do_record_event(StreamId stream) override { return streams_.record(stream); }
-  bool do_has_event(EventHandle event) const override { return streams_.has_event(event); }
-  bool do_query_event(EventHandle) override { return true; }
-  void do_synchronize_event(EventHandle) override {}
-  void do_wait_event(StreamId, EventHandle) override {}
-  void do_release_event(EventHandle event) override { streams_.release(event); }
-
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
   void do_fill(StreamId stream, const Tensor& x, float value) override;
@@ -70,7 +58,6 @@ class CpuBackend final : public Backend {
   std::int64_t max_gemm_dim() const override;
 
  private:
-  cpu::InlineStreams streams_;
   cpu::ScratchPool scratch_;
   CachingAllocator* workspace_ = nullptr;
 };

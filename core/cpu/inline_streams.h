@@ -9,12 +9,17 @@
 //   s.release(e);
 //
 // Thread-safe (one mutex): the caching allocator records and polls events from its own lock.
+//
+// InlineBackend (below) is the stream and event half of such a backend, so the CPU and meta
+// backends implement only their ops.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <unordered_set>
 
+#include "core/backend.h"
 #include "memory/stream.h"
 
 namespace memfit::cpu {
@@ -35,6 +40,28 @@ class InlineStreams {
   EventHandle next_event_ = 1;
   std::unordered_set<StreamId> streams_;
   std::unordered_set<EventHandle> events_;
+};
+
+// A Backend whose ops run inline on the calling thread: streams are always idle, events are
+// complete when recorded, and handles are still checked (InlineStreams) as on CUDA.
+class InlineBackend : public Backend {
+ public:
+  std::size_t live_events() const { return streams_.live_events(); }  // for leak tests
+
+ protected:
+  StreamId do_create_stream() final { return streams_.create(); }
+  void do_destroy_stream(StreamId stream) final { streams_.destroy(stream); }
+  bool do_has_stream(StreamId stream) const final { return streams_.has(stream); }
+  void do_synchronize(StreamId) final {}
+  EventHandle do_record_event(StreamId stream) final { return streams_.record(stream); }
+  bool do_has_event(EventHandle event) const final { return streams_.has_event(event); }
+  bool do_query_event(EventHandle) final { return true; }
+  void do_synchronize_event(EventHandle) final {}
+  void do_wait_event(StreamId, EventHandle) final {}
+  void do_release_event(EventHandle event) final { streams_.release(event); }
+
+ private:
+  InlineStreams streams_;
 };
 
 }  // namespace memfit::cpu

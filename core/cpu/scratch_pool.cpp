@@ -1,6 +1,7 @@
 #include "core/cpu/scratch_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace memfit::cpu {
 
@@ -21,9 +22,11 @@ ScratchPool::Lease ScratchPool::take(std::size_t floats) {
     idle_.erase(best);
     return l;
   }
+  // Uninitialized on purpose: every element is written before it is read. Counted only once
+  // the allocation succeeded, so a failed one (std::bad_alloc) leaves held_bytes() exact.
+  std::unique_ptr<float[]> buf(new float[floats]);
   held_floats_ += floats;
-  // Uninitialized on purpose: every element is written before it is read.
-  return Lease(this, std::unique_ptr<float[]>(new float[floats]), floats);
+  return Lease(this, std::move(buf), floats);
 }
 
 void ScratchPool::give_back(std::unique_ptr<float[]> buf, std::size_t size) {

@@ -47,7 +47,7 @@ class ScratchPool {
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
 
-  Lease take(std::size_t floats);
+  Lease take(std::size_t floats);  // std::bad_alloc when the host has no memory for it
   std::size_t held_bytes() const;  // idle and leased buffers together
   void release_idle();
 

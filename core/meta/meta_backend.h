@@ -38,7 +38,7 @@ struct MetaStats {
   std::int64_t bytes_moved() const { return bytes_read + bytes_written; }
 };
 
-class MetaBackend final : public Backend {
+class MetaBackend final : public cpu::InlineBackend {
  public:
   MetaBackend() = default;
   Device device() const override { return Device::kMeta; }
@@ -48,17 +48,6 @@ class MetaBackend final : public Backend {
   void reset_stats();
 
  protected:
-  StreamId do_create_stream() override { return streams_.create(); }
-  void do_destroy_stream(StreamId stream) override { streams_.destroy(stream); }
-  bool do_has_stream(StreamId stream) const override { return streams_.has(stream); }
-  void do_synchronize(StreamId) override {}
-  EventHandle do_record_event(StreamId stream) override { return streams_.record(stream); }
-  bool do_has_event(EventHandle event) const override { return streams_.has_event(event); }
-  bool do_query_event(EventHandle) override { return true; }
-  void do_synchronize_event(EventHandle) override {}
-  void do_wait_event(StreamId, EventHandle) override {}
-  void do_release_event(EventHandle event) override { streams_.release(event); }
-
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
   void do_fill(StreamId stream, const Tensor& x, float value) override;
@@ -75,7 +64,6 @@ class MetaBackend final : public Backend {
   void count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops = 0,
              std::int64_t host_bytes = 0);
 
-  cpu::InlineStreams streams_;
   mutable std::mutex mu_;
   MetaStats stats_;
 };

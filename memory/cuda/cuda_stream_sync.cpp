@@ -33,6 +33,10 @@ CudaStreamSync::~CudaStreamSync() {
 }
 
 EventHandle CudaStreamSync::record(StreamId stream) {
+  // Stream 0 means "the legacy default stream of the current device", so `device_` must be
+  // current for the record as well as for creating the event. The guard comes first: if it
+  // throws, no pooled event has been taken out (and lost).
+  cuda::DeviceGuard guard(device_);
   cudaEvent_t event = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -41,9 +45,6 @@ EventHandle CudaStreamSync::record(StreamId stream) {
       pool_.pop_back();
     }
   }
-  // Stream 0 means "the legacy default stream of the current device", so `device_` must be
-  // current for the record as well as for creating the event.
-  cuda::DeviceGuard guard(device_);
   if (event == nullptr) {
     MEMFIT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     std::lock_guard<std::mutex> lock(mu_);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <random>
 #include <string>
 
@@ -309,6 +310,10 @@ TEST(CpuBackend, GemmRejectsBadShapes) {
   e.k = std::int64_t{1} << 31;  // beyond CBLAS's 32-bit sizes
   expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); }, {"<= 2147483647"});
   e = d;
+  e.batch = std::int64_t{1} << 31;  // beyond cuBLAS's 32-bit batch count, on every backend
+  expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); },
+                 {"batch=2147483648", "<= 2147483647"});
+  e = d;
   e.m = e.n = e.k = std::int64_t{1} << 40;
   e.batch = std::int64_t{1} << 40;
   expect_invalid([&] { be.gemm(kDefaultStream, e, a.t(), b.t(), c.t()); }, {});
@@ -392,6 +397,10 @@ TEST(ScratchPool, ReusesFittingBuffersAndBoundsIdle) {
   many.clear();  // only kMaxIdle stay
   EXPECT_LE(pool.held_bytes(), cpu::ScratchPool::kMaxIdle * 1007 * sizeof(float));
   pool.release_idle();
+  EXPECT_EQ(pool.held_bytes(), 0u);
+  // A request no host can meet (its byte count does not even fit size_t) fails without
+  // counting the memory it did not get.
+  EXPECT_THROW(pool.take(SIZE_MAX / 2), std::bad_alloc);
   EXPECT_EQ(pool.held_bytes(), 0u);
 }
 

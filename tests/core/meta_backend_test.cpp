@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
 #include "memory/null_provider.h"
@@ -116,6 +117,7 @@ TEST(MetaBackend, StreamsEventsAndAllocator) {
   EventHandle e = be.record_event(s);
   EXPECT_TRUE(be.query_event(e));
   be.release_event(e);
+  EXPECT_EQ(be.live_events(), 0u);  // the allocator released every event it recorded
   be.destroy_stream(s);
   EXPECT_THROW(be.fill(s, Tensor(), 0.0f), InvalidArgument);
 }
@@ -194,8 +196,8 @@ TEST(MetaBackend, RejectsWhatCpuRejects) {
 }
 
 TEST(MetaBackend, LargeDryRunShapes) {
-  // A GPT-2-XL-sized projection that no host could hold: the meta backend only does arithmetic
-  // on sizes (24 * 1024 * 6400 * 1600 * 2 flops).
+  // A GPT-2-XL-sized projection: the meta backend only does arithmetic on sizes
+  // (24 * 1024 * 6400 * 1600 * 2 flops).
   MetaBackend be;
   MetaTensors mt;
   Tensor inp = mt.make({24, 1024, 1600}, DType::kBF16);
@@ -208,6 +210,38 @@ TEST(MetaBackend, LargeDryRunShapes) {
   d.trans_b = true;
   be.gemm(kDefaultStream, d, inp, w, out);
   EXPECT_EQ(be.stats().gemm_flops, std::int64_t{2} * 24 * 1024 * 6400 * 1600);
+}
+
+TEST(MetaBackend, FullScaleDryRunTouchesNoMemory) {
+  // Unfused attention scores of a 64K-token context, 8 sequences x 96 heads: 6 TiB of bf16,
+  // more than any host holds. The dry run takes the real path (OwnedTensor::empty on a
+  // CachingAllocator over a NullProvider, then Backend's checks) and only counts; a single
+  // read or write of these addresses would crash, and an allocation proportional to the
+  // tensors would fail.
+  MetaBackend be;
+  NullProvider null;
+  CachingAllocator alloc(null, {}, &be.stream_sync());
+  const std::int64_t heads = 8 * 96, t = 65536, hd = 128;
+  const OwnedTensor q =
+      OwnedTensor::empty(alloc, {heads, t, hd}, DType::kBF16, Device::kMeta, Category::kActivation);
+  const OwnedTensor k =
+      OwnedTensor::empty(alloc, {heads, t, hd}, DType::kBF16, Device::kMeta, Category::kActivation);
+  const OwnedTensor scores =
+      OwnedTensor::empty(alloc, {heads, t, t}, DType::kBF16, Device::kMeta, Category::kActivation);
+  const std::int64_t score_bytes = heads * t * t * 2;
+  EXPECT_GE(null.peak_in_use(), static_cast<std::size_t>(score_bytes));
+  GemmDesc d;  // scores[h] = q[h] @ k[h]^T
+  d.m = t;
+  d.n = t;
+  d.k = hd;
+  d.trans_b = true;
+  d.batch = heads;
+  be.gemm(kDefaultStream, d, q, k, scores);
+  be.scale(kDefaultStream, 0.088f, scores);
+  const MetaStats s = be.stats();
+  EXPECT_EQ(s.gemm_flops, 2 * t * t * hd * heads);
+  EXPECT_EQ(s.bytes_written, 2 * score_bytes);
+  EXPECT_EQ(s.bytes_read, 2 * heads * t * hd * 2 + score_bytes);
 }
 
 }  // namespace

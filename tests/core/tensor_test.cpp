@@ -58,6 +58,17 @@ TEST(ShapeTest, Basics) {
   EXPECT_EQ(Shape::of(nullptr, 0), Shape{});
 }
 
+TEST(ShapeTest, IndexOutsideTheRankThrows) {
+  const Shape s{2, 3, 4};
+  const std::string msg = invalid_argument_message([&] { (void)s[3]; });
+  EXPECT_TRUE(contains(msg, "dimension 3 of a 3-dimensional shape")) << msg;
+  EXPECT_THROW((void)s[-1], InvalidArgument);
+  EXPECT_THROW((void)s[kMaxDims], InvalidArgument);  // past the storage, not just the rank
+  EXPECT_THROW((void)Shape{}[0], InvalidArgument);
+  std::vector<float> buf(24);
+  EXPECT_THROW((void)Tensor(buf.data(), s, DType::kF32, Device::kCpu).size(3), InvalidArgument);
+}
+
 TEST(ShapeTest, NegativeDimensionThrowsNamingIt) {
   const std::string msg = invalid_argument_message([] { Shape s{2, -3, 4}; });
   EXPECT_TRUE(contains(msg, "dimension 1")) << msg;
@@ -85,6 +96,7 @@ TEST(ShapeTest, OverflowingNumelThrows) {
   EXPECT_NO_THROW((Shape{std::int64_t{1} << 30, std::int64_t{1} << 30}));
   // A zero anywhere makes the product 0, whatever the other dimensions are.
   EXPECT_EQ((Shape{kBig, 0, kBig}).numel(), 0);
+  EXPECT_EQ((Shape{kBig, kBig, 0}).numel(), 0);  // even when the dimensions before it overflow
 }
 
 // ---- Tensor ---------------------------------------------------------------------------------
@@ -121,6 +133,16 @@ TEST(TensorTest, ConstructorRejectsBadInput) {
   EXPECT_THROW(Tensor(nullptr, {2}, DType::kF32, Device::kCpu), InvalidArgument);
   EXPECT_THROW(Tensor(&x, {1}, static_cast<DType>(5), Device::kCpu), InvalidArgument);
   EXPECT_THROW(Tensor(&x, {1}, DType::kF32, static_cast<Device>(9)), InvalidArgument);
+  // A pointer off its element size: typed access through it would be undefined.
+  alignas(4) unsigned char bytes[16] = {};
+  const std::string msg =
+      invalid_argument_message([&] { (void)Tensor(bytes + 2, {2}, DType::kF32, Device::kCpu); });
+  EXPECT_TRUE(contains(msg, "not aligned")) << msg;
+  EXPECT_TRUE(contains(msg, "f32 element size (4 bytes)")) << msg;
+  EXPECT_THROW(Tensor(bytes + 1, {2}, DType::kBF16, Device::kCpu), InvalidArgument);
+  EXPECT_NO_THROW(Tensor(bytes + 2, {2}, DType::kBF16, Device::kCpu));
+  EXPECT_THROW(Tensor(reinterpret_cast<void*>(0x7e0000000001), {2}, DType::kF16, Device::kMeta),
+               InvalidArgument);
   EXPECT_STREQ(device_name(Device::kCpu), "cpu");
   EXPECT_STREQ(device_name(Device::kCuda), "cuda");
   EXPECT_STREQ(device_name(Device::kMeta), "meta");
@@ -274,6 +296,27 @@ TEST(OwnedTensorTest, BadRequestsThrowBeforeAllocating) {
                                   Category::kActivation),
                InvalidArgument);
   EXPECT_EQ(alloc.stats().allocation[kStatAll].allocated, 0);
+}
+
+TEST(OwnedTensorTest, DeviceMustMatchTheProvidersMemory) {
+  HostProvider host;
+  NullProvider null;
+  CachingAllocator host_alloc(host), null_alloc(null);
+  // Null addresses on the CPU would be dereferenced; real memory for meta is what a dry run
+  // must not allocate; host memory is not CUDA device memory.
+  const std::string msg = invalid_argument_message([&] {
+    (void)OwnedTensor::empty(null_alloc, {4}, DType::kF32, Device::kCpu, Category::kActivation);
+  });
+  EXPECT_TRUE(contains(msg, "cpu tensor")) << msg;
+  EXPECT_TRUE(contains(msg, "'null' provider")) << msg;
+  EXPECT_THROW(
+      OwnedTensor::empty(host_alloc, {4}, DType::kF32, Device::kMeta, Category::kActivation),
+      InvalidArgument);
+  EXPECT_THROW(
+      OwnedTensor::empty(host_alloc, {4}, DType::kF32, Device::kCuda, Category::kActivation),
+      InvalidArgument);
+  EXPECT_EQ(host_alloc.stats().allocation[kStatAll].allocated, 0);
+  EXPECT_EQ(null_alloc.stats().allocation[kStatAll].allocated, 0);
 }
 
 TEST(OwnedTensorTest, MetaTensorsComeFromANullProvider) {

@@ -9,12 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "memory/caching_allocator.h"
@@ -24,14 +20,7 @@
 #include "memory/error.h"
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
-
-#define MEMFIT_REQUIRE_GPU()                                            \
-  do {                                                                  \
-    std::string memfit_why_;                                            \
-    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) { \
-      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                \
-    }                                                                   \
-  } while (0)
+#include "tests/gpu/gpu_testutil.h"
 
 namespace memfit {
 namespace {
@@ -50,24 +39,9 @@ std::int64_t abs_diff(std::size_t a, std::size_t b) {
   return a > b ? static_cast<std::int64_t>(a - b) : static_cast<std::int64_t>(b - a);
 }
 
-// Holds a stream's queue shut until open() (deadline: a failing test must not hang).
-struct Gate {
-  std::atomic<bool> is_open{false};
-  void open() { is_open.store(true); }
-  static void CUDART_CB wait(void* self) {
-    auto* g = static_cast<Gate*>(self);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!g->is_open.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-};
-// Opens the gate when a test leaves early (a failed ASSERT), before the allocator's
-// destructor waits for the stream.
-struct GateOpener {
-  Gate& gate;
-  ~GateOpener() { gate.open(); }
-};
+using testing::Gate;
+using testing::GateOpener;
+using testing::print_figure;
 
 class AllocatorGpu : public ::testing::Test {
  protected:
@@ -100,8 +74,9 @@ TEST_F(AllocatorGpu, ReservedBytesMatchTheDriversFreeMemoryDrop) {
     const auto reserved = static_cast<std::size_t>(s.reserved_bytes[kStatAll].current);
     const auto segments = static_cast<std::size_t>(s.segment[kStatAll].current);
     const std::size_t drop = free0 - free_device_bytes();
-    std::printf("reserved %s in %zu segments; driver free memory dropped %s\n",
-                format_bytes(reserved).c_str(), segments, format_bytes(drop).c_str());
+    print_figure("allocator reserved vs driver free-memory drop",
+                 format_bytes(reserved) + " in " + std::to_string(segments) + " segments vs " +
+                     format_bytes(drop));
     EXPECT_GE(reserved, rounded);
     EXPECT_EQ(s.allocated_bytes[kStatAll].current, static_cast<std::int64_t>(rounded));
     EXPECT_EQ(s.num_device_alloc, static_cast<std::int64_t>(segments));

@@ -1,15 +1,15 @@
 // CudaProvider, CudaStreamSync, PinnedHostProvider's cudaHostAlloc mode and MEMFIT_CUDA_CHECK.
 //
 // Tests that need a GPU start with MEMFIT_REQUIRE_GPU(), which skips with
-// "no CUDA device: <the runtime's reason>". The CudaCheck and *WithoutDevice* tests need no
-// GPU on purpose: error formatting and argument checking must work on CI machines too.
+// "no CUDA device: <the runtime's reason>". The message-format CudaCheck tests and the
+// *WithoutDevice* tests need no GPU on purpose: error formatting and argument checking must
+// work on CI machines too.
 #include "memory/cuda/cuda_provider.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -21,33 +21,16 @@
 #include "memory/error.h"
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
-
-#define MEMFIT_REQUIRE_GPU()                                            \
-  do {                                                                  \
-    std::string memfit_why_;                                            \
-    if (::memfit::CudaProvider::cuda_device_count(&memfit_why_) == 0) { \
-      GTEST_SKIP() << "no CUDA device: " << memfit_why_;                \
-    }                                                                   \
-  } while (0)
+#include "tests/gpu/gpu_testutil.h"
 
 namespace memfit {
 namespace {
 
-cudaError_t returns(cudaError_t e) { return e; }
+using testing::Gate;
+using testing::GateOpener;
+using testing::print_figure;
 
-// Holds a stream's queue shut until open() (or the deadline, so a failing test cannot hang
-// the suite): a host function enqueued with cudaLaunchHostFunc spins on it.
-struct Gate {
-  std::atomic<bool> is_open{false};
-  void open() { is_open.store(true); }
-  static void CUDART_CB wait(void* self) {
-    auto* g = static_cast<Gate*>(self);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!g->is_open.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-};
+cudaError_t returns(cudaError_t e) { return e; }
 
 // ---- no GPU needed -------------------------------------------------------------------------
 
@@ -106,6 +89,18 @@ TEST(CudaProviderWithoutDevice, BadDeviceOrdinalsAreInvalidArguments) {
 }
 
 // ---- GPU -----------------------------------------------------------------------------------
+
+TEST(CudaCheck, ARealFailureThrowsAndLeavesNoLastError) {
+  MEMFIT_REQUIRE_GPU();
+  const int count = CudaProvider::cuda_device_count();
+  // cudaErrorInvalidDevice is not sticky: after the throw the thread's last error is clear,
+  // so a later cudaGetLastError() check does not report this stale failure.
+  EXPECT_THROW(MEMFIT_CUDA_CHECK(cudaSetDevice(count)), CudaError);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  int device = -1;
+  MEMFIT_CUDA_CHECK(cudaGetDevice(&device));
+  EXPECT_EQ(device, 0) << "a failed cudaSetDevice leaves the current device alone";
+}
 
 TEST(CudaProvider, AllocatesWritableAlignedDeviceMemory) {
   MEMFIT_REQUIRE_GPU();
@@ -168,9 +163,9 @@ TEST(CudaProvider, ContextOverheadIsReportedHonestly) {
   EXPECT_EQ(o.overhead_bytes, o.used_bytes);
   const ContextOverhead all_known = CudaProvider::measure_context_overhead(0, o.total_bytes);
   EXPECT_EQ(all_known.overhead_bytes, 0u);
-  std::printf("device 0: total %s, free %s, not free (context + others) %s\n",
-              format_bytes(o.total_bytes).c_str(), format_bytes(o.free_bytes).c_str(),
-              format_bytes(o.used_bytes).c_str());
+  print_figure("device 0 memory",
+               "total " + format_bytes(o.total_bytes) + ", free " + format_bytes(o.free_bytes) +
+                   ", not free (context + others) " + format_bytes(o.used_bytes));
   RecordProperty("context_overhead_bytes", std::to_string(o.overhead_bytes));
 }
 
@@ -180,6 +175,7 @@ TEST(CudaStreamSync, EventCompletesOnlyAfterTheStreamsWorkAndIsPooled) {
   cudaStream_t s = nullptr;
   MEMFIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Gate gate;
+  GateOpener opener{gate};
   MEMFIT_CUDA_CHECK(cudaLaunchHostFunc(s, &Gate::wait, &gate));
   const EventHandle e = sync.record(to_stream_id(s));
   EXPECT_FALSE(sync.query(e)) << "the stream is held by the gate";
@@ -199,6 +195,39 @@ TEST(CudaStreamSync, EventCompletesOnlyAfterTheStreamsWorkAndIsPooled) {
   MEMFIT_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+TEST(CudaStreamSync, ThreadsShareThePoolSafely) {
+  MEMFIT_REQUIRE_GPU();
+  CudaStreamSync sync(0);
+  constexpr int kThreads = 8, kRounds = 200;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      try {
+        cudaStream_t s = nullptr;
+        MEMFIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        for (int i = 0; i < kRounds; ++i) {
+          const EventHandle e = sync.record(to_stream_id(s));
+          (void)sync.query(e);
+          sync.synchronize(e);
+          if (!sync.query(e)) failures.fetch_add(1);
+          sync.release(e);
+        }
+        MEMFIT_CUDA_CHECK(cudaStreamDestroy(s));
+      } catch (const std::exception& ex) {
+        std::printf("thread failed: %s\n", ex.what());
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // At most one event per thread was ever outstanding, and every one came back to the pool.
+  EXPECT_LE(sync.created(), kThreads);
+  EXPECT_EQ(sync.pooled(), static_cast<std::size_t>(sync.created()));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST(PinnedHostProviderOnGpu, UsesCudaHostAllocAndTheDriverKnowsThePages) {
   MEMFIT_REQUIRE_GPU();
   PinnedHostProvider pinned;
@@ -207,6 +236,11 @@ TEST(PinnedHostProviderOnGpu, UsesCudaHostAllocAndTheDriverKnowsThePages) {
   auto* host = static_cast<unsigned char*>(pinned.allocate(bytes));
   ASSERT_NE(host, nullptr);
   EXPECT_TRUE(pinned.locked_last());
+  const auto addr = reinterpret_cast<std::uintptr_t>(host);
+  EXPECT_EQ(addr % pinned.alignment(), 0u);
+  print_figure("cudaHostAlloc address alignment (observed)",
+               std::to_string(addr & (~addr + 1)) +
+                   " bytes (reported: " + std::to_string(pinned.alignment()) + ")");
   cudaPointerAttributes attr{};
   MEMFIT_CUDA_CHECK(cudaPointerGetAttributes(&attr, host));
   EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "pinned (registered) host memory";

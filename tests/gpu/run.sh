@@ -4,21 +4,24 @@
 #   tests/gpu/run.sh            # from anywhere; works in the repository root
 #   tests/gpu/run.sh --all      # also run the other test suites of the CUDA build
 #
-# Steps (each under `timeout`; the whole run stays under 8 minutes): check the build
-# dependencies (install the missing ones with apt-get when apt is usable, else list them and
-# exit 2); configure a Release build with -DMEMFIT_CUDA=ON in build-gpu; build with -j16;
-# log nvidia-smi; run memfit_gpu_tests and every other test binary built from tests/gpu;
+# Steps, each under `timeout`, all within one time budget (default 470 s, under 8 minutes):
+# check the build dependencies (install missing ones with apt-get when apt is usable, else
+# list them and exit 2); log nvidia-smi; configure a Release build with -DMEMFIT_CUDA=ON in
+# build-gpu; build with -j16; run memfit_gpu_tests (every test binary built from tests/gpu);
 # run the GPU benchmarks (bench binaries whose name contains gpu or cuda), if any. Logs go to
-# $OUT when set, else build-gpu/gpu-logs (one file per step; few files on purpose). The last
-# thing printed is a table: name, result, seconds.
+# $OUT when set, else build-gpu/gpu-logs (one file per step). The last thing printed, and
+# summary.txt in the log folder, is a table (step, result, seconds) followed by the details
+# that explain it: failed test names, the first compiler errors, why no GPU was usable, and
+# the figures the tests measured (their "figure: ..." lines).
 #
 # Exit status: 0 when everything ran and passed; 1 when a step failed or timed out, or when
-# no GPU was usable (the GPU tests would only have skipped; set MEMFIT_GPU_ALLOW_NO_DEVICE=1
-# to accept that, e.g. to try this script on a machine without a GPU); 2 when dependencies
-# are missing and cannot be installed.
+# the GPU tests skipped for want of a usable device (set MEMFIT_GPU_ALLOW_NO_DEVICE=1 to
+# accept that, e.g. to try this script on a machine without a GPU); 2 when dependencies are
+# missing and cannot be installed. Whether a GPU is usable is decided by the tests themselves
+# (the CUDA runtime), not by nvidia-smi, which is logged for information only.
 #
 # Environment: MEMFIT_JOBS (default 16), MEMFIT_GPU_BUILD_DIR (default build-gpu),
-# MEMFIT_GPU_BUDGET_S (default 470: total seconds for everything, kept under 8 minutes).
+# MEMFIT_GPU_BUDGET_S (default 470: total seconds for everything).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -32,27 +35,48 @@ mkdir -p "$LOGS"
 LOGS=$(cd "$LOGS" && pwd)
 START=$(date +%s)
 
-ROWS=()      # "name|result|seconds"
+ROWS=()     # "name|result|seconds"
+DETAILS=()  # lines printed under the table
 FAILED=0
 
 row() { ROWS+=("$1|$2|$3"); }
+detail() { DETAILS+=("$1"); }
+since() { echo $(($(date +%s) - $1)); }
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
-# step_timeout WANTED: WANTED seconds, or what is left of the budget if that is less.
+# step_timeout WANTED: WANTED seconds, or what is left of the budget if that is less; at least
+# 1, because `timeout 0` would mean no limit at all.
 step_timeout() {
-  local left
-  left=$(remaining)
-  ((left < $1)) && echo "$left" || echo "$1"
+  local t
+  t=$(remaining)
+  ((t > $1)) && t=$1
+  ((t < 1)) && t=1
+  echo "$t"
 }
+# run_logged LOG WANTED CMD...: runs CMD under the step timeout (STEP_LIMIT seconds; killed 10 s
+# after the polite signal if it ignores it), output to LOG; returns CMD's status, 124 or 137
+# when it timed out.
+STEP_LIMIT=0
+run_logged() {
+  local log=$1
+  STEP_LIMIT=$(step_timeout "$2")
+  shift 2
+  timeout -k 10 "$STEP_LIMIT" "$@" >"$log" 2>&1
+}
+timed_out() { (($1 == 124 || $1 == 137)); }
 print_table() {
   echo
   echo "== memfit GPU run: $(date -u +%FT%TZ), logs in $LOGS"
-  printf '%-44s %-40s %8s\n' "name" "result" "seconds"
-  printf '%-44s %-40s %8s\n' "----" "------" "-------"
+  printf '%-40s %-52s %7s\n' "step" "result" "seconds"
+  printf '%-40s %-52s %7s\n' "----" "------" "-------"
   local r name result secs
   for r in "${ROWS[@]}"; do
     IFS='|' read -r name result secs <<<"$r"
-    printf '%-44s %-40s %8s\n' "$name" "$result" "$secs"
+    printf '%-40s %-52s %7s\n' "$name" "$result" "$secs"
   done
+  if ((${#DETAILS[@]} > 0)); then
+    echo
+    printf '%s\n' "${DETAILS[@]}"
+  fi
 }
 finish() {
   print_table | tee "$LOGS/summary.txt"
@@ -75,18 +99,20 @@ have_openblas() {
 }
 cmake_new_enough() {
   command -v cmake >/dev/null || return 1
-  local v
+  local v major minor
   v=$(cmake --version | sed -nE '1s/.* ([0-9]+)\.([0-9]+).*/\1 \2/p')
   read -r major minor <<<"$v"
   ((major > 3 || (major == 3 && minor >= 25)))
 }
+# Google Benchmark is needed only when there is a GPU benchmark to build.
+GPU_BENCH_SRCS=$(compgen -G 'bench/*gpu*_bench.cpp'; compgen -G 'bench/*cuda*_bench.cpp')
 missing_deps() {
   local m=()
   cmake_new_enough || m+=(cmake)
   command -v ninja >/dev/null || m+=(ninja-build)
   command -v g++ >/dev/null || m+=(g++)
   have_header gtest/gtest.h || m+=(libgtest-dev)
-  have_header benchmark/benchmark.h || m+=(libbenchmark-dev)
+  [[ -z "$GPU_BENCH_SRCS" ]] || have_header benchmark/benchmark.h || m+=(libbenchmark-dev)
   have_header yaml-cpp/yaml.h || m+=(libyaml-cpp-dev)
   have_header nlohmann/json.hpp || m+=(nlohmann-json3-dev)
   have_header CLI/CLI.hpp || m+=(libcli11-dev)
@@ -104,10 +130,12 @@ if [[ -n "$missing" ]]; then
   [[ $(id -u) -ne 0 ]] && sudo=sudo
   if command -v apt-get >/dev/null && { [[ -z "$sudo" ]] || sudo -n true 2>/dev/null; }; then
     echo "installing with apt-get: $missing" | tee -a "$DEPS_LOG"
+    # Short network timeouts: without a reachable mirror this fails in seconds, not minutes.
     # Word splitting of $missing is intended: one package per word.
     # shellcheck disable=SC2086
-    { timeout "$(step_timeout 120)" $sudo apt-get update &&
-      DEBIAN_FRONTEND=noninteractive timeout "$(step_timeout 180)" $sudo apt-get install -y \
+    { timeout -k 5 "$(step_timeout 90)" $sudo apt-get update \
+        -o Acquire::http::Timeout=10 -o Acquire::Retries=0 &&
+      DEBIAN_FRONTEND=noninteractive timeout -k 5 "$(step_timeout 180)" $sudo apt-get install -y \
         --no-install-recommends $missing; } >>"$DEPS_LOG" 2>&1
   else
     echo "apt-get is not usable here (not present, or neither root nor passwordless sudo)" | tee -a "$DEPS_LOG"
@@ -115,66 +143,70 @@ if [[ -n "$missing" ]]; then
   missing=$(missing_deps)
   if [[ -n "$missing" ]]; then
     echo "still missing: $missing (Debian/Ubuntu package names); install them and rerun" | tee -a "$DEPS_LOG"
-    row dependencies "MISSING: $missing" $(($(date +%s) - t0))
+    row dependencies "MISSING: $missing" "$(since "$t0")"
+    detail "install: apt-get install $missing   (log: $DEPS_LOG)"
     finish 2
   fi
 fi
 if ! command -v nvcc >/dev/null; then
   echo "nvcc not found (PATH, /usr/local/cuda/bin): install the CUDA toolkit" | tee -a "$DEPS_LOG"
-  row dependencies "MISSING: nvcc (CUDA toolkit)" $(($(date +%s) - t0))
+  row dependencies "MISSING: nvcc (CUDA toolkit)" "$(since "$t0")"
   finish 2
 fi
-{ echo "cmake: $(cmake --version | head -1)"; echo "nvcc: $(nvcc --version | tail -1)"; } >>"$DEPS_LOG"
-row dependencies ok $(($(date +%s) - t0))
+BENCH=ON
+have_header benchmark/benchmark.h || BENCH=OFF  # no GPU benchmark needs it (see missing_deps)
+nvcc_version=$(nvcc --version | sed -nE 's/.*release ([0-9.]+).*/\1/p' | head -1)
+cmake_version=$(cmake --version | sed -nE '1s/.* ([0-9.]+).*/\1/p')
+{ echo "cmake: $(cmake --version | head -1)"; echo "nvcc: $(nvcc --version | tail -1)"; echo "g++: $(g++ --version | head -1)"; } >>"$DEPS_LOG"
+row dependencies "ok (cmake $cmake_version, nvcc ${nvcc_version:-?})" "$(since "$t0")"
 
-# ---- 2. the GPU, as the driver sees it ------------------------------------------------------
+# ---- 2. the GPU as nvidia-smi sees it (information; the tests decide) -----------------------
 t0=$(date +%s)
-NO_GPU=0
+SMI_GPU=""
 { echo; echo "== nvidia-smi"; } >>"$DEPS_LOG"
-if command -v nvidia-smi >/dev/null && timeout "$(step_timeout 30)" nvidia-smi >>"$DEPS_LOG" 2>&1; then
-  gpu=$(timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
-  row nvidia-smi "ok: ${gpu:-?}" $(($(date +%s) - t0))
+if command -v nvidia-smi >/dev/null && timeout -k 5 "$(step_timeout 30)" nvidia-smi >>"$DEPS_LOG" 2>&1; then
+  SMI_GPU=$(timeout -k 5 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+  row nvidia-smi "${SMI_GPU:-ok (no GPU listed)}" "$(since "$t0")"
 else
-  NO_GPU=1
-  echo "nvidia-smi missing or failed: no usable GPU" | tee -a "$DEPS_LOG"
-  row nvidia-smi "NO GPU" $(($(date +%s) - t0))
+  row nvidia-smi "not available (see env.log)" "$(since "$t0")"
 fi
 
 # ---- 3. configure and build -----------------------------------------------------------------
+CONFIGURE_LOG=$LOGS/configure.log
 BUILD_LOG=$LOGS/build.log
 t0=$(date +%s)
-timeout "$(step_timeout 120)" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DMEMFIT_CUDA=ON -DMEMFIT_BUILD_TESTS=ON -DMEMFIT_BUILD_BENCH=ON >"$BUILD_LOG" 2>&1
+run_logged "$CONFIGURE_LOG" 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DMEMFIT_CUDA=ON -DMEMFIT_BUILD_TESTS=ON -DMEMFIT_BUILD_BENCH=$BENCH
 rc=$?
 if ((rc != 0)); then
-  tail -30 "$BUILD_LOG"
-  row configure "$( ((rc == 124)) && echo TIMEOUT || echo "FAIL (rc $rc)")" $(($(date +%s) - t0))
+  tail -30 "$CONFIGURE_LOG"
+  row configure "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
+  while IFS= read -r line; do detail "$line"; done < <(grep -E 'CMake Error|error' "$CONFIGURE_LOG" | head -10)
   finish 1
 fi
-row configure ok $(($(date +%s) - t0))
+row configure "ok (benchmarks $BENCH)" "$(since "$t0")"
 
-# Targets: the GPU test binaries, GPU/CUDA benchmarks, and with --all every test suite.
-targets=$(cmake --build "$BUILD" --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): .*/\1/p' |
-  grep -E '^memfit_gpu_tests$|^memfit_.*(gpu|cuda).*_tests$|(gpu|cuda).*_bench$' | sort -u)
-if ((RUN_ALL)); then
-  targets="$targets $(cmake --build "$BUILD" --target help 2>/dev/null | sed -nE 's/^(memfit_[a-z]+_tests): .*/\1/p')"
-fi
+# Targets: the GPU test binary, GPU/CUDA benchmarks, and with --all every test suite.
+all_targets=$(cmake --build "$BUILD" --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): .*/\1/p')
+targets=$(grep -E '^memfit_gpu_tests$|^memfit_.*(gpu|cuda).*_tests$|(gpu|cuda).*_bench$' <<<"$all_targets")
+((RUN_ALL)) && targets="$targets $(grep -E '^memfit_[a-z]+_tests$' <<<"$all_targets")"
 # shellcheck disable=SC2086
 targets=$(echo $targets | tr ' ' '\n' | sort -u | tr '\n' ' ')
-t0=$(date +%s)
 if [[ -z "${targets// /}" ]]; then
   row build "FAIL: no memfit_gpu_tests target (no tests/gpu/*_test.cpp?)" 0
   finish 1
 fi
+t0=$(date +%s)
 # shellcheck disable=SC2086
-timeout "$(step_timeout 330)" cmake --build "$BUILD" -j "$JOBS" --target $targets >>"$BUILD_LOG" 2>&1
+run_logged "$BUILD_LOG" 330 cmake --build "$BUILD" -j "$JOBS" --target $targets
 rc=$?
 if ((rc != 0)); then
   grep -E 'error|FAILED' "$BUILD_LOG" | head -30
-  row "build ($targets)" "$( ((rc == 124)) && echo TIMEOUT || echo "FAIL (rc $rc)")" $(($(date +%s) - t0))
+  row build "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
+  while IFS= read -r line; do detail "$line"; done < <(grep -E 'error' "$BUILD_LOG" | head -10)
   finish 1
 fi
-row build "ok ($(echo "$targets" | wc -w) targets, -j$JOBS)" $(($(date +%s) - t0))
+row build "ok: $targets(-j$JOBS)" "$(since "$t0")"
 
 # ---- 4. tests -------------------------------------------------------------------------------
 gtest_count() {  # gtest_count LOG WORD: N from "[  WORD  ] N tests" (0 when absent)
@@ -182,51 +214,52 @@ gtest_count() {  # gtest_count LOG WORD: N from "[  WORD  ] N tests" (0 when abs
   n=$(sed -nE "s/^\[ +$2 +\] ([0-9]+) tests?[.,].*/\1/p" "$1" | tail -1)
   echo "${n:-0}"
 }
+NO_DEVICE=""  # the runtime's reason, when the GPU tests skipped for want of a device
 run_test_binary() {
-  local bin=$1 name log t rc passed skipped failed result
+  local bin=$1 name log rc passed skipped failed result why
   name=$(basename "$bin")
   log=$LOGS/$name.log
-  t=$(step_timeout 150)
-  if ((t <= 5)); then
+  if (($(remaining) <= 5)); then
     row "$name" "NOT RUN (time budget spent)" 0
     FAILED=1
     return
   fi
   t0=$(date +%s)
-  timeout "$t" "$bin" --gtest_color=no >"$log" 2>&1
+  run_logged "$log" 150 "$bin" --gtest_color=no
   rc=$?
   passed=$(gtest_count "$log" PASSED)
   skipped=$(gtest_count "$log" SKIPPED)
   failed=$(gtest_count "$log" FAILED)
-  if ((rc == 124)); then
-    result="TIMEOUT after ${t}s"
+  why=$(grep -m1 -oE 'no CUDA device: .*' "$log")
+  if timed_out $rc; then
+    result="TIMEOUT after ${STEP_LIMIT}s"
     FAILED=1
+    detail "$name: last test started: $(grep -E '^\[ RUN' "$log" | tail -1)"
   elif ((rc != 0)); then
-    result="FAIL ($failed failed, $passed passed)"
+    result="FAIL ($failed failed, $passed passed, rc $rc)"
     FAILED=1
-    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u | head -20
-  elif ((skipped > 0 && NO_GPU == 0)) && [[ "$name" == *gpu* ]]; then
-    # nvidia-smi saw a GPU but the tests did not: a driver/runtime mismatch to look at.
-    result="FAIL: $skipped skipped with a GPU present"
-    FAILED=1
-    grep -m1 'no CUDA device' "$log"
+    while IFS= read -r line; do detail "$name: $line"; done < <(grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u | head -20)
+    ((failed == 0)) && detail "$name: exited with rc $rc; last test started: $(grep -E '^\[ RUN' "$log" | tail -1)"
+  elif [[ -n "$why" ]]; then
+    result="SKIPPED $skipped: no CUDA device ($passed passed)"
+    NO_DEVICE=${why#no CUDA device: }
   else
     result="PASS ($passed passed, $skipped skipped)"
   fi
-  row "$name" "$result" $(($(date +%s) - t0))
+  row "$name" "$result" "$(since "$t0")"
 }
 
-gpu_bins=()
+test_bins=()
 for b in "$BUILD"/tests/memfit_*_tests; do
   [[ -x "$b" ]] || continue
   n=$(basename "$b")
-  if [[ "$n" == *gpu* || "$n" == *cuda* ]] || ((RUN_ALL)); then gpu_bins+=("$b"); fi
+  if [[ "$n" == *gpu* || "$n" == *cuda* ]] || ((RUN_ALL)); then test_bins+=("$b"); fi
 done
-if ((${#gpu_bins[@]} == 0)); then
+if ((${#test_bins[@]} == 0)); then
   row tests "FAIL: no test binary in $BUILD/tests" 0
   FAILED=1
 fi
-for b in "${gpu_bins[@]}"; do run_test_binary "$b"; done
+for b in "${test_bins[@]}"; do run_test_binary "$b"; done
 
 # ---- 5. benchmarks --------------------------------------------------------------------------
 benches=()
@@ -234,32 +267,41 @@ for b in "$BUILD"/bench/*; do
   n=$(basename "$b")
   [[ -f "$b" && -x "$b" && ( "$n" == *gpu* || "$n" == *cuda* ) ]] && benches+=("$b")
 done
-if ((${#benches[@]} == 0)); then
-  row benchmarks "none (no gpu/cuda bench binary yet)" 0
-fi
+((${#benches[@]} == 0)) && row benchmarks "none (no gpu/cuda bench binary yet)" 0
 for b in "${benches[@]}"; do
   n=$(basename "$b")
-  t=$(step_timeout 120)
-  if ((t <= 5)); then
+  if (($(remaining) <= 5)); then
     row "$n" "NOT RUN (time budget spent)" 0
     FAILED=1
     continue
   fi
   t0=$(date +%s)
-  timeout "$t" "$b" --benchmark_color=false >"$LOGS/$n.log" 2>&1
+  run_logged "$LOGS/$n.log" 120 "$b" --benchmark_color=false
   rc=$?
   if ((rc == 0)); then
-    row "$n" ok $(($(date +%s) - t0))
+    row "$n" ok "$(since "$t0")"
   else
-    row "$n" "$( ((rc == 124)) && echo "TIMEOUT after ${t}s" || echo "FAIL (rc $rc)")" $(($(date +%s) - t0))
+    row "$n" "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
     FAILED=1
   fi
 done
 
 # ---- 6. verdict -----------------------------------------------------------------------------
-row total "" $(($(date +%s) - START))
-if ((NO_GPU)) && [[ "${MEMFIT_GPU_ALLOW_NO_DEVICE:-0}" != 1 ]]; then
-  echo "no usable GPU: the GPU tests only skipped (MEMFIT_GPU_ALLOW_NO_DEVICE=1 accepts this)"
-  FAILED=1
+row total "" "$(since "$START")"
+if [[ -n "$NO_DEVICE" ]]; then
+  detail "no usable GPU: the CUDA runtime says \"$NO_DEVICE\""
+  [[ -n "$SMI_GPU" ]] && detail "  yet nvidia-smi lists: $SMI_GPU"
+  if [[ "$NO_DEVICE" == *InsufficientDriver* ]]; then
+    if [[ -d /usr/local/cuda/compat ]]; then
+      detail "  the driver is older than CUDA ${nvcc_version:-?} needs; on a datacenter GPU try the forward-compatibility libraries: LD_LIBRARY_PATH=/usr/local/cuda/compat tests/gpu/run.sh"
+    else
+      detail "  the driver is older than CUDA ${nvcc_version:-?} needs: install a newer driver (or cuda-compat) and rerun"
+    fi
+  fi
+  if [[ "${MEMFIT_GPU_ALLOW_NO_DEVICE:-0}" != 1 ]]; then
+    detail "  the GPU tests only skipped; MEMFIT_GPU_ALLOW_NO_DEVICE=1 accepts that"
+    FAILED=1
+  fi
 fi
+while IFS= read -r line; do detail "$line"; done < <(grep -h '^figure: ' "$LOGS"/*.log 2>/dev/null)
 finish "$FAILED"

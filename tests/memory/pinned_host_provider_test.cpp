@@ -53,7 +53,9 @@ TEST(PinnedHostProvider, DescribesItself) {
   PinnedHostProvider p;
   EXPECT_EQ(p.kind(), MemoryKind::kPinnedHost);
   EXPECT_STREQ(p.name(), "pinned_host");
-  EXPECT_EQ(p.alignment(), os_page());
+  EXPECT_EQ(p.alignment(),
+            p.mode() == Mode::kMlock ? os_page() : PinnedHostProvider::kCudaAlignment);
+  EXPECT_EQ(PinnedHostProvider(Mode::kMlock).alignment(), os_page());
 #ifndef MEMFIT_HAVE_CUDA
   EXPECT_EQ(p.mode(), Mode::kMlock) << "a CPU-only build has no cudaHostAlloc";
 #endif
