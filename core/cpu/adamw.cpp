@@ -92,7 +92,8 @@ void check_buffers(const AdamWBuffers& b) {
   for (int i = 0; i < count; ++i) {
     if (r[i].begin == 0) {
       bad(std::string("null ") + r[i].name + " with n = " + std::to_string(b.n) +
-          "; valid: a buffer of n elements" + (i == 4 ? " (param_out may be null: no copy-out)" : ""));
+          "; valid: a buffer of n elements" +
+          (i == 4 ? " (param_out may be null: no copy-out)" : ""));
     }
     if (r[i].begin % sizes[i] != 0) {
       bad(std::string(r[i].name) + " at " + std::to_string(r[i].begin) +
@@ -101,16 +102,16 @@ void check_buffers(const AdamWBuffers& b) {
     }
     const std::size_t bytes = i < 3 ? f32_bytes : b.n * sizes[i];
     if (r[i].begin > UINTPTR_MAX - bytes) {
-      bad(std::string(r[i].name) + " + n elements wraps the address space (n = " +
-          std::to_string(b.n) + ")");
+      bad(std::string(r[i].name) +
+          " + n elements wraps the address space (n = " + std::to_string(b.n) + ")");
     }
     r[i].end = r[i].begin + bytes;
   }
   for (int i = 0; i < count; ++i) {
     for (int j = i + 1; j < count; ++j) {
       if (r[i].begin < r[j].end && r[j].begin < r[i].end) {
-        bad(std::string(r[i].name) + " and " + r[j].name + " overlap (n = " +
-            std::to_string(b.n) + "); valid: disjoint buffers");
+        bad(std::string(r[i].name) + " and " + r[j].name + " overlap (n = " + std::to_string(b.n) +
+            "); valid: disjoint buffers");
       }
     }
   }
@@ -145,8 +146,8 @@ detail::AdamWKernel pick_kernel() {
 
 // The scalar loop for one (grad, out) dtype pair; load/store are lambdas so they inline.
 template <typename LoadG, typename StoreOut>
-void scalar_loop(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
-                 std::size_t end, LoadG load_g, StoreOut store_out) {
+void scalar_loop(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, std::size_t end,
+                 LoadG load_g, StoreOut store_out) {
   float* const pp = b.param;
   float* const mp = b.exp_avg;
   float* const vp = b.exp_avg_sq;
@@ -168,8 +169,8 @@ void scalar_loop(const AdamWConstants& k, const AdamWBuffers& b, std::size_t beg
 }
 
 template <typename LoadG>
-void scalar_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
-                std::size_t end, LoadG load_g) {
+void scalar_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, std::size_t end,
+                LoadG load_g) {
   if (b.param_out == nullptr) {
     return scalar_loop(k, b, begin, end, load_g, [](std::size_t, float) {});
   }
@@ -301,8 +302,7 @@ AdamWKernel adamw_dispatched() {
   return fn;
 }
 
-void adamw_run(AdamWKernel kernel, const AdamWConstants& k, const AdamWBuffers& b,
-               int threads) {
+void adamw_run(AdamWKernel kernel, const AdamWConstants& k, const AdamWBuffers& b, int threads) {
   if (kernel == nullptr) bad("null kernel");
   if (threads < 0) bad("threads = " + std::to_string(threads) + "; valid: 0 (all) or >= 1");
   check_constants(k);

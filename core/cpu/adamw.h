@@ -81,8 +81,7 @@ struct AdamWConstants {
 
 // Validates opt, step (>= 1, the 1-based count of steps taken including this one) and
 // grad_scale (finite, > 0) and computes the factors as specified in step 1 above.
-AdamWConstants adamw_constants(const AdamWOptions& opt, std::int64_t step,
-                               double grad_scale = 1.0);
+AdamWConstants adamw_constants(const AdamWOptions& opt, std::int64_t step, double grad_scale = 1.0);
 
 struct AdamWBuffers {
   std::size_t n = 0;
@@ -125,15 +124,13 @@ void adamw_scalar(const AdamWConstants& k, const AdamWBuffers& b, std::size_t be
 bool cpu_has_avx2_fma_f16c();
 bool cpu_has_avx512();  // AVX-512 F, BW, VL, DQ with OS support for the ZMM state
 // Defined only on x86 builds; call only when the matching cpu_has_*() is true.
-void adamw_avx2(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
-                std::size_t end);
+void adamw_avx2(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, std::size_t end);
 void adamw_avx512(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
                   std::size_t end);
 
 AdamWKernel adamw_dispatched();
 // adamw_step() with a chosen kernel: validation, tiles, OpenMP, MXCSR. For tests and benches.
-void adamw_run(AdamWKernel kernel, const AdamWConstants& k, const AdamWBuffers& b,
-               int threads = 0);
+void adamw_run(AdamWKernel kernel, const AdamWConstants& k, const AdamWBuffers& b, int threads = 0);
 
 }  // namespace detail
 

@@ -78,7 +78,8 @@ void kernel(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, s
   std::size_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 g = _mm256_mul_ps(load_grad<G>(gp, i), grad_scale);
-    const __m256 m = _mm256_fmadd_ps(beta1, _mm256_loadu_ps(mp + i), _mm256_mul_ps(one_minus_beta1, g));
+    const __m256 m =
+        _mm256_fmadd_ps(beta1, _mm256_loadu_ps(mp + i), _mm256_mul_ps(one_minus_beta1, g));
     const __m256 t = _mm256_mul_ps(one_minus_beta2, g);
     const __m256 v = _mm256_fmadd_ps(beta2, _mm256_loadu_ps(vp + i), _mm256_mul_ps(t, g));
     const __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), inv_bc2_sqrt, eps);
@@ -94,8 +95,7 @@ void kernel(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, s
 }
 
 template <DType G>
-void with_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
-              std::size_t end) {
+void with_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, std::size_t end) {
   if (b.param_out == nullptr) return kernel<G, Out::kNone>(k, b, begin, end);
   switch (b.out_dtype) {
     case DType::kF32:

@@ -96,8 +96,7 @@ void kernel(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, s
 }
 
 template <DType G>
-void with_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin,
-              std::size_t end) {
+void with_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begin, std::size_t end) {
   if (b.param_out == nullptr) return kernel<G, Out::kNone>(k, b, begin, end);
   switch (b.out_dtype) {
     case DType::kF32:

@@ -124,10 +124,12 @@ class Workspace {
     m_ = place(1, 4, (shift + 5) % 16);
     v_ = place(2, 4, (shift + 11) % 16);
     g_ = place(3, gsz, (shift + 3) % 32);
-    std::memcpy(p_, in.s.p.data(), n_ * 4);
-    std::memcpy(m_, in.s.m.data(), n_ * 4);
-    std::memcpy(v_, in.s.v.data(), n_ * 4);
-    std::memcpy(g_, in.grad.data(), n_ * gsz);
+    if (n_ > 0) {  // an empty vector's data() may be null, which memcpy must not get
+      std::memcpy(p_, in.s.p.data(), n_ * 4);
+      std::memcpy(m_, in.s.m.data(), n_ * 4);
+      std::memcpy(v_, in.s.v.data(), n_ * 4);
+      std::memcpy(g_, in.grad.data(), n_ * gsz);
+    }
     b_.n = n_;
     b_.param = reinterpret_cast<float*>(p_);
     b_.exp_avg = reinterpret_cast<float*>(m_);
@@ -165,8 +167,8 @@ class Workspace {
 };
 
 // kernel == nullptr: the public adamw_step (dispatched).
-State run(AdamWKernel kernel, const AdamWConstants& k, const Inputs& in, OutSel o,
-          int threads = 0, unsigned shift = 1) {
+State run(AdamWKernel kernel, const AdamWConstants& k, const Inputs& in, OutSel o, int threads = 0,
+          unsigned shift = 1) {
   Workspace ws(in, o, shift);
   if (kernel == nullptr) {
     adamw_step(k, ws.buffers(), threads);
@@ -289,8 +291,8 @@ void compare_kernels(AdamWKernel kernel, const char* name, std::size_t n, std::u
       const State want = run(detail::adamw_scalar, k, in, o, 1, 0);
       const State got = run(kernel, k, in, o, threads, static_cast<unsigned>(n) % 13 + 1);
       expect_identical(want, got, o.dt,
-                       std::string(name) + " n=" + std::to_string(n) + " grad " +
-                           dtype_name(gdt) + " out " + out_name(o));
+                       std::string(name) + " n=" + std::to_string(n) + " grad " + dtype_name(gdt) +
+                           " out " + out_name(o));
       if (::testing::Test::HasFailure()) return;
     }
   }
@@ -354,10 +356,18 @@ TEST(AdamW, NonFiniteValuesPropagateAlikeOnEveryKernel) {
       store_grad(in.grad, gdt, i, specials[i % 10]);
       const float s = specials[(i / 10) % 10];
       switch (i / 100) {
-        case 0: in.s.p[i] = s; break;
-        case 1: in.s.m[i] = s; break;
-        case 2: in.s.v[i] = std::fabs(s); break;
-        default: in.s.v[i] = s; break;  // a negative or NaN v: sqrt gives NaN on every path
+        case 0:
+          in.s.p[i] = s;
+          break;
+        case 1:
+          in.s.m[i] = s;
+          break;
+        case 2:
+          in.s.v[i] = std::fabs(s);
+          break;
+        default:
+          in.s.v[i] = s;
+          break;  // a negative or NaN v: sqrt gives NaN on every path
       }
     }
     for (OutSel o : kOuts) {
@@ -400,7 +410,8 @@ constexpr double kTiny = 4.0 * 1.401298464324817e-45;
 Ref reference(const AdamWConstants& k, float graw, float p0, float m0, float v0) {
   const double u = kEps32;
   const double g = static_cast<double>(graw) * k.grad_scale;
-  const double tm = static_cast<double>(k.beta1) * m0, tg = static_cast<double>(k.one_minus_beta1) * g;
+  const double tm = static_cast<double>(k.beta1) * m0,
+               tg = static_cast<double>(k.one_minus_beta1) * g;
   Ref r;
   r.m = tm + tg;
   r.v = static_cast<double>(k.beta2) * v0 + static_cast<double>(k.one_minus_beta2) * g * g;
@@ -496,12 +507,16 @@ void read_into(std::ifstream& f, T* dst, std::size_t count) {
 // PyTorch (1.13, the Debian package that wrote the file) evaluates the same formula in another
 // order: p * decay, m * beta1 + (1 - beta1) g, v * beta2 + (1 - beta2) g g, sqrt(v) /
 // sqrt(bc2) + eps (a division where we multiply by the rounded reciprocal), p + (-step) (m / d),
-// with its own choice of where vector code fuses. Each step both sides round each quantity a
-// few times, so they may differ by a few u (unit roundoff) of the terms per step, and earlier
-// differences carry on through m, v and p. The tolerance follows that propagation with K = 4 u
-// per step and term: m's against S_t = beta1 S_{t-1} + (1 - beta1)|g_t| (the size of the terms
-// m sums, which bounds errors even where m cancels to near zero); v's relative, growing by K u
-// a step; p's carried (times the decay) plus this step's K u of |p| and the update's error.
+// with its own choice of where vector code fuses. Per step and quantity PyTorch rounds up to 4
+// times (m: beta1 m, (1 - beta1) g, the sum) and we 2-3 (a product, an fma), each rounding at
+// most u (unit roundoff, 2^-24) of a value no larger than the sum of the terms' magnitudes;
+// so the two may differ by ~7u of that size per step, K = 8 with slack, and earlier
+// differences carry on through m, v and p. The tolerance follows that propagation: m's against
+// S_t = beta1 S_{t-1} + (1 - beta1)|g_t| (the size of the terms m sums, which bounds errors
+// even where m cancels to near zero); v's relative (all its terms are >= 0), growing by K u a
+// step; p's carried (times the decay) plus this step's K u of |p| and the update's error
+// through m and d. A wrong formula (a lost bias correction, decay applied to the update,
+// eps inside the sqrt) misses by orders of magnitude more.
 TEST(AdamW, MatchesPyTorchGoldenTrajectory) {
   std::ifstream f(golden_path(), std::ios::binary);
   ASSERT_TRUE(f) << "cannot open " << golden_path()
@@ -516,7 +531,7 @@ TEST(AdamW, MatchesPyTorchGoldenTrajectory) {
   ASSERT_EQ(std::string(magic, 8), "MFADAMW1");
   ASSERT_EQ(version, 1u);
   ASSERT_GE(cases, 1u);
-  constexpr double K = 4;
+  constexpr double K = 8;
   const double u = kEps32;
   for (u32 c = 0; c < cases; ++c) {
     u32 n = 0, steps = 0;
@@ -605,7 +620,11 @@ TEST(AdamWValidation, OptionsAndStep) {
   expect_invalid([&] { adamw_constants(AdamWOptions{}, 1, 1e300); }, "grad_scale");
   // A beta within 2^-25 of 1 rounds to 1.0f, which would freeze the moment.
   expect_invalid([&] { adamw_constants(with([](auto& o) { o.beta2 = 1 - 1e-9; }), 1); }, "beta2");
-  EXPECT_NO_THROW(adamw_constants(with([](auto& o) { o.beta1 = 0.0; o.lr = 0.0; }), 1));
+  EXPECT_NO_THROW(adamw_constants(with([](auto& o) {
+                                    o.beta1 = 0.0;
+                                    o.lr = 0.0;
+                                  }),
+                                  1));
 }
 
 TEST(AdamWValidation, BuffersConstantsAndThreadsWriteNothing) {
@@ -629,9 +648,7 @@ TEST(AdamWValidation, BuffersConstantsAndThreadsWriteNothing) {
       },
       "exp_avg");
   expect_invalid(
-      [&] {
-        adamw_step(k, edit([](auto& b) { b.grad = static_cast<const char*>(b.grad) + 1; }));
-      },
+      [&] { adamw_step(k, edit([](auto& b) { b.grad = static_cast<const char*>(b.grad) + 1; })); },
       "grad");
   expect_invalid([&] { adamw_step(k, edit([](auto& b) { b.exp_avg_sq = b.param + 8; })); },
                  "overlap");
