@@ -28,6 +28,9 @@
 //   backend accepts and rejects exactly the same calls; implementations see valid calls only.
 // - Arithmetic is FP32 whatever the storage dtype: inputs widen exactly to f32, results round
 //   to the output dtype (nearest even, as memfit::convert). Reductions accumulate wider.
+// - The neural-network ops (layernorm, GELU, attention, embeddings, cross-entropy, AdamW; see
+//   "neural-network ops" below) follow the same rules; their checks live in backend_nn.cpp.
+//   Index values (token ids, targets) are data, not arguments: see embedding_forward.
 // - Thread safety: stream and event calls may come from any thread (the caching allocator
 //   calls the StreamSync from its own lock). Ops may be issued from several threads as long as
 //   no two threads use one stream at the same time (as CUDA streams).
@@ -196,8 +199,8 @@ class Backend {
   // datt (R,T,T), att (R,T,T) -> dpreatt (R,T,T)
   //   dpreatt[i,j] = scale * att[i,j] * (datt[i,j] - sum_{k<=i} att[i,k] datt[i,k]), 0 for j > i.
   // In place allowed (dpreatt = datt).
-  void softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
-                               float scale, const Tensor& dpreatt);
+  void softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att, float scale,
+                               const Tensor& dpreatt);
 
   // Causal multi-head self-attention, C = heads * hs, scale = 1/sqrt(hs). Composed here, in
   // the base class, from gemm(), softmax_causal_*() and the head permutes below, so a backend
@@ -210,9 +213,8 @@ class Backend {
   //   scratch -> merge heads -> out (B,T,C)
   // qkv must be 3-D (B,T,3C); the others need only the right element counts. qkvr, att and
   // scratch are the caller's so the allocator (and the planner's dry run) sees them.
-  void attention_forward(StreamId stream, const Tensor& qkv, std::int64_t heads,
-                         const Tensor& qkvr, const Tensor& att, const Tensor& scratch,
-                         const Tensor& out);
+  void attention_forward(StreamId stream, const Tensor& qkv, std::int64_t heads, const Tensor& qkvr,
+                         const Tensor& att, const Tensor& scratch, const Tensor& out);
   // dout (B,T,C), qkvr (3,B,H,T,hs), att (B,H,T,T) -> dqkv (B,T,3C), written.
   //   dy (B,H,T,hs) = split heads(dout)     held in dqkv's memory until the last step
   //   dv = att^T @ dy;  datt = dy @ v^T;  datt = softmax_causal_backward(datt, att) in place
@@ -287,21 +289,21 @@ class Backend {
                                     const Tensor& bias, float eps, const Tensor& out,
                                     const Tensor& mean, const Tensor& rstd) = 0;
   virtual void do_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
-                                     const Tensor& weight, const Tensor& mean,
-                                     const Tensor& rstd, const Tensor& dinp,
-                                     const Tensor& dweight, const Tensor& dbias) = 0;
+                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dinp, const Tensor& dweight,
+                                     const Tensor& dbias) = 0;
   virtual void do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) = 0;
   virtual void do_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
                                 const Tensor& dinp) = 0;
   virtual void do_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void do_add_bias(StreamId stream, const Tensor& bias, const Tensor& out) = 0;
   virtual void do_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias) = 0;
-  // t: the matrices' size T (R = numel / (T*T)).
+  // t: the matrices' size T (R = numel / (T*T)). attention_forward/backward call these in
+  // place (att == preatt, dpreatt == datt), so every implementation must support that.
   virtual void do_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
                                          const Tensor& att, std::int64_t t) = 0;
   virtual void do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
-                                          float scale, const Tensor& dpreatt,
-                                          std::int64_t t) = 0;
+                                          float scale, const Tensor& dpreatt, std::int64_t t) = 0;
   // The head permutes of attention; P parts (3 for q,k,v; 1 for one (B,T,C) tensor):
   //   split: src (B,T,P,H,hs) -> dst (P,B,H,T,hs);  merge: src (P,B,H,T,hs) -> dst (B,T,P,H,hs)
   // src and dst do not overlap; dtypes may differ (values are rounded to dst's dtype).
@@ -311,16 +313,14 @@ class Backend {
                               const HeadDims& d) = 0;
   virtual void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                     const Tensor& wpe, const Tensor& out) = 0;
-  virtual void do_embedding_backward(StreamId stream, const Tensor& dout,
-                                     const IndexTensor& tokens, const Tensor& dwte,
-                                     const Tensor& dwpe) = 0;
+  virtual void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                                     const Tensor& dwte, const Tensor& dwpe) = 0;
   virtual void do_crossentropy_forward(StreamId stream, const Tensor& logits,
                                        const IndexTensor& targets, std::int64_t vocab,
                                        const Tensor& losses, const Tensor& lse) = 0;
   virtual void do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
-                                        const IndexTensor& targets, std::int64_t vocab,
-                                        float dloss, const Tensor* dlosses,
-                                        const Tensor& dlogits) = 0;
+                                        const IndexTensor& targets, std::int64_t vocab, float dloss,
+                                        const Tensor* dlosses, const Tensor& dlogits) = 0;
   virtual void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param,
                         const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                         const Tensor* param_out) = 0;

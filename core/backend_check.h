@@ -48,8 +48,7 @@ inline bool overlaps(Span x, Span y) {
 }
 
 // Operand on an allowed device, with memory behind any elements.
-void check_operand(const Where& where, const char* role, const Tensor& t, Device dev,
-                   bool host_ok);
+void check_operand(const Where& where, const char* role, const Tensor& t, Device dev, bool host_ok);
 void check_same_numel(const Where& where, const char* ra, const Tensor& a, const char* rb,
                       const Tensor& b);
 void check_no_overlap(const Where& where, const char* ra, Span a, const char* rb, Span b);

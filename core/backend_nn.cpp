@@ -135,8 +135,13 @@ void Backend::layernorm_forward(StreamId stream, const Tensor& inp, const Tensor
                                 const Tensor& mean, const Tensor& rstd) {
   const Where w{name(), "layernorm_forward"};
   check_stream(stream, w.op);
-  check_operands(w, device(), {{"inp", &inp}, {"weight", &weight},
-                      {"bias", &bias}, {"out", &out}, {"mean", &mean}, {"rstd", &rstd}});
+  check_operands(w, device(),
+                 {{"inp", &inp},
+                  {"weight", &weight},
+                  {"bias", &bias},
+                  {"out", &out},
+                  {"mean", &mean},
+                  {"rstd", &rstd}});
   need_ndim(w, "inp", inp, 1, kMaxDims, "(N..., C)");
   const std::int64_t c = inp.size(inp.ndim() - 1);
   const std::int64_t n = leading(w, "inp", inp);
@@ -162,9 +167,15 @@ void Backend::layernorm_backward(StreamId stream, const Tensor& dout, const Tens
                                  const Tensor& dinp, const Tensor& dweight, const Tensor& dbias) {
   const Where w{name(), "layernorm_backward"};
   check_stream(stream, w.op);
-  check_operands(w, device(), {{"dout", &dout}, {"inp", &inp},
-                      {"weight", &weight}, {"mean", &mean}, {"rstd", &rstd}, {"dinp", &dinp},
-                      {"dweight", &dweight}, {"dbias", &dbias}});
+  check_operands(w, device(),
+                 {{"dout", &dout},
+                  {"inp", &inp},
+                  {"weight", &weight},
+                  {"mean", &mean},
+                  {"rstd", &rstd},
+                  {"dinp", &dinp},
+                  {"dweight", &dweight},
+                  {"dbias", &dbias}});
   need_ndim(w, "inp", inp, 1, kMaxDims, "(N..., C)");
   const std::int64_t c = inp.size(inp.ndim() - 1);
   const std::int64_t n = leading(w, "inp", inp);
@@ -179,9 +190,9 @@ void Backend::layernorm_backward(StreamId stream, const Tensor& dout, const Tens
   need_numel(w, "rstd", rstd, n, "(N), one per row of inp");
   need_numel(w, "dweight", dweight, c, "(C) with C inp's last dimension");
   need_numel(w, "dbias", dbias, c, "(C) with C inp's last dimension");
-  check_disjoint(w, {rd("dout", dout), rd("inp", inp), rd("weight", weight), rd("mean", mean),
-                     rd("rstd", rstd), wr("dinp", dinp), wr("dweight", dweight),
-                     wr("dbias", dbias)});
+  check_disjoint(w,
+                 {rd("dout", dout), rd("inp", inp), rd("weight", weight), rd("mean", mean),
+                  rd("rstd", rstd), wr("dinp", dinp), wr("dweight", dweight), wr("dbias", dbias)});
   do_layernorm_backward(stream, dout, inp, weight, mean, rstd, dinp, dweight, dbias);
 }
 
@@ -298,8 +309,8 @@ AttnDims attn_dims(const Where& w, const char* role, const Tensor& x, std::int64
   need_ndim(w, role, x, 3, 3, mult == 3 ? "(B, T, 3C)" : "(B, T, C)");
   AttnDims d{x.size(0), x.size(1), x.size(2) / mult, heads, 0, 0, 0};
   if (x.size(2) % mult != 0 || heads < 1 || d.c < heads || d.c % heads != 0) {
-    throw InvalidArgument(w + ": " + role + " is " + tensor_desc(x) + " with heads = " +
-                          num(heads) + "; valid: heads >= 1 dividing C" +
+    throw InvalidArgument(w + ": " + role + " is " + tensor_desc(x) +
+                          " with heads = " + num(heads) + "; valid: heads >= 1 dividing C" +
                           (mult == 3 ? " = last dimension / 3" : ""));
   }
   d.hs = d.c / heads;
@@ -310,8 +321,8 @@ AttnDims attn_dims(const Where& w, const char* role, const Tensor& x, std::int64
     throw InvalidArgument(w + ": B*H*T*T for " + role + " " + tensor_desc(x) + " and heads " +
                           num(heads) + " exceeds 2^63; valid: smaller B, T or heads");
   }
-  if (bh > max_dim || d.t > max_dim) {
-    throw InvalidArgument(w + ": B*H = " + num(bh) + ", T = " + num(d.t) +
+  if (bh > max_dim || d.t > max_dim || d.hs > max_dim) {
+    throw InvalidArgument(w + ": B*H = " + num(bh) + ", T = " + num(d.t) + ", hs = " + num(d.hs) +
                           "; valid on this backend: each <= " + num(max_dim) +
                           " (the batched GEMMs' limit)");
   }
@@ -340,15 +351,16 @@ void Backend::attention_forward(StreamId stream, const Tensor& qkv, std::int64_t
                                 const Tensor& out) {
   const Where w{name(), "attention_forward"};
   check_stream(stream, w.op);
-  check_operands(w, device(), {{"qkv", &qkv}, {"qkvr", &qkvr},
-                      {"att", &att}, {"scratch", &scratch}, {"out", &out}});
+  check_operands(
+      w, device(),
+      {{"qkv", &qkv}, {"qkvr", &qkvr}, {"att", &att}, {"scratch", &scratch}, {"out", &out}});
   const AttnDims d = attn_dims(w, "qkv", qkv, 3, heads, max_gemm_dim());
   need_numel(w, "qkvr", qkvr, 3 * d.btc, "(3, B, H, T, hs)");
   need_numel(w, "att", att, d.scores, "(B, H, T, T)");
   need_numel(w, "scratch", scratch, d.btc, "(B, H, T, hs)");
   need_numel(w, "out", out, d.btc, "(B, T, C)");
-  check_disjoint(w, {rd("qkv", qkv), wr("qkvr", qkvr), wr("att", att),
-                     wr("scratch", scratch), wr("out", out)});
+  check_disjoint(w, {rd("qkv", qkv), wr("qkvr", qkvr), wr("att", att), wr("scratch", scratch),
+                     wr("out", out)});
   if (d.btc == 0) return;
   const Tensor q = part(qkvr, 0, d.btc), k = part(qkvr, d.btc, d.btc),
                v = part(qkvr, 2 * d.btc, d.btc);
@@ -365,8 +377,13 @@ void Backend::attention_backward(StreamId stream, const Tensor& dout, const Tens
                                  const Tensor& dqkvr, const Tensor& dqkv) {
   const Where w{name(), "attention_backward"};
   check_stream(stream, w.op);
-  check_operands(w, device(), {{"dout", &dout}, {"qkvr", &qkvr},
-                      {"att", &att}, {"datt", &datt}, {"dqkvr", &dqkvr}, {"dqkv", &dqkv}});
+  check_operands(w, device(),
+                 {{"dout", &dout},
+                  {"qkvr", &qkvr},
+                  {"att", &att},
+                  {"datt", &datt},
+                  {"dqkvr", &dqkvr},
+                  {"dqkv", &dqkv}});
   const AttnDims d = attn_dims(w, "dout", dout, 1, heads, max_gemm_dim());
   need_numel(w, "qkvr", qkvr, 3 * d.btc, "(3, B, H, T, hs)");
   need_numel(w, "att", att, d.scores, "(B, H, T, T)");
@@ -382,8 +399,8 @@ void Backend::attention_backward(StreamId stream, const Tensor& dout, const Tens
                dv = part(dqkvr, 2 * d.btc, d.btc);
   const Tensor dy = part(dqkv, 0, d.btc);  // dead before merge_heads overwrites it
   do_split_heads(stream, dout, dy, {d.b, d.t, 1, d.heads, d.hs});
-  do_gemm(stream, attn_gemm(d, d.t, d.hs, d.t, true, false), att, dy, dv);   // att^T @ dy
-  do_gemm(stream, attn_gemm(d, d.t, d.t, d.hs, false, true), dy, v, datt);   // dy @ v^T
+  do_gemm(stream, attn_gemm(d, d.t, d.hs, d.t, true, false), att, dy, dv);  // att^T @ dy
+  do_gemm(stream, attn_gemm(d, d.t, d.t, d.hs, false, true), dy, v, datt);  // dy @ v^T
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
   do_softmax_causal_backward(stream, datt, att, scale, datt, d.t);
   do_gemm(stream, attn_gemm(d, d.t, d.hs, d.t, false, false), datt, k, dq);  // datt @ k
@@ -400,8 +417,7 @@ void Backend::embedding_forward(StreamId stream, const IndexTensor& tokens, cons
   check_operand(w, "wpe", wpe, device(), false);
   check_operand(w, "out", out, device(), false);
   if (tokens.shape.ndim() != 2) {
-    throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() +
-                          "; valid: shaped (B, T)");
+    throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() + "; valid: shaped (B, T)");
   }
   need_ndim(w, "wte", wte, 2, 2, "(V, C)");
   need_ndim(w, "wpe", wpe, 2, 2, "(maxT, C)");
@@ -425,8 +441,7 @@ void Backend::embedding_backward(StreamId stream, const Tensor& dout, const Inde
   check_operand(w, "dwte", dwte, device(), false);
   check_operand(w, "dwpe", dwpe, device(), false);
   if (tokens.shape.ndim() != 2) {
-    throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() +
-                          "; valid: shaped (B, T)");
+    throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() + "; valid: shaped (B, T)");
   }
   need_ndim(w, "dwte", dwte, 2, 2, "(V, C)");
   need_ndim(w, "dwpe", dwpe, 2, 2, "(maxT, C)");
@@ -434,13 +449,12 @@ void Backend::embedding_backward(StreamId stream, const Tensor& dout, const Inde
   need_f32(w, "dwpe", dwpe);
   const std::int64_t t = tokens.shape[1], c = dwte.size(1);
   if (dwpe.size(1) != c || dwpe.size(0) < t) {
-    throw InvalidArgument(w + ": dwpe is " + tensor_desc(dwpe) + " with dwte " +
-                          tensor_desc(dwte) + " and T = " + num(t) + "; valid: (maxT, C) with C = " +
-                          num(c) + " and maxT >= T");
+    throw InvalidArgument(w + ": dwpe is " + tensor_desc(dwpe) + " with dwte " + tensor_desc(dwte) +
+                          " and T = " + num(t) + "; valid: (maxT, C) with C = " + num(c) +
+                          " and maxT >= T");
   }
   need_numel(w, "dout", dout, mul_or_neg(tokens.numel(), c), "(B, T, C)");
-  check_disjoint(w, {rd("dout", dout), rd("tokens", tokens), wr("dwte", dwte),
-                     wr("dwpe", dwpe)});
+  check_disjoint(w, {rd("dout", dout), rd("tokens", tokens), wr("dwte", dwte), wr("dwpe", dwpe)});
   do_embedding_backward(stream, dout, tokens, dwte, dwpe);
 }
 
@@ -479,8 +493,8 @@ void Backend::crossentropy_forward(StreamId stream, const Tensor& logits,
   need_f32(w, "lse", lse);
   need_numel(w, "losses", losses, n, "(N), one per row of logits");
   need_numel(w, "lse", lse, n, "(N), one per row of logits");
-  check_disjoint(w, {rd("logits", logits), rd("targets", targets), wr("losses", losses),
-                     wr("lse", lse)});
+  check_disjoint(
+      w, {rd("logits", logits), rd("targets", targets), wr("losses", losses), wr("lse", lse)});
   do_crossentropy_forward(stream, logits, targets, vocab, losses, lse);
 }
 
@@ -515,8 +529,9 @@ void Backend::adamw(StreamId stream, const AdamWConstants& k, const Tensor& para
                     const Tensor* param_out) {
   const Where w{name(), "adamw"};
   check_stream(stream, w.op);
-  check_operands(w, device(), {{"param", &param}, {"grad", &grad},
-                      {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+  check_operands(
+      w, device(),
+      {{"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
   need_f32(w, "param", param);
   need_f32(w, "exp_avg", exp_avg);
   need_f32(w, "exp_avg_sq", exp_avg_sq);

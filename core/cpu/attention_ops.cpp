@@ -101,29 +101,27 @@ void check_targets(const char* op, const IndexTensor& ids, std::int64_t vocab) {
   for (std::int64_t i = 0; i < ids.numel(); ++i) {
     const std::int32_t id = ids.data[i];
     if (id < 0 || id >= vocab) {
-      throw InvalidArgument(std::string("Backend::") + op + " (cpu): targets[" +
-                            std::to_string(i) + "] = " + std::to_string(id) + "; valid: [0, " +
-                            std::to_string(vocab) + ")");
+      throw InvalidArgument(std::string("Backend::") + op + " (cpu): targets[" + std::to_string(i) +
+                            "] = " + std::to_string(id) + "; valid: [0, " + std::to_string(vocab) +
+                            ")");
     }
   }
 }
 
 }  // namespace
 
-void CpuBackend::do_split_heads(StreamId, const Tensor& src, const Tensor& dst,
-                                const HeadDims& d) {
+void CpuBackend::do_split_heads(StreamId, const Tensor& src, const Tensor& dst, const HeadDims& d) {
   permute_heads(src, dst, d, true);
 }
 
-void CpuBackend::do_merge_heads(StreamId, const Tensor& src, const Tensor& dst,
-                                const HeadDims& d) {
+void CpuBackend::do_merge_heads(StreamId, const Tensor& src, const Tensor& dst, const HeadDims& d) {
   permute_heads(src, dst, d, false);
 }
 
 // logits (N,Vp), targets (N) -> lse (N) = log sum_{j<V} exp(logits_j), losses = lse - logits[y]
-void CpuBackend::do_crossentropy_forward(StreamId, const Tensor& logits,
-                                         const IndexTensor& targets, std::int64_t vocab,
-                                         const Tensor& losses, const Tensor& lse) {
+void CpuBackend::do_crossentropy_forward(StreamId, const Tensor& logits, const IndexTensor& targets,
+                                         std::int64_t vocab, const Tensor& losses,
+                                         const Tensor& lse) {
   check_targets("crossentropy_forward", targets, vocab);
   const std::int64_t vp = logits.size(logits.ndim() - 1), n = targets.numel();
 #pragma omp parallel if (n * vocab >= kNnParallelMin)

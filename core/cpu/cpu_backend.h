@@ -20,6 +20,11 @@
 // from 64K elements. sumsq() keeps one double partial per 64K-element block (a heap array of
 // n/64K entries) and adds them in block order, so its result does not depend on the thread
 // count.
+// The neural-network ops (nn_ops.cpp, attention_ops.cpp) widen rows to f32, sum in double
+// and round once; OpenMP runs over rows, or over 256-column blocks where rows are reduced
+// (dweight, dbias, dwte, dwpe), so every gradient is summed in row order by one thread and
+// the bits do not depend on the thread count. AdamW calls core/cpu/adamw.h's adamw_step.
+// Token and target ids are checked against the vocabulary before anything is written.
 // Thread safety: as Backend (backend.h).
 #pragma once
 
@@ -86,8 +91,7 @@ class CpuBackend final : public cpu::InlineBackend {
                                 const IndexTensor& targets, std::int64_t vocab, float dloss,
                                 const Tensor* dlosses, const Tensor& dlogits) override;
   void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
-                const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor* param_out) override;
+                const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
   // cblas_sgemm takes 32-bit sizes.
   std::int64_t max_gemm_dim() const override;

@@ -95,11 +95,12 @@ void CpuBackend::do_layernorm_forward(StreamId, const Tensor& inp, const Tensor&
 
 // dout (N,C), inp (N,C), weight (C), mean (N), rstd (N) -> dinp +=, dweight +=, dbias +=
 //   norm = (x - mean) * rstd, g = weight * dout
-//   dinp += rstd * (g - mean(g) - norm * mean(g * norm)), dweight += sum norm * dout, dbias += sum dout
+//   dinp += rstd * (g - mean(g) - norm * mean(g * norm)), dweight += sum norm * dout, dbias += sum
+//   dout
 void CpuBackend::do_layernorm_backward(StreamId, const Tensor& dout, const Tensor& inp,
-                                       const Tensor& weight, const Tensor& mean,
-                                       const Tensor& rstd, const Tensor& dinp,
-                                       const Tensor& dweight, const Tensor& dbias) {
+                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& dinp, const Tensor& dweight,
+                                       const Tensor& dbias) {
   const std::int64_t c = inp.size(inp.ndim() - 1), n = cpu::rows_of(inp);
   std::vector<float> w(static_cast<std::size_t>(c));
   widen(weight, 0, c, w.data());

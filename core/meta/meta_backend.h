@@ -65,8 +65,8 @@ struct MetaFlops {
   static constexpr std::int64_t kLayerNormBackward = 14;  // per inp element
   static constexpr std::int64_t kGeluForward = 10;
   static constexpr std::int64_t kGeluBackward = 18;
-  static constexpr std::int64_t kSoftmaxForward = 4;   // per live score
-  static constexpr std::int64_t kSoftmaxBackward = 5;  // per live score
+  static constexpr std::int64_t kSoftmaxForward = 4;        // per live score
+  static constexpr std::int64_t kSoftmaxBackward = 5;       // per live score
   static constexpr std::int64_t kCrossEntropyForward = 3;   // per (row, j < V)
   static constexpr std::int64_t kCrossEntropyBackward = 4;  // per (row, j < V)
   static constexpr std::int64_t kAdamW = 16;                // per parameter (adamw.h's step)
@@ -137,8 +137,7 @@ class MetaBackend final : public cpu::InlineBackend {
                                 const IndexTensor& targets, std::int64_t vocab, float dloss,
                                 const Tensor* dlosses, const Tensor& dlogits) override;
   void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
-                const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const Tensor* param_out) override;
+                const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
   // Same limit as cuBLAS and CBLAS, so a plan that dry-runs here also runs there.
   std::int64_t max_gemm_dim() const override;

@@ -74,8 +74,8 @@ void MetaBackend::do_softmax_causal_forward(StreamId, const Tensor& preatt, floa
         smul(MetaFlops::kSoftmaxForward, live_scores(att, t)));
 }
 
-void MetaBackend::do_softmax_causal_backward(StreamId, const Tensor& datt, const Tensor& att,
-                                             float, const Tensor& dpreatt, std::int64_t t) {
+void MetaBackend::do_softmax_causal_backward(StreamId, const Tensor& datt, const Tensor& att, float,
+                                             const Tensor& dpreatt, std::int64_t t) {
   count(MetaOp::kSoftmaxCausalBackward, bytes(datt, att), bytes(dpreatt),
         smul(MetaFlops::kSoftmaxBackward, live_scores(att, t)));
 }
@@ -97,8 +97,8 @@ void MetaBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, cons
                                        const Tensor& wpe, const Tensor& out) {
   // One row of wte and one of wpe gathered per token.
   const std::int64_t n = out.numel();
-  const std::int64_t read = sadd(bytes(tokens), sadd(smul(n, dtype_size(wte.dtype())),
-                                                   smul(n, dtype_size(wpe.dtype()))));
+  const std::int64_t read =
+      sadd(bytes(tokens), sadd(smul(n, dtype_size(wte.dtype())), smul(n, dtype_size(wpe.dtype()))));
   count(MetaOp::kEmbeddingForward, read, bytes(out), n);
 }
 
@@ -114,23 +114,23 @@ void MetaBackend::do_crossentropy_forward(StreamId, const Tensor& logits,
                                           const IndexTensor& targets, std::int64_t vocab,
                                           const Tensor& losses, const Tensor& lse) {
   const std::int64_t live = smul(targets.numel(), vocab);
-  count(MetaOp::kCrossEntropyForward,
-        sadd(smul(live, dtype_size(logits.dtype())), bytes(targets)), bytes(losses, lse),
-        smul(MetaFlops::kCrossEntropyForward, live));
+  count(MetaOp::kCrossEntropyForward, sadd(smul(live, dtype_size(logits.dtype())), bytes(targets)),
+        bytes(losses, lse), smul(MetaFlops::kCrossEntropyForward, live));
 }
 
 void MetaBackend::do_crossentropy_backward(StreamId, const Tensor& logits, const Tensor& lse,
-                                           const IndexTensor& targets, std::int64_t vocab,
-                                           float, const Tensor* dlosses, const Tensor& dlogits) {
+                                           const IndexTensor& targets, std::int64_t vocab, float,
+                                           const Tensor* dlosses, const Tensor& dlogits) {
   const std::int64_t live = smul(targets.numel(), vocab);
-  std::int64_t read = sadd(smul(live, dtype_size(logits.dtype())), sadd(bytes(lse), bytes(targets)));
+  std::int64_t read =
+      sadd(smul(live, dtype_size(logits.dtype())), sadd(bytes(lse), bytes(targets)));
   if (dlosses != nullptr) read = sadd(read, bytes(*dlosses));
   count(MetaOp::kCrossEntropyBackward, read, bytes(dlogits),
         smul(MetaFlops::kCrossEntropyBackward, live));
 }
 
-void MetaBackend::do_adamw(StreamId, const AdamWConstants&, const Tensor& param,
-                           const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+void MetaBackend::do_adamw(StreamId, const AdamWConstants&, const Tensor& param, const Tensor& grad,
+                           const Tensor& exp_avg, const Tensor& exp_avg_sq,
                            const Tensor* param_out) {
   const std::int64_t out = param_out != nullptr ? bytes(*param_out) : 0;
   count(MetaOp::kAdamW, bytes(param, grad, exp_avg, exp_avg_sq),

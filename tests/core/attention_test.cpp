@@ -36,7 +36,8 @@ Vec softmax_bwd(const Vec& dp, const Vec& p, std::int64_t t, double scale) {
     const std::int64_t i = r % t;
     double d = 0;
     for (std::int64_t j = 0; j <= i; ++j) d += p[r * t + j] * dp[r * t + j];
-    for (std::int64_t j = 0; j <= i; ++j) dx[r * t + j] = scale * p[r * t + j] * (dp[r * t + j] - d);
+    for (std::int64_t j = 0; j <= i; ++j)
+      dx[r * t + j] = scale * p[r * t + j] * (dp[r * t + j] - d);
   }
   return dx;
 }
@@ -112,7 +113,8 @@ Vec attn_fwd(const Vec& qkv, const Dims& d, Vec* probs = nullptr) {
       Vec s(d.T * d.T, 0.0);
       for (std::int64_t i = 0; i < d.T; ++i) {
         for (std::int64_t j = 0; j < d.T; ++j) {
-          for (std::int64_t e = 0; e < hs; ++e) s[i * d.T + j] += at(qkv, d, b, i, 0, h, e) * at(qkv, d, b, j, 1, h, e);
+          for (std::int64_t e = 0; e < hs; ++e)
+            s[i * d.T + j] += at(qkv, d, b, i, 0, h, e) * at(qkv, d, b, j, 1, h, e);
         }
       }
       const Vec p = softmax_fwd(s, d.T, scale);
@@ -123,7 +125,8 @@ Vec attn_fwd(const Vec& qkv, const Dims& d, Vec* probs = nullptr) {
           out[(b * d.T + i) * d.C + h * hs + e] = y;
         }
       }
-      if (probs != nullptr) std::copy(p.begin(), p.end(), probs->begin() + (b * d.H + h) * d.T * d.T);
+      if (probs != nullptr)
+        std::copy(p.begin(), p.end(), probs->begin() + (b * d.H + h) * d.T * d.T);
     }
   }
   return out;
@@ -136,7 +139,8 @@ Vec attn_bwd(const Vec& qkv, const Vec& dout, const Dims& d) {
   Vec probs;
   attn_fwd(qkv, d, &probs);
   Vec g(qkv.size(), 0.0);
-  auto gi = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h, std::int64_t e) -> double& {
+  auto gi = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h,
+                std::int64_t e) -> double& {
     return g[((b * T + t) * 3 + part) * d.C + h * hs + e];
   };
   for (std::int64_t b = 0; b < d.B; ++b) {
@@ -197,7 +201,8 @@ TEST(Attention, ForwardBackwardEveryDtype) {
       expect_close(att, probs, dt, "att", 2, 4);
       for (std::int64_t m = 0; m < d.B * d.H; ++m) {
         for (std::int64_t i = 0; i < d.T; ++i) {
-          for (std::int64_t j = i + 1; j < d.T; ++j) ASSERT_EQ(att.get((m * d.T + i) * d.T + j), 0.0f);
+          for (std::int64_t j = i + 1; j < d.T; ++j)
+            ASSERT_EQ(att.get((m * d.T + i) * d.T + j), 0.0f);
         }
       }
       HT dout({d.B, d.T, d.C}, dt), datt({scores}, dt), dqkvr({3 * btc}, dt),
@@ -250,15 +255,18 @@ TEST(CrossEntropy, ForwardBackwardPaddedVocabEveryDtype) {
     const float dloss = 0.25f;
     HT dl({N}, DType::kF32);
     dl.assign(gl);
-    const Vec gref = fd_grad([&](const Vec& xx) {
-      double s = 0;
-      for (std::int64_t r = 0; r < N; ++r) s += dloss * dl.get(r) * loss_of(xx, r, nullptr);
-      return s;
-    }, x);
+    const Vec gref = fd_grad(
+        [&](const Vec& xx) {
+          double s = 0;
+          for (std::int64_t r = 0; r < N; ++r) s += dloss * dl.get(r) * loss_of(xx, r, nullptr);
+          return s;
+        },
+        x);
     Vec analytic(x.size(), 0.0);
     for (std::int64_t r = 0; r < N; ++r) {
       for (std::int64_t j = 0; j < V; ++j) {
-        analytic[r * Vp + j] = dloss * dl.get(r) * (std::exp(x[r * Vp + j] - sref[r]) - (j == tg[r]));
+        analytic[r * Vp + j] =
+            dloss * dl.get(r) * (std::exp(x[r * Vp + j] - sref[r]) - (j == tg[r]));
       }
     }
     expect_vec_near(analytic, gref, 1e-6, "analytic dlogits");
@@ -272,7 +280,8 @@ TEST(CrossEntropy, ForwardBackwardPaddedVocabEveryDtype) {
     for (std::int64_t r = 0; r < N; ++r) {
       for (std::int64_t j = 0; j < Vp; ++j) {
         const double want = analytic[r * Vp + j] / dl.get(r);
-        ASSERT_NEAR(logits.get(r * Vp + j), want, dtype_eps(dt) * (1 + std::fabs(want))) << r << "," << j;
+        ASSERT_NEAR(logits.get(r * Vp + j), want, dtype_eps(dt) * (1 + std::fabs(want)))
+            << r << "," << j;
       }
     }
   }
@@ -284,9 +293,11 @@ TEST(CrossEntropy, ExtremeLogitsStayFinite) {
     CpuBackend be;
     const std::int64_t N = 3, V = 5;
     HT logits({N, V}, dt), losses({N}, DType::kF32), lse({N}, DType::kF32), dlog({N, V}, dt);
-    const float vals[N][V] = {{1e4f, -1e4f, 0, 0, 0}, {-1e4f, -1e4f, -1e4f, -1e4f, 1e4f},
+    const float vals[N][V] = {{1e4f, -1e4f, 0, 0, 0},
+                              {-1e4f, -1e4f, -1e4f, -1e4f, 1e4f},
                               {1e4f, 1e4f, 1e4f, -1e4f, 1e4f}};
-    for (std::int64_t r = 0; r < N; ++r) for (std::int64_t j = 0; j < V; ++j) logits.set(r * V + j, vals[r][j]);
+    for (std::int64_t r = 0; r < N; ++r)
+      for (std::int64_t j = 0; j < V; ++j) logits.set(r * V + j, vals[r][j]);
     Ids targets({N}, {1, 4, 3});
     be.crossentropy_forward(s0, logits, targets.view(), V, losses, lse);
     const double l0 = logits.get(0);  // 1e4 rounded to the dtype

@@ -26,8 +26,7 @@ constexpr StreamId s0 = kDefaultStream;
 struct LnRef {
   Vec out, mean, rstd;
 };
-LnRef ln_fwd(const Vec& x, const Vec& w, const Vec& b, std::int64_t n, std::int64_t c,
-             double eps) {
+LnRef ln_fwd(const Vec& x, const Vec& w, const Vec& b, std::int64_t n, std::int64_t c, double eps) {
   LnRef r{Vec(x.size()), Vec(n), Vec(n)};
   for (std::int64_t i = 0; i < n; ++i) {
     double m = 0, v = 0;
@@ -73,11 +72,18 @@ TEST(NnOps, LayerNormAnalyticMatchesFiniteDifferences) {
   const double eps = 1e-5;
   Vec x(n * c), w(c), b(c), dy(n * c);
   std::uniform_real_distribution<double> u(-1, 1);
-  for (auto* v : {&x, &w, &b, &dy}) for (double& e : *v) e = u(rng);
+  for (auto* v : {&x, &w, &b, &dy})
+    for (double& e : *v) e = u(rng);
   const LnGrad g = ln_bwd(dy, x, w, n, c, eps);
-  expect_vec_near(g.dx, fd_grad([&](const Vec& xx) { return dot(dy, ln_fwd(xx, w, b, n, c, eps).out); }, x), 1e-6, "dx");
-  expect_vec_near(g.dw, fd_grad([&](const Vec& ww) { return dot(dy, ln_fwd(x, ww, b, n, c, eps).out); }, w), 1e-6, "dw");
-  expect_vec_near(g.db, fd_grad([&](const Vec& bb) { return dot(dy, ln_fwd(x, w, bb, n, c, eps).out); }, b), 1e-6, "db");
+  expect_vec_near(
+      g.dx, fd_grad([&](const Vec& xx) { return dot(dy, ln_fwd(xx, w, b, n, c, eps).out); }, x),
+      1e-6, "dx");
+  expect_vec_near(
+      g.dw, fd_grad([&](const Vec& ww) { return dot(dy, ln_fwd(x, ww, b, n, c, eps).out); }, w),
+      1e-6, "dw");
+  expect_vec_near(
+      g.db, fd_grad([&](const Vec& bb) { return dot(dy, ln_fwd(x, w, bb, n, c, eps).out); }, b),
+      1e-6, "db");
 }
 
 TEST(NnOps, LayerNormForwardBackwardEveryDtype) {
@@ -230,7 +236,8 @@ TEST(NnOps, EmbeddingForwardBackward) {
     const Vec te = wte.vals(), pe = wpe.vals();
     Vec ref(B * T * C);
     for (std::int64_t i = 0; i < B * T; ++i) {
-      for (std::int64_t c = 0; c < C; ++c) ref[i * C + c] = te[tok[i] * C + c] + pe[(i % T) * C + c];
+      for (std::int64_t c = 0; c < C; ++c)
+        ref[i * C + c] = te[tok[i] * C + c] + pe[(i % T) * C + c];
     }
     expect_close(out, ref, dt, "embedding");
 
