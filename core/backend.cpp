@@ -8,19 +8,12 @@
 #include <sstream>
 #include <string>
 
+#include "core/backend_check.h"
 #include "memory/error.h"
 
 namespace memfit {
-namespace {
 
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
-
-// a * b for non-negative a, b; -1 when it does not fit in int64.
-std::int64_t mul_or_neg(std::int64_t a, std::int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  if (a > kInt64Max / b) return -1;
-  return a * b;
-}
+namespace backend_check {
 
 std::string tensor_desc(const Tensor& t) {
   std::ostringstream os;
@@ -28,32 +21,44 @@ std::string tensor_desc(const Tensor& t) {
   return os.str();
 }
 
-// "Backend::gemm (cpu)", built only when a message needs it: checks run on every op.
-struct Where {
-  const char* backend;
-  const char* op;
-};
 std::string operator+(const Where& w, const char* s) {
   return std::string("Backend::") + w.op + " (" + w.backend + ")" + s;
 }
 
-// Byte range [begin, end) an operand touches; empty when it touches nothing.
-struct Span {
-  std::uintptr_t begin = 0;
-  std::uintptr_t end = 0;
-  bool empty() const { return begin == end; }
-};
-
-Span span_of(const Tensor& t, std::int64_t elements) {
-  auto p = reinterpret_cast<std::uintptr_t>(t.raw());
-  return {p, p + static_cast<std::uintptr_t>(elements) * dtype_size(t.dtype())};
+void check_operand(const Where& where, const char* role, const Tensor& t, Device dev,
+                   bool host_ok) {
+  // Tensor's constructor has already rejected unknown dtypes.
+  if (t.device() != dev && !(host_ok && t.device() == Device::kCpu)) {
+    throw InvalidArgument(where + ": " + role + " is " + tensor_desc(t) + "; valid: a tensor on " +
+                          device_name(dev) + (host_ok ? " or the host (cpu)" : ""));
+  }
+  if (t.raw() == nullptr && t.numel() > 0) {
+    throw InvalidArgument(where + ": " + role + " is " + tensor_desc(t) +
+                          " with no memory (null data); valid: a view of allocated memory");
+  }
 }
 
-bool overlaps(Span x, Span y) {
-  return !x.empty() && !y.empty() && x.begin < y.end && y.begin < x.end;
+void check_same_numel(const Where& where, const char* ra, const Tensor& a, const char* rb,
+                      const Tensor& b) {
+  if (a.numel() != b.numel()) {
+    throw InvalidArgument(where + ": " + ra + " is " + tensor_desc(a) + " but " + rb + " is " +
+                          tensor_desc(b) + "; valid: the same number of elements");
+  }
 }
 
-}  // namespace
+void check_no_overlap(const Where& where, const char* ra, Span a, const char* rb, Span b) {
+  if (overlaps(a, b)) {
+    std::ostringstream os;
+    os << (where + ": ") << ra << " [0x" << std::hex << a.begin << ", 0x" << a.end << ") overlaps "
+       << rb << " [0x" << b.begin << ", 0x" << b.end << ")"
+       << "; valid: disjoint memory (an output must not alias an input)";
+    throw InvalidArgument(os.str());
+  }
+}
+
+}  // namespace backend_check
+
+using namespace backend_check;  // NOLINT: this file is the checks' home
 
 std::int64_t GemmDesc::flops() const {
   std::int64_t f = 2;
@@ -150,38 +155,6 @@ void Backend::release_event(EventHandle event) {
 // ---- operand checks ------------------------------------------------------------------------
 
 namespace {
-
-// Checks one operand: on an allowed device, memory behind any elements. (Tensor's
-// constructor has already rejected unknown dtypes.)
-void check_operand(const Where& where, const char* role, const Tensor& t, Device dev,
-                   bool host_ok) {
-  if (t.device() != dev && !(host_ok && t.device() == Device::kCpu)) {
-    throw InvalidArgument(where + ": " + role + " is " + tensor_desc(t) + "; valid: a tensor on " +
-                          device_name(dev) + (host_ok ? " or the host (cpu)" : ""));
-  }
-  if (t.raw() == nullptr && t.numel() > 0) {
-    throw InvalidArgument(where + ": " + role + " is " + tensor_desc(t) +
-                          " with no memory (null data); valid: a view of allocated memory");
-  }
-}
-
-void check_same_numel(const Where& where, const char* ra, const Tensor& a, const char* rb,
-                      const Tensor& b) {
-  if (a.numel() != b.numel()) {
-    throw InvalidArgument(where + ": " + ra + " is " + tensor_desc(a) + " but " + rb + " is " +
-                          tensor_desc(b) + "; valid: the same number of elements");
-  }
-}
-
-void check_no_overlap(const Where& where, const char* ra, Span a, const char* rb, Span b) {
-  if (overlaps(a, b)) {
-    std::ostringstream os;
-    os << (where + ": ") << ra << " [0x" << std::hex << a.begin << ", 0x" << a.end << ") overlaps "
-       << rb << " [0x" << b.begin << ", 0x" << b.end << ")"
-       << "; valid: disjoint memory (an output must not alias an input)";
-    throw InvalidArgument(os.str());
-  }
-}
 
 // Elements of one operand that a batched GEMM reads or writes: (batch-1)*stride + size.
 std::int64_t gemm_extent(const Where& where, const char* role, std::int64_t batch,

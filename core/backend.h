@@ -28,6 +28,9 @@
 //   backend accepts and rejects exactly the same calls; implementations see valid calls only.
 // - Arithmetic is FP32 whatever the storage dtype: inputs widen exactly to f32, results round
 //   to the output dtype (nearest even, as memfit::convert). Reductions accumulate wider.
+// - The neural-network ops (layernorm, GELU, attention, embeddings, cross-entropy, AdamW; see
+//   "neural-network ops" below) follow the same rules; their checks live in backend_nn.cpp.
+//   Index values (token ids, targets) are data, not arguments: see embedding_forward.
 // - Thread safety: stream and event calls may come from any thread (the caching allocator
 //   calls the StreamSync from its own lock). Ops may be issued from several threads as long as
 //   no two threads use one stream at the same time (as CUDA streams).
@@ -36,6 +39,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cpu/adamw.h"  // AdamWConstants: plain data shared by every backend's AdamW
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "memory/stream.h"
@@ -92,6 +96,21 @@ struct SumSqResult {
 // Reads a sumsq() output that lives on the host (Device::kCpu): after synchronize(stream).
 SumSqResult read_sumsq(const Tensor& host_out);
 
+// A non-owning view of int32 indices (token ids, targets) on a device. Tensor holds floating
+// dtypes only (core/dtype.h), so indices get their own view; the caller owns the memory (a
+// Block from the caching allocator, 4-byte aligned) as for a Tensor.
+struct IndexTensor {
+  const std::int32_t* data = nullptr;
+  Shape shape;
+  Device device = Device::kCpu;
+  std::int64_t numel() const { return shape.numel(); }
+};
+
+// Sizes of attention's head permutes (Backend::do_split_heads / do_merge_heads).
+struct HeadDims {
+  std::int64_t b, t, parts, heads, hs;
+};
+
 class Backend {
  public:
   virtual ~Backend();
@@ -135,6 +154,112 @@ class Backend {
   // out (f32, kSumSqSlots elements) += {sum of x^2, non-finite count}; see kSumSqSlots.
   void sumsq(StreamId stream, const Tensor& x, const Tensor& out);
 
+  // ---- neural-network ops (GPT-2's layers; see backend_nn.cpp for the checks) --------------
+  // Shapes are written llm.c-style; a "row" is the last dimension, and N is the product of the
+  // others, so (B,T,C) activations pass as they are. Tensors other than the ones marked f32
+  // may be f32, f16 or bf16 each. Statistics (mean, rstd, lse, losses) and the gradients of
+  // parameters (dweight, dbias, dwte, dwpe) are f32: parameter gradients accumulate (+=) in
+  // FP32 across micro-batches and layers. Activation gradients are written (=) unless marked
+  // +=. An op that says "in place" accepts that output being exactly that input (same address
+  // and dtype); any other overlap of an output with an operand is rejected. Reductions over
+  // rows or over the batch are deterministic: a fixed order, no float atomics.
+
+  // inp (N,C), weight (C), bias (C) -> out (N,C), mean (N) f32, rstd (N) f32
+  //   out = (inp - mean) * rstd * weight + bias, rstd = 1/sqrt(var + eps) (biased variance).
+  void layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                         const Tensor& bias, float eps, const Tensor& out, const Tensor& mean,
+                         const Tensor& rstd);
+  // dout (N,C), inp (N,C), weight (C), mean (N) f32, rstd (N) f32
+  //   -> dinp (N,C) +=, dweight (C) f32 +=, dbias (C) f32 +=
+  // dinp accumulates because GPT-2's layernorms read the residual stream, whose gradient
+  // already holds the skip connection's share.
+  void layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dinp, const Tensor& dweight, const Tensor& dbias);
+
+  // inp (N) -> out (N): GPT-2's tanh approximation
+  //   out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). In place allowed (out = inp).
+  void gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out);
+  // dout (N), inp (N) -> dinp (N) = gelu'(inp) * dout. In place allowed (dinp = dout).
+  void gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp, const Tensor& dinp);
+
+  // a (N), b (N) -> out (N) = a + b (the residual add). In place allowed (out = a or b).
+  void add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out);
+  // bias (OC), out (N,OC): out += bias on every row (gemm() has no bias term).
+  void add_bias(StreamId stream, const Tensor& bias, const Tensor& out);
+  // dout (N,OC) -> dbias (OC) f32 += sum over rows of dout.
+  void bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias);
+
+  // Causal softmax over the last dimension of (..., T, T) score matrices:
+  //   preatt (R,T,T) -> att (R,T,T), att[r,i,j] = exp(s_ij - max) / sum_{k<=i} exp(s_ik - max)
+  //   with s_ij = scale * preatt[r,i,j] for j <= i, and exactly 0 for j > i.
+  // In place allowed (att = preatt).
+  void softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                              const Tensor& att);
+  // datt (R,T,T), att (R,T,T) -> dpreatt (R,T,T)
+  //   dpreatt[i,j] = scale * att[i,j] * (datt[i,j] - sum_{k<=i} att[i,k] datt[i,k]), 0 for j > i.
+  // In place allowed (dpreatt = datt).
+  void softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att, float scale,
+                               const Tensor& dpreatt);
+
+  // Causal multi-head self-attention, C = heads * hs, scale = 1/sqrt(hs). Composed here, in
+  // the base class, from gemm(), softmax_causal_*() and the head permutes below, so a backend
+  // implements those primitives and gets attention with the same arithmetic (llm.c's CUDA
+  // decomposition, where cuBLAS does the products):
+  //   qkv (B,T,3C) -> split heads -> qkvr (3,B,H,T,hs)       saved for backward
+  //   att = q @ k^T                 (B*H batched GEMM)        scores rounded to att's dtype
+  //   att = softmax_causal(att, scale)  in place              saved for backward
+  //   scratch (B,H,T,hs) = att @ v  (B*H batched GEMM)
+  //   scratch -> merge heads -> out (B,T,C)
+  // qkv must be 3-D (B,T,3C); the others need only the right element counts. qkvr, att and
+  // scratch are the caller's so the allocator (and the planner's dry run) sees them.
+  void attention_forward(StreamId stream, const Tensor& qkv, std::int64_t heads, const Tensor& qkvr,
+                         const Tensor& att, const Tensor& scratch, const Tensor& out);
+  // dout (B,T,C), qkvr (3,B,H,T,hs), att (B,H,T,T) -> dqkv (B,T,3C), written.
+  //   dy (B,H,T,hs) = split heads(dout)     held in dqkv's memory until the last step
+  //   dv = att^T @ dy;  datt = dy @ v^T;  datt = softmax_causal_backward(datt, att) in place
+  //   dq = datt @ k;  dk = datt^T @ q       (into dqkvr (3,B,H,T,hs))
+  //   dqkvr -> merge heads -> dqkv
+  // datt (B,H,T,T) and dqkvr (3,B,H,T,hs) are scratch; dout must be 3-D (B,T,C).
+  void attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkvr,
+                          const Tensor& att, std::int64_t heads, const Tensor& datt,
+                          const Tensor& dqkvr, const Tensor& dqkv);
+
+  // tokens (B,T) int32, wte (V,C), wpe (maxT,C), T <= maxT -> out (B,T,C) = wte[tok] + wpe[t]
+  // Token ids must lie in [0, V). That depends on the data, not the call, so the base class
+  // cannot check it: the CPU backend throws InvalidArgument before writing anything, the meta
+  // backend cannot look, a device backend traps.
+  void embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, const Tensor& out);
+  // dout (B,T,C), tokens (B,T) -> dwte (V,C) f32 +=, dwpe (maxT,C) f32 +=
+  // Repeated tokens add in (b,t) order on every backend: bitwise deterministic.
+  void embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                          const Tensor& dwte, const Tensor& dwpe);
+
+  // Softmax cross-entropy over a padded vocabulary: logits (N,Vp), targets (N) int32 in [0, V),
+  // V <= Vp (llm.c pads 50257 to 50304 so GEMMs tile; columns >= V are ignored)
+  //   -> losses (N) f32 = lse - logits[target], lse (N) f32 = log sum_{j<V} exp(logits[j]).
+  // lse is what the backward needs to rebuild the probabilities without a stored (N,Vp) copy.
+  // Target ids are data, checked as token ids are (see embedding_forward).
+  void crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
+                            std::int64_t vocab, const Tensor& losses, const Tensor& lse);
+  // logits (N,Vp), lse (N) f32, targets (N) -> dlogits (N,Vp), written:
+  //   dlogits[i,j] = g_i * (exp(logits[i,j] - lse[i]) - [j == target_i]) for j < V, 0 for j >= V
+  // with g_i = dloss * dlosses[i], or dloss alone when dlosses is null (a mean loss over N rows
+  // with loss scale S passes dloss = S / N). In place allowed (dlogits = logits), which saves
+  // GPT-2's largest activation.
+  void crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                             const IndexTensor& targets, std::int64_t vocab, float dloss,
+                             const Tensor* dlosses, const Tensor& dlogits);
+
+  // One AdamW step (core/cpu/adamw.h specifies the arithmetic bit for bit) over n elements:
+  //   param (n) f32, exp_avg (n) f32, exp_avg_sq (n) f32 updated in place, grad (n) any dtype;
+  //   param_out (n) any dtype, optional (null: none): the updated weights rounded, for a
+  //   low-precision working copy. k comes from adamw_constants(options, step, grad_scale), so
+  //   bias corrections and the gradient's unscaling (1 / (loss scale * accumulation)) are in it.
+  void adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
+             const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out = nullptr);
+
  protected:
   Backend();
 
@@ -158,6 +283,47 @@ class Backend {
   virtual void do_axpy(StreamId stream, float a, const Tensor& x, const Tensor& y) = 0;
   virtual void do_scale(StreamId stream, float a, const Tensor& x) = 0;
   virtual void do_sumsq(StreamId stream, const Tensor& x, const Tensor& out) = 0;
+
+  // Neural-network primitives; rows/cols are resolved from the validated shapes.
+  virtual void do_layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& bias, float eps, const Tensor& out,
+                                    const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void do_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                     const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dinp, const Tensor& dweight,
+                                     const Tensor& dbias) = 0;
+  virtual void do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) = 0;
+  virtual void do_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                const Tensor& dinp) = 0;
+  virtual void do_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void do_add_bias(StreamId stream, const Tensor& bias, const Tensor& out) = 0;
+  virtual void do_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias) = 0;
+  // t: the matrices' size T (R = numel / (T*T)). attention_forward/backward call these in
+  // place (att == preatt, dpreatt == datt), so every implementation must support that.
+  virtual void do_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                                         const Tensor& att, std::int64_t t) = 0;
+  virtual void do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
+                                          float scale, const Tensor& dpreatt, std::int64_t t) = 0;
+  // The head permutes of attention; P parts (3 for q,k,v; 1 for one (B,T,C) tensor):
+  //   split: src (B,T,P,H,hs) -> dst (P,B,H,T,hs);  merge: src (P,B,H,T,hs) -> dst (B,T,P,H,hs)
+  // src and dst do not overlap; dtypes may differ (values are rounded to dst's dtype).
+  virtual void do_split_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                              const HeadDims& d) = 0;
+  virtual void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                              const HeadDims& d) = 0;
+  virtual void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                                    const Tensor& wpe, const Tensor& out) = 0;
+  virtual void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                                     const Tensor& dwte, const Tensor& dwpe) = 0;
+  virtual void do_crossentropy_forward(StreamId stream, const Tensor& logits,
+                                       const IndexTensor& targets, std::int64_t vocab,
+                                       const Tensor& losses, const Tensor& lse) = 0;
+  virtual void do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                                        const IndexTensor& targets, std::int64_t vocab, float dloss,
+                                        const Tensor* dlosses, const Tensor& dlogits) = 0;
+  virtual void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param,
+                        const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                        const Tensor* param_out) = 0;
 
   // Backends with library limits (CBLAS and cuBLAS take 32-bit m, n, k; cuBLAS's strided
   // batched GEMM a 32-bit batch count) report them here; the base class then rejects a GEMM

@@ -20,6 +20,11 @@
 // from 64K elements. sumsq() keeps one double partial per 64K-element block (a heap array of
 // n/64K entries) and adds them in block order, so its result does not depend on the thread
 // count.
+// The neural-network ops (nn_ops.cpp, attention_ops.cpp) widen rows to f32, sum in double
+// and round once; OpenMP runs over rows, or over 256-column blocks where rows are reduced
+// (dweight, dbias, dwte, dwpe), so every gradient is summed in row order by one thread and
+// the bits do not depend on the thread count. AdamW calls core/cpu/adamw.h's adamw_step.
+// Token and target ids are checked against the vocabulary before anything is written.
 // Thread safety: as Backend (backend.h).
 #pragma once
 
@@ -53,6 +58,40 @@ class CpuBackend final : public cpu::InlineBackend {
   void do_axpy(StreamId stream, float a, const Tensor& x, const Tensor& y) override;
   void do_scale(StreamId stream, float a, const Tensor& x) override;
   void do_sumsq(StreamId stream, const Tensor& x, const Tensor& out) override;
+
+  void do_layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias, float eps, const Tensor& out, const Tensor& mean,
+                            const Tensor& rstd) override;
+  void do_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dinp, const Tensor& dweight,
+                             const Tensor& dbias) override;
+  void do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) override;
+  void do_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                        const Tensor& dinp) override;
+  void do_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void do_add_bias(StreamId stream, const Tensor& bias, const Tensor& out) override;
+  void do_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias) override;
+  void do_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                                 const Tensor& att, std::int64_t t) override;
+  void do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
+                                  float scale, const Tensor& dpreatt, std::int64_t t) override;
+  void do_split_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                      const HeadDims& d) override;
+  void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                      const HeadDims& d) override;
+  void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                            const Tensor& wpe, const Tensor& out) override;
+  void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                             const Tensor& dwte, const Tensor& dwpe) override;
+  void do_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
+                               std::int64_t vocab, const Tensor& losses,
+                               const Tensor& lse) override;
+  void do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                                const IndexTensor& targets, std::int64_t vocab, float dloss,
+                                const Tensor* dlosses, const Tensor& dlogits) override;
+  void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
+                const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
   // cblas_sgemm takes 32-bit sizes.
   std::int64_t max_gemm_dim() const override;

@@ -37,6 +37,38 @@ const char* meta_op_name(MetaOp op) {
       return "scale";
     case MetaOp::kSumSq:
       return "sumsq";
+    case MetaOp::kLayerNormForward:
+      return "layernorm_forward";
+    case MetaOp::kLayerNormBackward:
+      return "layernorm_backward";
+    case MetaOp::kGeluForward:
+      return "gelu_forward";
+    case MetaOp::kGeluBackward:
+      return "gelu_backward";
+    case MetaOp::kAdd:
+      return "add";
+    case MetaOp::kAddBias:
+      return "add_bias";
+    case MetaOp::kBiasBackward:
+      return "bias_backward";
+    case MetaOp::kSoftmaxCausalForward:
+      return "softmax_causal_forward";
+    case MetaOp::kSoftmaxCausalBackward:
+      return "softmax_causal_backward";
+    case MetaOp::kSplitHeads:
+      return "split_heads";
+    case MetaOp::kMergeHeads:
+      return "merge_heads";
+    case MetaOp::kEmbeddingForward:
+      return "embedding_forward";
+    case MetaOp::kEmbeddingBackward:
+      return "embedding_backward";
+    case MetaOp::kCrossEntropyForward:
+      return "crossentropy_forward";
+    case MetaOp::kCrossEntropyBackward:
+      return "crossentropy_backward";
+    case MetaOp::kAdamW:
+      return "adamw";
     case MetaOp::kCount:
       break;
   }
@@ -48,6 +80,8 @@ std::int64_t MetaStats::total_calls() const {
   for (std::int64_t c : op_calls) t += c;
   return t;
 }
+
+std::int64_t MetaStats::flops() const { return sat_add(gemm_flops, other_flops); }
 
 MetaStats MetaBackend::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -67,7 +101,11 @@ void MetaBackend::count(MetaOp op, std::int64_t read, std::int64_t written, std:
   ++stats_.op_calls[static_cast<std::size_t>(op)];
   stats_.bytes_read = sat_add(stats_.bytes_read, read);
   stats_.bytes_written = sat_add(stats_.bytes_written, written);
-  stats_.gemm_flops = sat_add(stats_.gemm_flops, flops);
+  if (op == MetaOp::kGemm) {
+    stats_.gemm_flops = sat_add(stats_.gemm_flops, flops);
+  } else {
+    stats_.other_flops = sat_add(stats_.other_flops, flops);
+  }
   stats_.host_copy_bytes = sat_add(stats_.host_copy_bytes, host_bytes);
 }
 

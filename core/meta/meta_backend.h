@@ -10,6 +10,9 @@
 //   ... run the real executor with `meta` ...
 //   MetaStats s = meta.stats();   // s.gemm_flops, s.bytes_moved(), s.calls(MetaOp::kGemm)
 //
+// Bytes: each op counts the operand bytes it must read and write once (an accumulated output,
+// +=, is read and written; an in-place output is read as the input and written once).
+//
 // Streams and events behave as on the CPU backend (inline: events complete when recorded).
 // Thread-safe: stats are updated under a mutex.
 #pragma once
@@ -23,12 +26,56 @@
 
 namespace memfit {
 
-enum class MetaOp : std::uint8_t { kGemm, kFill, kCopy, kCast, kAxpy, kScale, kSumSq, kCount };
-const char* meta_op_name(MetaOp op);  // "gemm", "fill", ...
+// One entry per do_* primitive. attention_forward/backward are composed in Backend, so they
+// count as their parts: kSplitHeads, kGemm (two or four), kSoftmaxCausal*, kMergeHeads.
+enum class MetaOp : std::uint8_t {
+  kGemm,
+  kFill,
+  kCopy,
+  kCast,
+  kAxpy,
+  kScale,
+  kSumSq,
+  kLayerNormForward,
+  kLayerNormBackward,
+  kGeluForward,
+  kGeluBackward,
+  kAdd,
+  kAddBias,
+  kBiasBackward,
+  kSoftmaxCausalForward,
+  kSoftmaxCausalBackward,
+  kSplitHeads,
+  kMergeHeads,
+  kEmbeddingForward,
+  kEmbeddingBackward,
+  kCrossEntropyForward,
+  kCrossEntropyBackward,
+  kAdamW,
+  kCount
+};
+const char* meta_op_name(MetaOp op);  // "gemm", "fill", ..., "layernorm_forward", ...
+
+// Flops the non-GEMM ops are counted at, per element they compute (a transcendental counts
+// as one flop; llm.c-style estimates for a time model, not instruction counts). Causal
+// softmax counts only the T(T+1)/2 live entries of each matrix; cross-entropy the V
+// (unpadded) columns; embeddings one add per output (forward) or two (backward).
+struct MetaFlops {
+  static constexpr std::int64_t kLayerNormForward = 8;    // per inp element
+  static constexpr std::int64_t kLayerNormBackward = 14;  // per inp element
+  static constexpr std::int64_t kGeluForward = 10;
+  static constexpr std::int64_t kGeluBackward = 18;
+  static constexpr std::int64_t kSoftmaxForward = 4;        // per live score
+  static constexpr std::int64_t kSoftmaxBackward = 5;       // per live score
+  static constexpr std::int64_t kCrossEntropyForward = 3;   // per (row, j < V)
+  static constexpr std::int64_t kCrossEntropyBackward = 4;  // per (row, j < V)
+  static constexpr std::int64_t kAdamW = 16;                // per parameter (adamw.h's step)
+};
 
 struct MetaStats {
   std::array<std::int64_t, static_cast<std::size_t>(MetaOp::kCount)> op_calls{};
   std::int64_t gemm_flops = 0;       // sum of GemmDesc::flops() (2*m*n*k*batch); saturates
+  std::int64_t other_flops = 0;      // every other op, at MetaFlops' rates; saturates
   std::int64_t bytes_read = 0;       // operand bytes an op must read (C only when beta != 0)
   std::int64_t bytes_written = 0;    // operand bytes an op writes
   std::int64_t host_copy_bytes = 0;  // copy() bytes with one side on the host (transfers)
@@ -36,6 +83,7 @@ struct MetaStats {
   std::int64_t calls(MetaOp op) const { return op_calls[static_cast<std::size_t>(op)]; }
   std::int64_t total_calls() const;
   std::int64_t bytes_moved() const { return bytes_read + bytes_written; }
+  std::int64_t flops() const;  // gemm_flops + other_flops, saturating
 };
 
 class MetaBackend final : public cpu::InlineBackend {
@@ -56,6 +104,40 @@ class MetaBackend final : public cpu::InlineBackend {
   void do_axpy(StreamId stream, float a, const Tensor& x, const Tensor& y) override;
   void do_scale(StreamId stream, float a, const Tensor& x) override;
   void do_sumsq(StreamId stream, const Tensor& x, const Tensor& out) override;
+
+  void do_layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                            const Tensor& bias, float eps, const Tensor& out, const Tensor& mean,
+                            const Tensor& rstd) override;
+  void do_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                             const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dinp, const Tensor& dweight,
+                             const Tensor& dbias) override;
+  void do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) override;
+  void do_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                        const Tensor& dinp) override;
+  void do_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void do_add_bias(StreamId stream, const Tensor& bias, const Tensor& out) override;
+  void do_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias) override;
+  void do_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                                 const Tensor& att, std::int64_t t) override;
+  void do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
+                                  float scale, const Tensor& dpreatt, std::int64_t t) override;
+  void do_split_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                      const HeadDims& d) override;
+  void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                      const HeadDims& d) override;
+  void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                            const Tensor& wpe, const Tensor& out) override;
+  void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                             const Tensor& dwte, const Tensor& dwpe) override;
+  void do_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
+                               std::int64_t vocab, const Tensor& losses,
+                               const Tensor& lse) override;
+  void do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                                const IndexTensor& targets, std::int64_t vocab, float dloss,
+                                const Tensor* dlosses, const Tensor& dlogits) override;
+  void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
+                const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
   // Same limit as cuBLAS and CBLAS, so a plan that dry-runs here also runs there.
   std::int64_t max_gemm_dim() const override;
