@@ -39,7 +39,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/cpu/adamw.h"  // AdamWConstants: plain data shared by every backend's AdamW
+#include "core/adamw.h"  // AdamWConstants: plain data shared by every backend's AdamW
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "memory/stream.h"
@@ -252,7 +252,7 @@ class Backend {
                              const IndexTensor& targets, std::int64_t vocab, float dloss,
                              const Tensor* dlosses, const Tensor& dlogits);
 
-  // One AdamW step (core/cpu/adamw.h specifies the arithmetic bit for bit) over n elements:
+  // One AdamW step (core/adamw.h specifies the arithmetic bit for bit) over n elements:
   //   param (n) f32, exp_avg (n) f32, exp_avg_sq (n) f32 updated in place, grad (n) any dtype;
   //   param_out (n) any dtype, optional (null: none): the updated weights rounded, for a
   //   low-precision working copy. k comes from adamw_constants(options, step, grad_scale), so

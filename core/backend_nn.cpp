@@ -544,10 +544,8 @@ void Backend::adamw(StreamId stream, const AdamWConstants& k, const Tensor& para
     check_same_numel(w, "param", param, "param_out", *param_out);
     po = *param_out;
   }
-  // adamw_step() checks the constants before it looks at any buffer; with none it does
-  // nothing else, so the one definition of valid constants (core/cpu/adamw.cpp) is used here.
   try {
-    adamw_step(k, AdamWBuffers{});
+    validate_adamw_constants(k);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(w + ": " + e.what());
   }

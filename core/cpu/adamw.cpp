@@ -1,4 +1,4 @@
-// AdamW: host constants, validation, the scalar reference kernel, run-time dispatch and the
+// AdamW on the host: buffer validation, the scalar reference kernel, run-time dispatch and the
 // OpenMP tile driver. The vector kernels live in adamw_avx2.cpp / adamw_avx512.cpp.
 #include "core/cpu/adamw.h"
 
@@ -27,37 +27,7 @@ namespace {
 // microseconds; 64K elements take ~30 us on one core).
 constexpr std::size_t kParallelMin = std::size_t{1} << 16;
 
-std::string num(double x) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.9g", x);
-  return buf;
-}
-
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("adamw: " + what); }
-
-void check_range(const char* name, double x, bool ok, const char* valid) {
-  if (!ok) bad(std::string(name) + " = " + num(x) + "; valid: " + valid);
-}
-
-bool finite(double x) { return std::isfinite(x); }
-
-void check_constants(const AdamWConstants& k) {
-  // The fields adamw_constants() can produce; a hand-made struct outside them is a bug.
-  check_range("constants.grad_scale", k.grad_scale, finite(k.grad_scale) && k.grad_scale > 0,
-              "finite, > 0");
-  check_range("constants.beta1", k.beta1, k.beta1 >= 0 && k.beta1 < 1, "[0, 1)");
-  check_range("constants.beta2", k.beta2, k.beta2 >= 0 && k.beta2 < 1, "[0, 1)");
-  check_range("constants.one_minus_beta1", k.one_minus_beta1,
-              k.one_minus_beta1 > 0 && k.one_minus_beta1 <= 1, "(0, 1]");
-  check_range("constants.one_minus_beta2", k.one_minus_beta2,
-              k.one_minus_beta2 > 0 && k.one_minus_beta2 <= 1, "(0, 1]");
-  check_range("constants.inv_bc2_sqrt", k.inv_bc2_sqrt,
-              finite(k.inv_bc2_sqrt) && k.inv_bc2_sqrt >= 1, "finite, >= 1");
-  check_range("constants.eps", k.eps, finite(k.eps) && k.eps > 0, "finite, > 0");
-  check_range("constants.neg_step_size", k.neg_step_size,
-              finite(k.neg_step_size) && k.neg_step_size <= 0, "finite, <= 0");
-  check_range("constants.decay", k.decay, finite(k.decay) && k.decay <= 1, "finite, <= 1");
-}
 
 void check_dtype(const char* name, DType t) {
   if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
@@ -194,37 +164,6 @@ void scalar_out(const AdamWConstants& k, const AdamWBuffers& b, std::size_t begi
 
 }  // namespace
 
-AdamWConstants adamw_constants(const AdamWOptions& o, std::int64_t step, double grad_scale) {
-  check_range("lr", o.lr, finite(o.lr) && o.lr >= 0, "finite, >= 0");
-  check_range("beta1", o.beta1, o.beta1 >= 0 && o.beta1 < 1, "[0, 1)");
-  check_range("beta2", o.beta2, o.beta2 >= 0 && o.beta2 < 1, "[0, 1)");
-  check_range("eps", o.eps, finite(o.eps) && static_cast<float>(o.eps) > 0,
-              "finite, > 0 and not below the smallest float (1.4e-45)");
-  check_range("weight_decay", o.weight_decay, finite(o.weight_decay) && o.weight_decay >= 0,
-              "finite, >= 0");
-  if (step < 1) bad("step = " + std::to_string(step) + "; valid: >= 1 (1 for the first step)");
-  check_range("grad_scale", grad_scale,
-              finite(grad_scale) && static_cast<float>(grad_scale) > 0 &&
-                  std::isfinite(static_cast<float>(grad_scale)),
-              "finite and > 0 as a float, e.g. 1 / (loss_scale * accumulation_steps)");
-  const double t = static_cast<double>(step);
-  const double bc1 = 1.0 - std::pow(o.beta1, t);
-  const double bc2 = 1.0 - std::pow(o.beta2, t);
-  AdamWConstants k;
-  k.grad_scale = static_cast<float>(grad_scale);
-  k.beta1 = static_cast<float>(o.beta1);
-  k.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-  k.beta2 = static_cast<float>(o.beta2);
-  k.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  k.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  k.eps = static_cast<float>(o.eps);
-  k.neg_step_size = static_cast<float>(-o.lr / bc1);
-  k.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
-  // beta close to 1 can round to 1.0f (beta > 1 - 2^-25); that would freeze the moments.
-  check_constants(k);
-  return k;
-}
-
 void adamw_step(const AdamWConstants& k, const AdamWBuffers& b, int threads) {
   detail::adamw_run(detail::adamw_dispatched(), k, b, threads);
 }
@@ -305,7 +244,7 @@ AdamWKernel adamw_dispatched() {
 void adamw_run(AdamWKernel kernel, const AdamWConstants& k, const AdamWBuffers& b, int threads) {
   if (kernel == nullptr) bad("null kernel");
   if (threads < 0) bad("threads = " + std::to_string(threads) + "; valid: 0 (all) or >= 1");
-  check_constants(k);
+  validate_adamw_constants(k);
   check_buffers(b);
   if (b.n == 0) return;
   const std::size_t tiles = (b.n + kAdamWTile - 1) / kAdamWTile;

@@ -1,6 +1,6 @@
-// AdamW on FP32 master weights: one precisely specified step, run on the host (the CPU
-// offload path) with AVX-512 / AVX2+FMA+F16C / scalar code chosen at run time, and written so
-// a CUDA kernel can reproduce it bit for bit.
+// AdamW on the host: the step specified in core/adamw.h over FP32 master weights, with
+// AVX-512 / AVX2+FMA+F16C / scalar code chosen at run time and OpenMP over tiles. Used by the
+// CPU backend's adamw op and by the CPU offload path.
 //
 //   AdamWOptions opt;                                   // torch.optim.AdamW's defaults
 //   opt.lr = 3e-4;
@@ -12,37 +12,6 @@
 //   b.param_out = weights_bf16; b.out_dtype = DType::kBF16;  // optional copy-out
 //   adamw_step(k, b);                                   // OpenMP over all cores
 //
-// The step is torch.optim.AdamW(lr, betas=(beta1, beta2), eps, weight_decay) with
-// maximize=False, amsgrad=False, bias correction on: decoupled weight decay
-// p <- p(1 - lr wd) - lr/(1 - beta1^t) * m / (sqrt(v)/sqrt(1 - beta2^t) + eps).
-//
-// 1. Host, once per step (adamw_constants), in double, each result rounded to float once:
-//      grad_scale      = fl(grad_scale)                 e.g. 1/(loss_scale * accumulation steps)
-//      beta1, beta2    = fl(beta1), fl(beta2)
-//      one_minus_beta1 = fl(1 - beta1)                  1 - beta1 in double
-//      one_minus_beta2 = fl(1 - beta2)
-//      inv_bc2_sqrt    = fl(1 / sqrt(1 - pow(beta2, t)))
-//      eps             = fl(eps)
-//      neg_step_size   = fl(-lr / (1 - pow(beta1, t)))
-//      decay           = fl(1 - lr * weight_decay)
-// 2. Per element i, in binary32, every operation rounded to nearest even (fma: one rounding),
-//    exactly this sequence (no other contraction, reassociation or approximation):
-//      g  = widen(grad[i])                       exact (f16/bf16 -> f32)
-//      g  = g * grad_scale
-//      m  = fma(beta1, m[i], one_minus_beta1 * g)
-//      v  = fma(beta2, v[i], (one_minus_beta2 * g) * g)
-//      d  = fma(sqrt(v), inv_bc2_sqrt, eps)      sqrt correctly rounded
-//      u  = m / d                                division correctly rounded
-//      p  = fma(neg_step_size, u, p[i] * decay)
-//      m[i] = m; v[i] = v; p[i] = p; param_out[i] = round(p) to out_dtype (memfit::convert's
-//      rounding: nearest even, NaN rule of core/dtype.h)
-//    Subnormals are kept (no flush to zero): the host paths run with MXCSR at its default
-//    (round to nearest, no FTZ/DAZ) whatever the caller set, and restore it afterwards.
-//    A CUDA kernel matches with __fmul_rn/__fmaf_rn/__fsqrt_rn/__fdiv_rn (or nvcc
-//    -fmad=false -prec-div=true -prec-sqrt=true -ftz=false) and the same AdamWConstants.
-//    NaN results are NaN on every path, but their payload bits are not specified (x86 and
-//    CUDA propagate different NaNs); every non-NaN result is bit-identical.
-//
 // Buffers: param, exp_avg, exp_avg_sq are n floats each (4-byte aligned), grad n elements of
 // grad_dtype and param_out n elements of out_dtype (aligned to their element size); no two may
 // overlap. Bad options, constants or buffers throw InvalidArgument naming the field and what
@@ -53,35 +22,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/adamw.h"
 #include "core/dtype.h"
 
 namespace memfit {
-
-struct AdamWOptions {
-  double lr = 1e-3;            // >= 0, finite
-  double beta1 = 0.9;          // [0, 1)
-  double beta2 = 0.999;        // [0, 1)
-  double eps = 1e-8;           // > 0, and fl(eps) > 0
-  double weight_decay = 0.01;  // >= 0, finite
-};
-
-// The per-step FP32 factors of the formula above; plain data, so a device kernel can take it
-// by value. Build it with adamw_constants(); adamw_step() checks hand-made ones.
-struct AdamWConstants {
-  float grad_scale;
-  float beta1;
-  float one_minus_beta1;
-  float beta2;
-  float one_minus_beta2;
-  float inv_bc2_sqrt;
-  float eps;
-  float neg_step_size;
-  float decay;
-};
-
-// Validates opt, step (>= 1, the 1-based count of steps taken including this one) and
-// grad_scale (finite, > 0) and computes the factors as specified in step 1 above.
-AdamWConstants adamw_constants(const AdamWOptions& opt, std::int64_t step, double grad_scale = 1.0);
 
 struct AdamWBuffers {
   std::size_t n = 0;
