@@ -11,8 +11,12 @@
 //   kSegmentFree      a segment was returned to the provider
 //   kOom              an allocation failed (size = requested bytes); OutOfMemory follows
 // Listeners run synchronously under the allocator's lock, in registration order: they must
-// be quick and must not call back into the allocator. With no listener registered, emitting
-// an event costs one branch.
+// be quick, must not call back into the allocator, and must not throw: an exception leaving a
+// listener calls std::terminate (the event reports a change already made; the allocator cannot
+// both hand out a block and report a failure). A listener that can fail (one that allocates
+// host memory, say) catches inside and records the failure itself. With no listener
+// registered, emitting an event costs one branch. All events of one public call carry the
+// same time_ns, read once at the first of them.
 #pragma once
 
 #include <cstddef>
@@ -43,8 +47,8 @@ struct AllocatorEvent {
   std::size_t size;
   StreamId stream;
   Category category;
-  std::string_view tag;     // valid only during the callback
-  std::int64_t time_ns;     // steady_clock, nanoseconds
+  std::string_view tag;  // valid only during the callback
+  std::int64_t time_ns;  // steady_clock, nanoseconds
 };
 
 using AllocatorListener = std::function<void(const AllocatorEvent&)>;

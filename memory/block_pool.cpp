@@ -104,22 +104,19 @@ const std::string* CachingAllocator::Impl::intern(std::string_view tag) {
   return last_tag;
 }
 
+// noexcept: a listener that throws ends the program (allocator_event.h says why).
 void CachingAllocator::Impl::emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size,
-                                       StreamId stream, Category category, const std::string* tag,
-                                       const EventKind* kind2) {
-  const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  AllocatorEvent e{kind,
-                   addr,
-                   size,
-                   stream,
-                   category,
-                   tag != nullptr ? std::string_view(*tag) : std::string_view(),
-                   std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()};
-  for (const auto& [id, fn] : listeners) fn(e);
-  if (kind2 != nullptr) {
-    e.kind = *kind2;
-    for (const auto& [id, fn] : listeners) fn(e);
+                                       StreamId stream, Category category,
+                                       const std::string* tag) noexcept {
+  if (event_time == kNoTime) {
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    event_time = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
   }
+  const AllocatorEvent e{kind,      addr,
+                         size,      stream,
+                         category,  tag != nullptr ? std::string_view(*tag) : std::string_view(),
+                         event_time};
+  for (const auto& [id, fn] : listeners) fn(e);
 }
 
 // inactive_split counts free blocks that share a segment with others; entering and leaving a
@@ -138,7 +135,7 @@ void CachingAllocator::Impl::count_in_pool(const BlockNode* b, int sign) {
 
 void CachingAllocator::Impl::pool_insert(BlockNode* b) {
   count_in_pool(b, +1);
-  PoolSet& pool = pool_for(b->segment->is_large);
+  PoolSet& pool = pool_of(b);
   MEMFIT_CHECK(!b->handle.empty()) << "block " << hex_address(b->addr) << " has no tree node";
   b->handle.value() = b->entry();
   auto r = pool.insert(std::move(b->handle));
@@ -148,7 +145,7 @@ void CachingAllocator::Impl::pool_insert(BlockNode* b) {
 
 void CachingAllocator::Impl::pool_remove(BlockNode* b) {
   count_in_pool(b, -1);
-  b->handle = pool_for(b->segment->is_large).extract(b->pool_it);
+  b->handle = pool_of(b).extract(b->pool_it);
 }
 
 // `to` (outside the pool, its key final) takes over the tree node of `from` (in the pool),
@@ -157,7 +154,7 @@ void CachingAllocator::Impl::pool_remove(BlockNode* b) {
 // allocate + free of a cached size costs no tree rebalancing at all. The caller does the
 // inactive_split accounting.
 void CachingAllocator::Impl::pool_transfer(BlockNode* from, BlockNode* to) {
-  PoolSet& pool = pool_for(to->segment->is_large);
+  PoolSet& pool = pool_of(to);
   const auto it = from->pool_it;
   const alloc_detail::PoolEntry e = to->entry();
   const alloc_detail::PoolLess less;
@@ -201,7 +198,7 @@ BlockNode* CachingAllocator::Impl::find_free_block(PoolSet& pool, StreamId strea
 // ---- Impl: allocation -----------------------------------------------------------------------
 
 BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_large,
-                                                 StreamId stream) {
+                                                 bool persistent, StreamId stream) {
   if (config.budget != 0 && (seg_size > config.budget || reserved > config.budget - seg_size)) {
     last_failure = Failure::kBudget;
     return nullptr;
@@ -238,12 +235,15 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   seg->size = seg_size;
   seg->stream = stream;
   seg->is_large = is_large;
+  seg->persistent = persistent;
+  seg->pool = alloc_detail::pool_index(is_large, persistent);
   seg->head = b;
   b->addr = addr;
   b->size = seg_size;
   b->stream = stream;
   b->segment = seg;
   reserved += seg_size;
+  reserved_high = std::max(reserved_high, reserved);
   stat_increase(stats.segment, b->stat_type(), 1);
   stat_increase(stats.reserved_bytes, b->stat_type(), i64(seg_size));
   ++stats.num_device_alloc;
@@ -251,15 +251,19 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   return b;
 }
 
-BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream) {
+BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream,
+                                                     bool persistent) {
   const bool is_large = size > kSmallSize;
   const std::size_t seg_size = allocation_size(size);
-  BlockNode* b = alloc_segment(seg_size, is_large, stream);
+  if (config.release_before_growth && !persistent && reserved + seg_size > reserved_high) {
+    release_unfit_segments(size, seg_size);
+  }
+  BlockNode* b = alloc_segment(seg_size, is_large, persistent, stream);
   // memfit addition: when a shared 20 MiB segment does not fit (budget or provider), a
   // segment of just the request (rounded to 2 MiB) may; PyTorch reports OOM here instead.
   const std::size_t tight = (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
   if (b == nullptr && is_large && tight < seg_size) {
-    b = alloc_segment(tight, is_large, stream);
+    b = alloc_segment(tight, is_large, persistent, stream);
   }
   return b;
 }
@@ -267,11 +271,13 @@ BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId 
 // No cached block fits: a new segment, after garbage collection when configured; failing
 // that, retry once with the cache emptied; failing that, OutOfMemory. The block returned is
 // outside the pool.
-BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t bytes,
-                                                  std::size_t size, StreamId stream,
-                                                  Category category, const std::string* tag) {
+BlockNode* CachingAllocator::Impl::new_block_slow(int pool_id, std::size_t bytes, std::size_t size,
+                                                  StreamId stream, Category category,
+                                                  const std::string* tag) {
   if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
-  BlockNode* b = new_segment_block(size, stream);
+  const bool persistent = (pool_id & 2) != 0;
+  PoolSet& pool = pools[pool_id];
+  BlockNode* b = new_segment_block(size, stream, persistent);
   if (b != nullptr) return b;
   // Pending frees completed first (merged, they may now fit), then every wholly free segment
   // returned to the provider.
@@ -283,7 +289,7 @@ BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t byt
     return b;
   }
   release_free_segments();
-  b = new_segment_block(size, stream);
+  b = new_segment_block(size, stream, persistent);
   if (b == nullptr) out_of_memory(bytes, stream, category, tag);
   return b;
 }
@@ -298,15 +304,16 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
           ? nullptr
           : (last_tag != nullptr && *last_tag == tag_text ? last_tag : intern(tag_text));
   const std::size_t size = round_size(bytes);
-  const bool is_large = size > kSmallSize;
-  PoolSet& pool = pool_for(is_large);
+  const int pool_id = alloc_detail::pool_index(size > kSmallSize, persistent_pool_for(category));
+  PoolSet& pool = pools[pool_id];
   // What a split and the live map may need, obtained before anything changes.
   if (__builtin_expect(spare.empty(), 0)) grow_spare();
   live.reserve_one();
 
   BlockNode* b = find_free_block(pool, stream, size);
   const bool from_pool = b != nullptr;
-  if (__builtin_expect(!from_pool, 0)) b = new_block_slow(pool, bytes, size, stream, category, tag);
+  if (__builtin_expect(!from_pool, 0))
+    b = new_block_slow(pool_id, bytes, size, stream, category, tag);
 
   if (should_split(b, size)) {
     BlockNode* rest = node_from_spare();
@@ -394,11 +401,8 @@ void CachingAllocator::Impl::free_requested(BlockNode* b) {
     return;
   }
   merge_into_pool(b);
-  if (__builtin_expect(has_listeners, 0)) {
-    // Back in the cache at once: one clock reading serves both events.
-    const EventKind completed = EventKind::kFreeCompleted;
-    emit_slow(EventKind::kFreeRequested, addr, size, b->stream, category, tag, &completed);
-  }
+  emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
+  emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
 }
 
 void CachingAllocator::Impl::free_completed(BlockNode* b) {
@@ -447,7 +451,7 @@ void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
     // The merged block takes over the tree node of the larger neighbour (the nearer key).
     BlockNode* keep = (q != nullptr && (p == nullptr || q->size >= p->size)) ? q : p;
     BlockNode* drop = keep == q ? p : q;
-    if (drop != nullptr) drop->handle = pool_for(b->segment->is_large).extract(drop->pool_it);
+    if (drop != nullptr) drop->handle = pool_of(b).extract(drop->pool_it);
     pool_transfer(keep, b);
     node_to_spare(p != nullptr ? p : q);
     if (p != nullptr && q != nullptr) node_to_spare(q);
@@ -507,13 +511,37 @@ void CachingAllocator::Impl::release_segment(BlockNode* b) {
   emit(EventKind::kSegmentFree, base, size, stream, Category::kUnknown, nullptr);
 }
 
-void CachingAllocator::Impl::release_free_segments() {
+std::vector<BlockNode*> CachingAllocator::Impl::whole_free_segments() const {
   std::vector<BlockNode*> whole;
-  for (PoolSet* pool : {&small, &large}) {
-    for (const auto& e : *pool)
+  for (const PoolSet& pool : pools) {
+    for (const auto& e : pool)
       if (!e.block->is_split()) whole.push_back(e.block);
   }
-  for (BlockNode* b : whole) release_segment(b);
+  return whole;
+}
+
+void CachingAllocator::Impl::release_free_segments() {
+  for (BlockNode* b : whole_free_segments()) release_segment(b);
+}
+
+// release_before_growth: a new segment of `seg_size` for a transient block of `size` would
+// lift reserved memory above its high-water mark. Wholly free transient segments smaller than
+// `size` could not have served this request, so returning them (idle longest first) until the
+// new segment fits under the mark keeps the peak down. Once the mark covers a step's pattern no
+// request grows it and nothing is released, so the steady state makes no provider calls.
+// Persistent requests neither trigger this nor lose segments to it: their growth is new
+// long-lived data, not fragmentation, and trading a transient segment for it only moves the
+// growth to the next step (measured: caching_allocator.h).
+void CachingAllocator::Impl::release_unfit_segments(std::size_t size, std::size_t seg_size) {
+  std::vector<BlockNode*> unfit = whole_free_segments();
+  std::erase_if(unfit,
+                [size](const BlockNode* b) { return b->size >= size || b->segment->persistent; });
+  std::sort(unfit.begin(), unfit.end(),
+            [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
+  for (BlockNode* b : unfit) {
+    if (reserved + seg_size <= reserved_high) break;
+    release_segment(b);
+  }
 }
 
 void CachingAllocator::Impl::empty_cache() {
@@ -529,11 +557,7 @@ void CachingAllocator::Impl::garbage_collect() {
   const auto limit = static_cast<std::size_t>(config.garbage_collection_threshold *
                                               static_cast<double>(config.budget));
   if (reserved <= limit) return;
-  std::vector<BlockNode*> whole;
-  for (PoolSet* pool : {&small, &large}) {
-    for (const auto& e : *pool)
-      if (!e.block->is_split()) whole.push_back(e.block);
-  }
+  std::vector<BlockNode*> whole = whole_free_segments();
   std::sort(whole.begin(), whole.end(),
             [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
   for (BlockNode* b : whole) {

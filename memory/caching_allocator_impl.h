@@ -3,8 +3,9 @@
 // Data structures, after PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp):
 // - BlockNode: one contiguous range of a segment, linked to its address neighbours
 //   (prev/next) so a free can merge in O(1).
-// - Two pools (small, large), each a std::set of the free blocks ordered by (stream, size,
-//   address): best fit is one lower_bound.
+// - Pools of free blocks, each a std::set ordered by (stream, size, address): best fit is one
+//   lower_bound. PyTorch has two (small, large); memfit has four: small and large, each split
+//   by lifetime (transient, persistent: see caching_allocator.h), indexed by PoolIndex.
 // - PtrMap: address -> live block, for free(void*) and for telling a foreign pointer from a
 //   double free.
 // Where memfit differs, for the fast path (no heap allocation once warm):
@@ -65,11 +66,19 @@ struct PoolLess {
 };
 using PoolSet = std::set<PoolEntry, PoolLess>;
 
+// Pool index: bit 0 = large, bit 1 = persistent.
+inline constexpr int kPoolCount = 4;
+inline int pool_index(bool is_large, bool persistent) {
+  return (is_large ? 1 : 0) | (persistent ? 2 : 0);
+}
+
 struct Segment {
   std::uintptr_t base = 0;
   std::size_t size = 0;
   StreamId stream = kDefaultStream;
   bool is_large = false;
+  bool persistent = false;    // serves only persistent categories (and they only it)
+  int pool = 0;               // pool_index(is_large, persistent)
   BlockNode* head = nullptr;  // the block at `base`
 };
 
@@ -215,13 +224,19 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   static void validate_request(std::size_t bytes, const char* op);
 
   // ---- internals (caching_allocator.cpp) ----------------------------------------------------
-  PoolSet& pool_for(bool is_large) { return is_large ? large : small; }
+  PoolSet& pool_of(const BlockNode* b) { return pools[b->segment->pool]; }
+  bool persistent_pool_for(Category c) const {
+    // Not kParameter: low-precision weight copies are made and dropped every step under it.
+    return config.separate_persistent_pools &&
+           (c == Category::kGradient || c == Category::kOptimizerState);
+  }
   BlockNode* find_free_block(PoolSet& pool, StreamId stream, std::size_t size);  // stays in pool
-  BlockNode* new_block_slow(PoolSet& pool, std::size_t bytes, std::size_t size, StreamId stream,
+  BlockNode* new_block_slow(int pool, std::size_t bytes, std::size_t size, StreamId stream,
                             Category category, const std::string* tag);
   bool should_split(const BlockNode* b, std::size_t size) const;
-  BlockNode* new_segment_block(std::size_t size, StreamId stream);
-  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, StreamId stream);
+  BlockNode* new_segment_block(std::size_t size, StreamId stream, bool persistent);
+  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, bool persistent, StreamId stream);
+  void release_unfit_segments(std::size_t size, std::size_t seg_size);
   void pool_insert(BlockNode* b);
   void pool_remove(BlockNode* b);
   void pool_transfer(BlockNode* from, BlockNode* to);
@@ -231,6 +246,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   void process_events();               // completes frees whose events have all finished
   void synchronize_events();           // waits for every pending event, completes those frees
   void release_segment(BlockNode* b);  // b covers a whole free segment
+  std::vector<BlockNode*> whole_free_segments() const;  // their blocks, any pool
   void release_free_segments();
   void garbage_collect();
   [[noreturn]] void out_of_memory(std::size_t bytes, StreamId stream, Category category,
@@ -241,13 +257,13 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   const std::string* intern(std::string_view tag);
   void emit(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
             Category category, const std::string* tag) {
-    if (__builtin_expect(has_listeners, 0)) {
-      emit_slow(kind, addr, size, stream, category, tag, nullptr);
-    }
+    if (__builtin_expect(has_listeners, 0)) emit_slow(kind, addr, size, stream, category, tag);
   }
-  // Emits kind, then kind2 when it is not `kind`, with one clock reading for both.
   void emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
-                 Category category, const std::string* tag, const EventKind* kind2);
+                 Category category, const std::string* tag) noexcept;
+  // Called by every public method that may emit, under the lock: its events share one clock
+  // reading, taken at the first of them (a steady_clock read costs ~30 ns here).
+  void begin_op() { event_time = kNoTime; }
 
   // ---- state --------------------------------------------------------------------------------
   MemoryProvider& provider;
@@ -257,7 +273,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   bool debug_checks;
   mutable std::mutex mu;
 
-  PoolSet small, large;
+  PoolSet pools[alloc_detail::kPoolCount];
   std::map<std::uintptr_t, Segment*> segments;  // by base address
   alloc_detail::PtrMap live;                    // active_allocated blocks
   struct Pending {
@@ -268,6 +284,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::vector<BlockNode*> spare;
   Segment* fresh_segment = nullptr;  // obtained by this malloc; its event is still due
   std::size_t reserved = 0;          // == stats.reserved_bytes[kStatAll].current
+  std::size_t reserved_high = 0;     // the most ever reserved (reset_peak_stats leaves it)
   std::uint64_t free_seq = 0;
   enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
   AllocatorStats stats;
@@ -275,6 +292,8 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::unordered_set<std::string, alloc_detail::StringHash, std::equal_to<>> tags;
   const std::string* last_tag = nullptr;  // the previous request's tag, looked up first
 
+  static constexpr std::int64_t kNoTime = -1;
+  std::int64_t event_time = kNoTime;  // this public call's event time, once read
   bool has_listeners = false;
   ListenerId next_listener = 1;
   std::vector<std::pair<ListenerId, AllocatorListener>> listeners;
