@@ -1,7 +1,8 @@
-// The caching allocator's pools: best fit, splitting, merging, stream events, segments from
-// and back to the provider, the retry on failure, garbage collection. The caller holds the
-// allocator's mutex throughout. The public API is in caching_allocator.cpp; stats, snapshot,
-// the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
+// The caching allocator's pools: best fit, splitting, merging, the free cache, stream events,
+// segments from the provider, the retry on failure. The caller holds the allocator's mutex
+// throughout. The public API is in caching_allocator.cpp; giving segments back (empty_cache,
+// garbage collection, release_before_growth) in caching_allocator_release.cpp; stats,
+// snapshot, the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -310,10 +311,19 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
   if (__builtin_expect(spare.empty(), 0)) grow_spare();
   live.reserve_one();
 
-  BlockNode* b = find_free_block(pool, stream, size);
-  const bool from_pool = b != nullptr;
-  if (__builtin_expect(!from_pool, 0))
+  BlockNode* b = nullptr;
+  if (__builtin_expect(free_cache_len != 0, 0)) {
+    b = take_cached(pool_id, stream, size);
+    // A miss merges the cached blocks first, so that best fit sees the pools as if they had
+    // been merged at their free.
+    if (b == nullptr) flush_free_cache();
+  }
+  const bool from_cache = b != nullptr;
+  if (!from_cache) b = find_free_block(pool, stream, size);
+  const bool from_pool = !from_cache && b != nullptr;
+  if (__builtin_expect(b == nullptr, 0)) {
     b = new_block_slow(pool_id, bytes, size, stream, category, tag);
+  }
 
   if (should_split(b, size)) {
     BlockNode* rest = node_from_spare();
@@ -352,7 +362,7 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
   stat_increase(stats.active_bytes, type, n);
   stat_increase(stats.requested_bytes, type, i64(bytes));
   stats.category_bytes[category_index(category)].increase(n);
-  if (__builtin_expect(!from_pool, 0) && fresh_segment != nullptr) {
+  if (__builtin_expect(fresh_segment != nullptr, 0)) {
     emit(EventKind::kSegmentAlloc, fresh_segment->base, fresh_segment->size, stream, category, tag);
     fresh_segment = nullptr;
   }
@@ -400,7 +410,12 @@ void CachingAllocator::Impl::free_requested(BlockNode* b) {
     emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
     return;
   }
-  merge_into_pool(b);
+  if (!b->segment->is_large) {
+    deactivate(b);
+    cache_free(b);
+  } else {
+    merge_into_pool(b);
+  }
   emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
   emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
 }
@@ -414,16 +429,22 @@ void CachingAllocator::Impl::free_completed(BlockNode* b) {
   emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
 }
 
-// The block stops being active, merges with free neighbours and enters its pool.
 void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
+  deactivate(b);
+  merge_free(b);
+}
+
+void CachingAllocator::Impl::deactivate(BlockNode* b) {
   const int type = b->stat_type();
   stat_decrease(stats.active, type, 1);
   stat_decrease(stats.active_bytes, type, i64(b->size));
-
   b->state = NodeState::kFree;
   b->requested = 0;
   b->category = Category::kUnknown;
   b->tag = nullptr;
+}
+
+void CachingAllocator::Impl::merge_free(BlockNode* b) {
   BlockNode* p = b->prev != nullptr && b->prev->state == NodeState::kFree ? b->prev : nullptr;
   BlockNode* q = b->next != nullptr && b->next->state == NodeState::kFree ? b->next : nullptr;
   b->free_seq = ++free_seq;
@@ -458,6 +479,47 @@ void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
   }
 }
 
+// ---- Impl: the free cache (caching_allocator_impl.h) ----------------------------------------
+
+BlockNode* CachingAllocator::Impl::take_cached(int pool, StreamId stream, std::size_t size) {
+  for (int i = free_cache_len - 1; i >= 0; --i) {  // newest first
+    const CachedFree& c = free_cache[i];
+    if (c.size != size || c.stream != stream || c.pool != pool) continue;
+    BlockNode* b = c.block;
+    std::copy(free_cache + i + 1, free_cache + free_cache_len, free_cache + i);
+    --free_cache_len;
+    count_in_pool(b, -1);
+    return b;
+  }
+  return nullptr;
+}
+
+void CachingAllocator::Impl::cache_free(BlockNode* b) {
+  b->state = NodeState::kCached;  // first: the evicted block must not merge with it
+  if (free_cache_len == kFreeCacheSlots) {
+    BlockNode* oldest = free_cache[0].block;
+    std::copy(free_cache + 1, free_cache + free_cache_len, free_cache);
+    --free_cache_len;
+    count_in_pool(oldest, -1);
+    oldest->state = NodeState::kFree;
+    merge_free(oldest);
+  }
+  b->free_seq = ++free_seq;
+  count_in_pool(b, +1);  // a small block always shares its segment: inactive_split
+  free_cache[free_cache_len++] = {b->size, b->stream, b->segment->pool, b};
+}
+
+void CachingAllocator::Impl::flush_free_cache() {
+  const int n = free_cache_len;
+  free_cache_len = 0;
+  for (int i = 0; i < n; ++i) {
+    BlockNode* b = free_cache[i].block;
+    count_in_pool(b, -1);
+    b->state = NodeState::kFree;
+    merge_free(b);
+  }
+}
+
 void CachingAllocator::Impl::record_stream(BlockNode* b, StreamId stream) {
   // Work on the block's own stream is ordered with its reuse already.
   if (stream == b->stream) return;
@@ -487,82 +549,6 @@ void CachingAllocator::Impl::synchronize_events() {
     sync->synchronize(p.event);
     sync->release(p.event);
     if (--p.block->event_count == 0) free_completed(p.block);
-  }
-}
-
-// ---- Impl: giving memory back ---------------------------------------------------------------
-
-void CachingAllocator::Impl::release_segment(BlockNode* b) {
-  MEMFIT_CHECK(b->state == NodeState::kFree && !b->is_split());
-  Segment* seg = b->segment;
-  pool_remove(b);
-  provider.deallocate(reinterpret_cast<void*>(seg->base), seg->size);
-  reserved -= seg->size;
-  const int type = b->stat_type();
-  stat_decrease(stats.segment, type, 1);
-  stat_decrease(stats.reserved_bytes, type, i64(seg->size));
-  ++stats.num_device_free;
-  segments.erase(seg->base);
-  const std::uintptr_t base = seg->base;
-  const std::size_t size = seg->size;
-  const StreamId stream = seg->stream;
-  delete seg;
-  node_to_spare(b);
-  emit(EventKind::kSegmentFree, base, size, stream, Category::kUnknown, nullptr);
-}
-
-std::vector<BlockNode*> CachingAllocator::Impl::whole_free_segments() const {
-  std::vector<BlockNode*> whole;
-  for (const PoolSet& pool : pools) {
-    for (const auto& e : pool)
-      if (!e.block->is_split()) whole.push_back(e.block);
-  }
-  return whole;
-}
-
-void CachingAllocator::Impl::release_free_segments() {
-  for (BlockNode* b : whole_free_segments()) release_segment(b);
-}
-
-// release_before_growth: a new segment of `seg_size` for a transient block of `size` would
-// lift reserved memory above its high-water mark. Wholly free transient segments smaller than
-// `size` could not have served this request, so returning them (idle longest first) until the
-// new segment fits under the mark keeps the peak down. Once the mark covers a step's pattern no
-// request grows it and nothing is released, so the steady state makes no provider calls.
-// Persistent requests neither trigger this nor lose segments to it: their growth is new
-// long-lived data, not fragmentation, and trading a transient segment for it only moves the
-// growth to the next step (measured: caching_allocator.h).
-void CachingAllocator::Impl::release_unfit_segments(std::size_t size, std::size_t seg_size) {
-  std::vector<BlockNode*> unfit = whole_free_segments();
-  std::erase_if(unfit,
-                [size](const BlockNode* b) { return b->size >= size || b->segment->persistent; });
-  std::sort(unfit.begin(), unfit.end(),
-            [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
-  for (BlockNode* b : unfit) {
-    if (reserved + seg_size <= reserved_high) break;
-    release_segment(b);
-  }
-}
-
-void CachingAllocator::Impl::empty_cache() {
-  synchronize_events();
-  release_free_segments();
-}
-
-// When reserved memory is above threshold * budget, return wholly free segments, the ones
-// idle longest first, until it is not. PyTorch ages every cached block on each lookup (O(n)
-// per allocation while GC is on) and frees those older than the mean; a free-time stamp
-// gives the same order with no per-allocation cost.
-void CachingAllocator::Impl::garbage_collect() {
-  const auto limit = static_cast<std::size_t>(config.garbage_collection_threshold *
-                                              static_cast<double>(config.budget));
-  if (reserved <= limit) return;
-  std::vector<BlockNode*> whole = whole_free_segments();
-  std::sort(whole.begin(), whole.end(),
-            [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
-  for (BlockNode* b : whole) {
-    if (reserved <= limit) break;
-    release_segment(b);
   }
 }
 

@@ -14,6 +14,14 @@
 //   after warm-up. PyTorch news and deletes a Block on every split and merge.
 // - Split and merge re-key the tree node in place when the order allows (pool_transfer).
 // - PtrMap is an open-addressing table (no per-entry node) instead of a node-based hash map.
+// - The free cache: a small-pool block freed with no stream events to wait for is not merged
+//   at once but parked (state kCached) in a short list that the next request of the same
+//   (pool, stream, size) takes from directly, newest first. A 4 KiB allocate + free pair then
+//   neither splits nor merges its 2 MiB segment (caching_allocator.h has the figures). Cached
+//   blocks are merged into their pools when the list is full (the oldest), on any request
+//   the list cannot serve (all of them, before best fit), and before empty_cache, so every
+//   other path sees merged pools. For stats and snapshots they are inactive blocks of a
+//   split segment (two may sit side by side); the invariant check knows the state.
 #pragma once
 
 #include <cstddef>
@@ -32,7 +40,8 @@
 
 namespace memfit::alloc_detail {
 
-enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree };
+// kFree: merged, in its pool. kCached: free, unmerged, in the free cache (small pool only).
+enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree, kCached };
 
 struct BlockNode;
 
@@ -242,7 +251,12 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   void pool_transfer(BlockNode* from, BlockNode* to);
   void count_in_pool(const BlockNode* b, int sign);
   void free_completed(BlockNode* b);   // a pending free whose events have all completed
-  void merge_into_pool(BlockNode* b);  // merge with free neighbours, back into the pool
+  void merge_into_pool(BlockNode* b);  // deactivate, then merge_free
+  void deactivate(BlockNode* b);       // no longer active: stats and the caller's fields
+  void merge_free(BlockNode* b);       // merge with free neighbours, back into the pool
+  BlockNode* take_cached(int pool, StreamId stream, std::size_t size);
+  void cache_free(BlockNode* b);       // b deactivated; evicts (merges) the oldest when full
+  void flush_free_cache();             // merges every cached block into its pool
   void process_events();               // completes frees whose events have all finished
   void synchronize_events();           // waits for every pending event, completes those frees
   void release_segment(BlockNode* b);  // b covers a whole free segment
@@ -282,6 +296,15 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   };
   std::vector<Pending> pending;  // recorded events of pending frees, oldest first
   std::vector<BlockNode*> spare;
+  struct CachedFree {  // the key inline, so a lookup touches no BlockNode
+    std::size_t size;
+    StreamId stream;
+    int pool;
+    BlockNode* block;
+  };
+  static constexpr int kFreeCacheSlots = 8;
+  CachedFree free_cache[kFreeCacheSlots];  // oldest first
+  int free_cache_len = 0;
   Segment* fresh_segment = nullptr;  // obtained by this malloc; its event is still due
   std::size_t reserved = 0;          // == stats.reserved_bytes[kStatAll].current
   std::size_t reserved_high = 0;     // the most ever reserved (reset_peak_stats leaves it)

@@ -33,6 +33,7 @@ BlockState state_of(const BlockNode* b) {
     case NodeState::kPendingFree:
       return BlockState::kActivePendingFree;
     case NodeState::kFree:
+    case NodeState::kCached:  // free, merged or not
       break;
   }
   return BlockState::kInactive;
@@ -165,6 +166,7 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, C
 void CachingAllocator::Impl::check() const {
   AllocatorStats want;  // current values recomputed from the blocks
   std::size_t free_in_pool[alloc_detail::kPoolCount] = {}, allocated = 0;
+  int cached = 0;
   std::size_t pending_events = 0;
   std::uintptr_t prev_end = 0;
   for (const auto& [addr, seg] : segments) {
@@ -210,6 +212,27 @@ void CachingAllocator::Impl::check() const {
           }
           break;
         }
+        case NodeState::kCached: {
+          // Free but unmerged: in the free cache once, under its own key, out of the pool.
+          MEMFIT_CHECK(!seg->is_large && b->is_split()) << "cached block " << hex_address(b->addr);
+          MEMFIT_CHECK(b->event_count == 0 && b->requested == 0 && !b->handle.empty());
+          MEMFIT_CHECK(b->category == Category::kUnknown && b->tag == nullptr);
+          int found = 0;
+          for (int i = 0; i < free_cache_len; ++i) {
+            const CachedFree& c = free_cache[i];
+            if (c.block != b) continue;
+            ++found;
+            MEMFIT_CHECK(c.size == b->size && c.stream == b->stream && c.pool == seg->pool);
+          }
+          MEMFIT_CHECK(found == 1) << "cached block " << hex_address(b->addr) << " listed " << found
+                                   << " times in the free cache";
+          ++cached;
+          for (int t : {int{kStatAll}, type}) {
+            want.inactive_split[t].current += 1;
+            want.inactive_split_bytes[t].current += n;
+          }
+          break;
+        }
         case NodeState::kAllocated:
           MEMFIT_CHECK(live.find(b->addr) == b) << hex_address(b->addr) << " not in the live map";
           MEMFIT_CHECK(b->event_count == 0);
@@ -247,6 +270,8 @@ void CachingAllocator::Impl::check() const {
         << "pool " << i << ": " << pools[i].size() << " entries, " << free_in_pool[i] << " free";
   }
   MEMFIT_CHECK(reserved <= reserved_high);
+  MEMFIT_CHECK(cached == free_cache_len)
+      << cached << " cached blocks, " << free_cache_len << " in the free cache";
   MEMFIT_CHECK(live.size() == allocated) << live.size() << " vs " << allocated;
   MEMFIT_CHECK(pending.size() == pending_events) << pending.size() << " vs " << pending_events;
   for (const Pending& p : pending) MEMFIT_CHECK(p.block->state == NodeState::kPendingFree);

@@ -153,6 +153,55 @@ TEST(AllocatorPolicy, NoReleaseBelowTheMarkAndNoneForPersistentGrowth) {
   a.check_invariants();
 }
 
+// The free cache (caching_allocator_impl.h): small blocks wait unmerged for a request of the
+// same (pool, stream, size); debug checks run after every operation here.
+TEST(AllocatorPolicy, FreeCacheServesRepeatsAndMergesOnMissFullAndEmptyCache) {
+  NullProvider null;
+  CachingAllocator a(null, conf(true, true));
+  std::vector<Block> blocks;
+  std::vector<std::uintptr_t> at;
+  for (int i = 0; i < 10; ++i) {
+    blocks.push_back(a.allocate(512 * std::size_t(i + 1), kAct));
+    at.push_back(addr(blocks.back()));
+  }
+  Block tail = a.allocate(512, kAct);  // keeps the segment split after the others merge
+  const auto inactive = [&] { return a.stats().inactive_split[kStatSmallPool].current; };
+  EXPECT_EQ(inactive(), 1);  // the rest of the segment
+  blocks[3].reset();         // 2048 bytes, cached
+  blocks[4].reset();         // 2560, cached beside it, unmerged
+  EXPECT_EQ(inactive(), 3);
+  const Snapshot snap = a.snapshot();
+  EXPECT_EQ(snap.segments[0].blocks[3].state, BlockState::kInactive);
+  EXPECT_EQ(snap.segments[0].blocks[4].state, BlockState::kInactive);
+  // A repeat of a cached size takes that block.
+  Block same = a.allocate(2048, kAct);
+  EXPECT_EQ(addr(same), at[3]);
+  EXPECT_EQ(inactive(), 2);
+  same.reset();
+  blocks[5].reset();  // cached now: 2560, 2048, 3072, side by side
+  EXPECT_EQ(inactive(), 4);
+  // A miss merges them (7680 bytes) before best fit, which then finds that run first.
+  Block miss = a.allocate(5632, kAct);
+  EXPECT_EQ(addr(miss), at[3]);
+  EXPECT_EQ(inactive(), 2);  // the 2048 bytes after it and the rest of the segment
+  // A cached block serves its own stream only.
+  blocks[1].reset();
+  Block other_stream = a.allocate(1024, kAct, 1);
+  EXPECT_NE(addr(other_stream), at[1]);
+  EXPECT_EQ(a.stats().segment[kStatSmallPool].current, 2);
+  // Nine frees overflow the list of eight (the oldest is merged); empty_cache merges the
+  // rest and returns the segments that are wholly free.
+  for (int i : {0, 2, 6, 7, 8, 9}) blocks[i].reset();
+  miss.reset();
+  tail.reset();
+  other_stream.reset();
+  EXPECT_EQ(a.stats().num_device_free, 0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes[kStatAll].current, 0);
+  EXPECT_EQ(inactive(), 0);
+  EXPECT_EQ(a.stats().num_device_free, 2);
+}
+
 TEST(AllocatorPolicy, EventsOfOneCallShareOneClockReading) {
   NullProvider null;
   CachingAllocator a(null, conf(true, true));
