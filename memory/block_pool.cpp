@@ -4,7 +4,6 @@
 // garbage collection, release_before_growth) in caching_allocator_release.cpp; stats,
 // snapshot, the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,10 +108,7 @@ const std::string* CachingAllocator::Impl::intern(std::string_view tag) {
 void CachingAllocator::Impl::emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size,
                                        StreamId stream, Category category,
                                        const std::string* tag) noexcept {
-  if (event_time == kNoTime) {
-    const auto now = std::chrono::steady_clock::now().time_since_epoch();
-    event_time = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
-  }
+  if (event_time == kNoTime) event_time = clock.now_ns();
   const AllocatorEvent e{kind,      addr,
                          size,      stream,
                          category,  tag != nullptr ? std::string_view(*tag) : std::string_view(),

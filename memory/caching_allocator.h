@@ -46,6 +46,14 @@
 //   max_split_size_mb:128 the release costs warm-up calls (B=8: 16 in step 1 and 1 in step 2,
 //   against 1 / 0 without it); switch it off there.
 //
+// Fast path (caching_allocator_impl.h has the data structures): a cached size costs one lock,
+// a best-fit lookup, a split or none, stats; a freed small block waits unmerged in a short
+// free cache for a repeat of its size. Instructions per allocate + free pair (valgrind, Release
+// build; wall time on a quiet core is roughly proportional): 4 KiB 904 -> 684 with the free
+// cache, 32 MiB 773 (no split either way). With a listener, each public call reads the clock
+// once for all its events, from an EventClock (TSC, ~13 ns, instead of steady_clock's ~33 ns
+// here): the listener's cost per pair fell from ~60 to ~37 ns (best of 100k-pair runs).
+//
 // Errors: allocate(0) and sizes beyond any provider (> 2^50 bytes) throw InvalidArgument;
 // free of a pointer not allocated here, or freed twice, throws InvalidArgument naming the
 // address. Broken invariants are MEMFIT_CHECK failures; with config.debug_checks (or the

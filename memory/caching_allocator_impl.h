@@ -276,7 +276,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   void emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
                  Category category, const std::string* tag) noexcept;
   // Called by every public method that may emit, under the lock: its events share one clock
-  // reading, taken at the first of them (a steady_clock read costs ~30 ns here).
+  // reading, taken at the first of them.
   void begin_op() { event_time = kNoTime; }
 
   // ---- state --------------------------------------------------------------------------------
@@ -317,6 +317,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
 
   static constexpr std::int64_t kNoTime = -1;
   std::int64_t event_time = kNoTime;  // this public call's event time, once read
+  EventClock clock;
   bool has_listeners = false;
   ListenerId next_listener = 1;
   std::vector<std::pair<ListenerId, AllocatorListener>> listeners;
