@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <system_error>
 
@@ -15,8 +16,18 @@ namespace {
 
 constexpr std::size_t kMaxSplitMbLimit = std::size_t{1} << 30;  // 2^30 MiB = 2^50 bytes
 
+constexpr const char* kKeys[] = {
+    "max_split_size_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "budget",
+    "separate_persistent_pools",
+    "release_before_growth",
+};
+constexpr int kKeyCount = static_cast<int>(std::size(kKeys));
 constexpr const char* kValidKeys =
-    "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, budget";
+    "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, budget, "
+    "separate_persistent_pools, release_before_growth";
 
 std::string_view trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -42,12 +53,19 @@ bool parse_uint(std::string_view v, std::size_t& out) {
   return r.ec == std::errc() && r.ptr == v.data() + v.size();
 }
 
+// true|false, and PyTorch's True|False.
+bool parse_bool(std::string_view text, std::string_view key, std::string_view v) {
+  if (v == "true" || v == "True") return true;
+  if (v == "false" || v == "False") return false;
+  bad_value(text, key, v, "true or false");
+}
+
 }  // namespace
 
 AllocatorConfig parse_alloc_conf(std::string_view text) {
   AllocatorConfig cfg;
   if (trim(text).empty()) return cfg;
-  bool seen[4] = {false, false, false, false};
+  bool seen[kKeyCount] = {};
   std::string_view rest = text;
   while (true) {
     const std::size_t comma = rest.find(',');
@@ -63,16 +81,9 @@ AllocatorConfig parse_alloc_conf(std::string_view text) {
     }
     const std::string_view key = trim(entry.substr(0, colon));
     const std::string_view value = trim(entry.substr(colon + 1));
-    int index = -1;
-    if (key == "max_split_size_mb") {
-      index = 0;
-    } else if (key == "roundup_power2_divisions") {
-      index = 1;
-    } else if (key == "garbage_collection_threshold") {
-      index = 2;
-    } else if (key == "budget") {
-      index = 3;
-    } else {
+    int index = 0;
+    while (index < kKeyCount && key != kKeys[index]) ++index;
+    if (index == kKeyCount) {
       fail(text, "unknown key '" + std::string(key) + "'; valid keys: " + kValidKeys);
     }
     if (seen[index]) fail(text, "key '" + std::string(key) + "' given twice");
@@ -119,6 +130,12 @@ AllocatorConfig parse_alloc_conf(std::string_view text) {
         }
         break;
       }
+      case 4:
+        cfg.separate_persistent_pools = parse_bool(text, key, value);
+        break;
+      case 5:
+        cfg.release_before_growth = parse_bool(text, key, value);
+        break;
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -156,6 +173,13 @@ std::string AllocatorConfig::to_string() const {
     add("garbage_collection_threshold", std::string(buf, r.ptr));
   }
   if (budget != 0) add("budget", std::to_string(budget));
+  const AllocatorConfig defaults;
+  if (separate_persistent_pools != defaults.separate_persistent_pools) {
+    add("separate_persistent_pools", separate_persistent_pools ? "true" : "false");
+  }
+  if (release_before_growth != defaults.release_before_growth) {
+    add("release_before_growth", release_before_growth ? "true" : "false");
+  }
   return out;
 }
 

@@ -15,6 +15,14 @@
 //                                   needs a budget; default off).
 //   budget:SIZE                     byte budget for reserved memory (units as parse_size:
 //                                   24GiB, 512MiB); like set_per_process_memory_fraction.
+//   separate_persistent_pools:B     true|false (default true): gradients and optimizer state
+//                                   get segments of their own, so long-lived blocks never pin
+//                                   a segment made for a transient tensor.
+//   release_before_growth:B         true|false (default true): before reserved memory grows
+//                                   past its high-water mark for a transient block, return
+//                                   cached transient segments wholly free and too small for it.
+// (The last two are memfit policies, not PyTorch's; caching_allocator.h gives the figures.)
+// roundup_power2_divisions:1 rounds to powers of two (PyTorch treats 1 as off).
 // Errors are ConfigError naming the key, the value and the valid range.
 #pragma once
 
@@ -25,13 +33,16 @@
 namespace memfit {
 
 struct AllocatorConfig {
-  std::size_t max_split_size = 0;          // bytes; 0 = unlimited
-  int roundup_power2_divisions = 0;        // 0 = off
-  double garbage_collection_threshold = 0; // 0 = off
-  std::size_t budget = 0;                  // bytes of reserved memory; 0 = unlimited
-  bool debug_checks = false;               // whole-structure checks after every operation
+  std::size_t max_split_size = 0;           // bytes; 0 = unlimited
+  int roundup_power2_divisions = 0;         // 0 = off
+  double garbage_collection_threshold = 0;  // 0 = off
+  std::size_t budget = 0;                   // bytes of reserved memory; 0 = unlimited
+  bool separate_persistent_pools = true;    // memfit policy, see caching_allocator.h
+  bool release_before_growth = true;        // memfit policy, see caching_allocator.h
+  bool debug_checks = false;                // whole-structure checks after every operation
 
-  // "max_split_size_mb:128,..." form of this config (keys at their defaults omitted).
+  // "max_split_size_mb:128,..." form of this config (keys at their defaults omitted;
+  // debug_checks has no key).
   std::string to_string() const;
 };
 

@@ -8,7 +8,9 @@
 // Each Stat counts current / peak / allocated (cumulative increments) / freed (cumulative
 // decrements). Meanings, as in PyTorch:
 //   allocation, allocated_bytes      live blocks handed to callers (rounded sizes for bytes)
-//   requested_bytes                  the same, with the sizes callers asked for
+//   requested_bytes                  the same, with the sizes callers asked for. It drops when
+//                                    the caller frees (PyTorch: when the free completes, i.e.
+//                                    after the stream events of record_stream)
 //   segment, reserved_bytes          segments held from the provider
 //   active, active_bytes             live blocks plus blocks freed but waiting on stream events
 //   inactive_split, inactive_split_bytes  free blocks that are part of a split segment

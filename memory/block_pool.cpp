@@ -1,9 +1,9 @@
-// The caching allocator's pools: best fit, splitting, merging, stream events, segments from
-// and back to the provider, the retry on failure, garbage collection. The caller holds the
-// allocator's mutex throughout. The public API is in caching_allocator.cpp; stats, snapshot,
-// the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
+// The caching allocator's pools: best fit, splitting, merging, the free cache, stream events,
+// segments from the provider, the retry on failure. The caller holds the allocator's mutex
+// throughout. The public API is in caching_allocator.cpp; giving segments back (empty_cache,
+// garbage collection, release_before_growth) in caching_allocator_release.cpp; stats,
+// snapshot, the invariant check and the out-of-memory report in caching_allocator_inspect.cpp.
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,22 +104,16 @@ const std::string* CachingAllocator::Impl::intern(std::string_view tag) {
   return last_tag;
 }
 
+// noexcept: a listener that throws ends the program (allocator_event.h says why).
 void CachingAllocator::Impl::emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size,
-                                       StreamId stream, Category category, const std::string* tag,
-                                       const EventKind* kind2) {
-  const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  AllocatorEvent e{kind,
-                   addr,
-                   size,
-                   stream,
-                   category,
-                   tag != nullptr ? std::string_view(*tag) : std::string_view(),
-                   std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()};
+                                       StreamId stream, Category category,
+                                       const std::string* tag) noexcept {
+  if (event_time == kNoTime) event_time = clock.now_ns();
+  const AllocatorEvent e{kind,      addr,
+                         size,      stream,
+                         category,  tag != nullptr ? std::string_view(*tag) : std::string_view(),
+                         event_time};
   for (const auto& [id, fn] : listeners) fn(e);
-  if (kind2 != nullptr) {
-    e.kind = *kind2;
-    for (const auto& [id, fn] : listeners) fn(e);
-  }
 }
 
 // inactive_split counts free blocks that share a segment with others; entering and leaving a
@@ -138,7 +132,7 @@ void CachingAllocator::Impl::count_in_pool(const BlockNode* b, int sign) {
 
 void CachingAllocator::Impl::pool_insert(BlockNode* b) {
   count_in_pool(b, +1);
-  PoolSet& pool = pool_for(b->segment->is_large);
+  PoolSet& pool = pool_of(b);
   MEMFIT_CHECK(!b->handle.empty()) << "block " << hex_address(b->addr) << " has no tree node";
   b->handle.value() = b->entry();
   auto r = pool.insert(std::move(b->handle));
@@ -148,7 +142,7 @@ void CachingAllocator::Impl::pool_insert(BlockNode* b) {
 
 void CachingAllocator::Impl::pool_remove(BlockNode* b) {
   count_in_pool(b, -1);
-  b->handle = pool_for(b->segment->is_large).extract(b->pool_it);
+  b->handle = pool_of(b).extract(b->pool_it);
 }
 
 // `to` (outside the pool, its key final) takes over the tree node of `from` (in the pool),
@@ -157,7 +151,7 @@ void CachingAllocator::Impl::pool_remove(BlockNode* b) {
 // allocate + free of a cached size costs no tree rebalancing at all. The caller does the
 // inactive_split accounting.
 void CachingAllocator::Impl::pool_transfer(BlockNode* from, BlockNode* to) {
-  PoolSet& pool = pool_for(to->segment->is_large);
+  PoolSet& pool = pool_of(to);
   const auto it = from->pool_it;
   const alloc_detail::PoolEntry e = to->entry();
   const alloc_detail::PoolLess less;
@@ -201,7 +195,7 @@ BlockNode* CachingAllocator::Impl::find_free_block(PoolSet& pool, StreamId strea
 // ---- Impl: allocation -----------------------------------------------------------------------
 
 BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_large,
-                                                 StreamId stream) {
+                                                 bool persistent, StreamId stream) {
   if (config.budget != 0 && (seg_size > config.budget || reserved > config.budget - seg_size)) {
     last_failure = Failure::kBudget;
     return nullptr;
@@ -238,12 +232,15 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   seg->size = seg_size;
   seg->stream = stream;
   seg->is_large = is_large;
+  seg->persistent = persistent;
+  seg->pool = alloc_detail::pool_index(is_large, persistent);
   seg->head = b;
   b->addr = addr;
   b->size = seg_size;
   b->stream = stream;
   b->segment = seg;
   reserved += seg_size;
+  reserved_high = std::max(reserved_high, reserved);
   stat_increase(stats.segment, b->stat_type(), 1);
   stat_increase(stats.reserved_bytes, b->stat_type(), i64(seg_size));
   ++stats.num_device_alloc;
@@ -251,15 +248,19 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
   return b;
 }
 
-BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream) {
+BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId stream,
+                                                     bool persistent) {
   const bool is_large = size > kSmallSize;
   const std::size_t seg_size = allocation_size(size);
-  BlockNode* b = alloc_segment(seg_size, is_large, stream);
+  if (config.release_before_growth && !persistent && reserved + seg_size > reserved_high) {
+    release_unfit_segments(size, seg_size);
+  }
+  BlockNode* b = alloc_segment(seg_size, is_large, persistent, stream);
   // memfit addition: when a shared 20 MiB segment does not fit (budget or provider), a
   // segment of just the request (rounded to 2 MiB) may; PyTorch reports OOM here instead.
   const std::size_t tight = (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
   if (b == nullptr && is_large && tight < seg_size) {
-    b = alloc_segment(tight, is_large, stream);
+    b = alloc_segment(tight, is_large, persistent, stream);
   }
   return b;
 }
@@ -267,11 +268,13 @@ BlockNode* CachingAllocator::Impl::new_segment_block(std::size_t size, StreamId 
 // No cached block fits: a new segment, after garbage collection when configured; failing
 // that, retry once with the cache emptied; failing that, OutOfMemory. The block returned is
 // outside the pool.
-BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t bytes,
-                                                  std::size_t size, StreamId stream,
-                                                  Category category, const std::string* tag) {
+BlockNode* CachingAllocator::Impl::new_block_slow(int pool_id, std::size_t bytes, std::size_t size,
+                                                  StreamId stream, Category category,
+                                                  const std::string* tag) {
   if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
-  BlockNode* b = new_segment_block(size, stream);
+  const bool persistent = (pool_id & 2) != 0;
+  PoolSet& pool = pools[pool_id];
+  BlockNode* b = new_segment_block(size, stream, persistent);
   if (b != nullptr) return b;
   // Pending frees completed first (merged, they may now fit), then every wholly free segment
   // returned to the provider.
@@ -283,7 +286,7 @@ BlockNode* CachingAllocator::Impl::new_block_slow(PoolSet& pool, std::size_t byt
     return b;
   }
   release_free_segments();
-  b = new_segment_block(size, stream);
+  b = new_segment_block(size, stream, persistent);
   if (b == nullptr) out_of_memory(bytes, stream, category, tag);
   return b;
 }
@@ -298,15 +301,25 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
           ? nullptr
           : (last_tag != nullptr && *last_tag == tag_text ? last_tag : intern(tag_text));
   const std::size_t size = round_size(bytes);
-  const bool is_large = size > kSmallSize;
-  PoolSet& pool = pool_for(is_large);
+  const int pool_id = alloc_detail::pool_index(size > kSmallSize, persistent_pool_for(category));
+  PoolSet& pool = pools[pool_id];
   // What a split and the live map may need, obtained before anything changes.
   if (__builtin_expect(spare.empty(), 0)) grow_spare();
   live.reserve_one();
 
-  BlockNode* b = find_free_block(pool, stream, size);
-  const bool from_pool = b != nullptr;
-  if (__builtin_expect(!from_pool, 0)) b = new_block_slow(pool, bytes, size, stream, category, tag);
+  BlockNode* b = nullptr;
+  if (__builtin_expect(free_cache_len != 0, 0)) {
+    b = take_cached(pool_id, stream, size);
+    // A miss merges the cached blocks first, so that best fit sees the pools as if they had
+    // been merged at their free.
+    if (b == nullptr) flush_free_cache();
+  }
+  const bool from_cache = b != nullptr;
+  if (!from_cache) b = find_free_block(pool, stream, size);
+  const bool from_pool = !from_cache && b != nullptr;
+  if (__builtin_expect(b == nullptr, 0)) {
+    b = new_block_slow(pool_id, bytes, size, stream, category, tag);
+  }
 
   if (should_split(b, size)) {
     BlockNode* rest = node_from_spare();
@@ -345,7 +358,7 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
   stat_increase(stats.active_bytes, type, n);
   stat_increase(stats.requested_bytes, type, i64(bytes));
   stats.category_bytes[category_index(category)].increase(n);
-  if (__builtin_expect(!from_pool, 0) && fresh_segment != nullptr) {
+  if (__builtin_expect(fresh_segment != nullptr, 0)) {
     emit(EventKind::kSegmentAlloc, fresh_segment->base, fresh_segment->size, stream, category, tag);
     fresh_segment = nullptr;
   }
@@ -393,12 +406,14 @@ void CachingAllocator::Impl::free_requested(BlockNode* b) {
     emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
     return;
   }
-  merge_into_pool(b);
-  if (__builtin_expect(has_listeners, 0)) {
-    // Back in the cache at once: one clock reading serves both events.
-    const EventKind completed = EventKind::kFreeCompleted;
-    emit_slow(EventKind::kFreeRequested, addr, size, b->stream, category, tag, &completed);
+  if (!b->segment->is_large) {
+    deactivate(b);
+    cache_free(b);
+  } else {
+    merge_into_pool(b);
   }
+  emit(EventKind::kFreeRequested, addr, size, b->stream, category, tag);
+  emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
 }
 
 void CachingAllocator::Impl::free_completed(BlockNode* b) {
@@ -410,16 +425,22 @@ void CachingAllocator::Impl::free_completed(BlockNode* b) {
   emit(EventKind::kFreeCompleted, addr, size, b->stream, category, tag);
 }
 
-// The block stops being active, merges with free neighbours and enters its pool.
 void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
+  deactivate(b);
+  merge_free(b);
+}
+
+void CachingAllocator::Impl::deactivate(BlockNode* b) {
   const int type = b->stat_type();
   stat_decrease(stats.active, type, 1);
   stat_decrease(stats.active_bytes, type, i64(b->size));
-
   b->state = NodeState::kFree;
   b->requested = 0;
   b->category = Category::kUnknown;
   b->tag = nullptr;
+}
+
+void CachingAllocator::Impl::merge_free(BlockNode* b) {
   BlockNode* p = b->prev != nullptr && b->prev->state == NodeState::kFree ? b->prev : nullptr;
   BlockNode* q = b->next != nullptr && b->next->state == NodeState::kFree ? b->next : nullptr;
   b->free_seq = ++free_seq;
@@ -447,10 +468,51 @@ void CachingAllocator::Impl::merge_into_pool(BlockNode* b) {
     // The merged block takes over the tree node of the larger neighbour (the nearer key).
     BlockNode* keep = (q != nullptr && (p == nullptr || q->size >= p->size)) ? q : p;
     BlockNode* drop = keep == q ? p : q;
-    if (drop != nullptr) drop->handle = pool_for(b->segment->is_large).extract(drop->pool_it);
+    if (drop != nullptr) drop->handle = pool_of(b).extract(drop->pool_it);
     pool_transfer(keep, b);
     node_to_spare(p != nullptr ? p : q);
     if (p != nullptr && q != nullptr) node_to_spare(q);
+  }
+}
+
+// ---- Impl: the free cache (caching_allocator_impl.h) ----------------------------------------
+
+BlockNode* CachingAllocator::Impl::take_cached(int pool, StreamId stream, std::size_t size) {
+  for (int i = free_cache_len - 1; i >= 0; --i) {  // newest first
+    const CachedFree& c = free_cache[i];
+    if (c.size != size || c.stream != stream || c.pool != pool) continue;
+    BlockNode* b = c.block;
+    std::copy(free_cache + i + 1, free_cache + free_cache_len, free_cache + i);
+    --free_cache_len;
+    count_in_pool(b, -1);
+    return b;
+  }
+  return nullptr;
+}
+
+void CachingAllocator::Impl::cache_free(BlockNode* b) {
+  b->state = NodeState::kCached;  // first: the evicted block must not merge with it
+  if (free_cache_len == kFreeCacheSlots) {
+    BlockNode* oldest = free_cache[0].block;
+    std::copy(free_cache + 1, free_cache + free_cache_len, free_cache);
+    --free_cache_len;
+    count_in_pool(oldest, -1);
+    oldest->state = NodeState::kFree;
+    merge_free(oldest);
+  }
+  b->free_seq = ++free_seq;
+  count_in_pool(b, +1);  // a small block always shares its segment: inactive_split
+  free_cache[free_cache_len++] = {b->size, b->stream, b->segment->pool, b};
+}
+
+void CachingAllocator::Impl::flush_free_cache() {
+  const int n = free_cache_len;
+  free_cache_len = 0;
+  for (int i = 0; i < n; ++i) {
+    BlockNode* b = free_cache[i].block;
+    count_in_pool(b, -1);
+    b->state = NodeState::kFree;
+    merge_free(b);
   }
 }
 
@@ -483,62 +545,6 @@ void CachingAllocator::Impl::synchronize_events() {
     sync->synchronize(p.event);
     sync->release(p.event);
     if (--p.block->event_count == 0) free_completed(p.block);
-  }
-}
-
-// ---- Impl: giving memory back ---------------------------------------------------------------
-
-void CachingAllocator::Impl::release_segment(BlockNode* b) {
-  MEMFIT_CHECK(b->state == NodeState::kFree && !b->is_split());
-  Segment* seg = b->segment;
-  pool_remove(b);
-  provider.deallocate(reinterpret_cast<void*>(seg->base), seg->size);
-  reserved -= seg->size;
-  const int type = b->stat_type();
-  stat_decrease(stats.segment, type, 1);
-  stat_decrease(stats.reserved_bytes, type, i64(seg->size));
-  ++stats.num_device_free;
-  segments.erase(seg->base);
-  const std::uintptr_t base = seg->base;
-  const std::size_t size = seg->size;
-  const StreamId stream = seg->stream;
-  delete seg;
-  node_to_spare(b);
-  emit(EventKind::kSegmentFree, base, size, stream, Category::kUnknown, nullptr);
-}
-
-void CachingAllocator::Impl::release_free_segments() {
-  std::vector<BlockNode*> whole;
-  for (PoolSet* pool : {&small, &large}) {
-    for (const auto& e : *pool)
-      if (!e.block->is_split()) whole.push_back(e.block);
-  }
-  for (BlockNode* b : whole) release_segment(b);
-}
-
-void CachingAllocator::Impl::empty_cache() {
-  synchronize_events();
-  release_free_segments();
-}
-
-// When reserved memory is above threshold * budget, return wholly free segments, the ones
-// idle longest first, until it is not. PyTorch ages every cached block on each lookup (O(n)
-// per allocation while GC is on) and frees those older than the mean; a free-time stamp
-// gives the same order with no per-allocation cost.
-void CachingAllocator::Impl::garbage_collect() {
-  const auto limit = static_cast<std::size_t>(config.garbage_collection_threshold *
-                                              static_cast<double>(config.budget));
-  if (reserved <= limit) return;
-  std::vector<BlockNode*> whole;
-  for (PoolSet* pool : {&small, &large}) {
-    for (const auto& e : *pool)
-      if (!e.block->is_split()) whole.push_back(e.block);
-  }
-  std::sort(whole.begin(), whole.end(),
-            [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
-  for (BlockNode* b : whole) {
-    if (reserved <= limit) break;
-    release_segment(b);
   }
 }
 

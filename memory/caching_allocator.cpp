@@ -68,8 +68,7 @@ CachingAllocator::Impl::~Impl() {
                  "allocator)\n",
                  live_count, format_bytes(live_bytes).c_str(), provider.name());
   }
-  small.clear();
-  large.clear();
+  for (PoolSet& pool : pools) pool.clear();
   for (const auto& [addr, seg] : segments) {
     provider.deallocate(reinterpret_cast<void*>(seg->base), seg->size);
     for (BlockNode* b = seg->head; b != nullptr;) {
@@ -93,6 +92,7 @@ CachingAllocator::~CachingAllocator() = default;
 Block CachingAllocator::allocate(std::size_t bytes, Category category, StreamId stream,
                                  std::string_view tag) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->begin_op();
   BlockNode* b = impl_->malloc(bytes, category, stream, tag);
   impl_->after_op();
   return Block(this, reinterpret_cast<void*>(b->addr), bytes, b);
@@ -101,6 +101,7 @@ Block CachingAllocator::allocate(std::size_t bytes, Category category, StreamId 
 void* CachingAllocator::allocate_raw(std::size_t bytes, Category category, StreamId stream,
                                      std::string_view tag) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->begin_op();
   BlockNode* b = impl_->malloc(bytes, category, stream, tag);
   impl_->after_op();
   return reinterpret_cast<void*>(b->addr);
@@ -112,12 +113,14 @@ void CachingAllocator::free(void* ptr) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   BlockNode* b = impl_->live.find(addr);
   if (b == nullptr) impl_->bad_pointer("free", addr);
+  impl_->begin_op();
   impl_->free_requested(b);
   impl_->after_op();
 }
 
 void CachingAllocator::free_block(void* node) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->begin_op();
   impl_->free_requested(static_cast<BlockNode*>(node));
   impl_->after_op();
 }
@@ -142,6 +145,7 @@ void CachingAllocator::record_stream_block(void* node, StreamId stream) {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->begin_op();
   impl_->empty_cache();
   impl_->after_op();
 }
@@ -187,7 +191,10 @@ void CachingAllocator::check_invariants() const {
   impl_->check();
 }
 
-const AllocatorConfig& CachingAllocator::config() const { return impl_->config; }
+AllocatorConfig CachingAllocator::config() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);  // set_budget may be writing it
+  return impl_->config;
+}
 MemoryProvider& CachingAllocator::provider() const { return impl_->provider; }
 
 // ---- Block ----------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 // Data structures, after PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp):
 // - BlockNode: one contiguous range of a segment, linked to its address neighbours
 //   (prev/next) so a free can merge in O(1).
-// - Two pools (small, large), each a std::set of the free blocks ordered by (stream, size,
-//   address): best fit is one lower_bound.
+// - Pools of free blocks, each a std::set ordered by (stream, size, address): best fit is one
+//   lower_bound. PyTorch has two (small, large); memfit has four: small and large, each split
+//   by lifetime (transient, persistent: see caching_allocator.h), indexed by PoolIndex.
 // - PtrMap: address -> live block, for free(void*) and for telling a foreign pointer from a
 //   double free.
 // Where memfit differs, for the fast path (no heap allocation once warm):
@@ -13,6 +14,14 @@
 //   after warm-up. PyTorch news and deletes a Block on every split and merge.
 // - Split and merge re-key the tree node in place when the order allows (pool_transfer).
 // - PtrMap is an open-addressing table (no per-entry node) instead of a node-based hash map.
+// - The free cache: a small-pool block freed with no stream events to wait for is not merged
+//   at once but parked (state kCached) in a short list that the next request of the same
+//   (pool, stream, size) takes from directly, newest first. A 4 KiB allocate + free pair then
+//   neither splits nor merges its 2 MiB segment (caching_allocator.h has the figures). Cached
+//   blocks are merged into their pools when the list is full (the oldest), on any request
+//   the list cannot serve (all of them, before best fit), and before empty_cache, so every
+//   other path sees merged pools. For stats and snapshots they are inactive blocks of a
+//   split segment (two may sit side by side); the invariant check knows the state.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +40,8 @@
 
 namespace memfit::alloc_detail {
 
-enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree };
+// kFree: merged, in its pool. kCached: free, unmerged, in the free cache (small pool only).
+enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree, kCached };
 
 struct BlockNode;
 
@@ -65,11 +75,19 @@ struct PoolLess {
 };
 using PoolSet = std::set<PoolEntry, PoolLess>;
 
+// Pool index: bit 0 = large, bit 1 = persistent.
+inline constexpr int kPoolCount = 4;
+inline int pool_index(bool is_large, bool persistent) {
+  return (is_large ? 1 : 0) | (persistent ? 2 : 0);
+}
+
 struct Segment {
   std::uintptr_t base = 0;
   std::size_t size = 0;
   StreamId stream = kDefaultStream;
   bool is_large = false;
+  bool persistent = false;    // serves only persistent categories (and they only it)
+  int pool = 0;               // pool_index(is_large, persistent)
   BlockNode* head = nullptr;  // the block at `base`
 };
 
@@ -215,22 +233,34 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   static void validate_request(std::size_t bytes, const char* op);
 
   // ---- internals (caching_allocator.cpp) ----------------------------------------------------
-  PoolSet& pool_for(bool is_large) { return is_large ? large : small; }
+  PoolSet& pool_of(const BlockNode* b) { return pools[b->segment->pool]; }
+  bool persistent_pool_for(Category c) const {
+    // Not kParameter: low-precision weight copies are made and dropped every step under it.
+    return config.separate_persistent_pools &&
+           (c == Category::kGradient || c == Category::kOptimizerState);
+  }
   BlockNode* find_free_block(PoolSet& pool, StreamId stream, std::size_t size);  // stays in pool
-  BlockNode* new_block_slow(PoolSet& pool, std::size_t bytes, std::size_t size, StreamId stream,
+  BlockNode* new_block_slow(int pool, std::size_t bytes, std::size_t size, StreamId stream,
                             Category category, const std::string* tag);
   bool should_split(const BlockNode* b, std::size_t size) const;
-  BlockNode* new_segment_block(std::size_t size, StreamId stream);
-  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, StreamId stream);
+  BlockNode* new_segment_block(std::size_t size, StreamId stream, bool persistent);
+  BlockNode* alloc_segment(std::size_t seg_size, bool is_large, bool persistent, StreamId stream);
+  void release_unfit_segments(std::size_t size, std::size_t seg_size);
   void pool_insert(BlockNode* b);
   void pool_remove(BlockNode* b);
   void pool_transfer(BlockNode* from, BlockNode* to);
   void count_in_pool(const BlockNode* b, int sign);
   void free_completed(BlockNode* b);   // a pending free whose events have all completed
-  void merge_into_pool(BlockNode* b);  // merge with free neighbours, back into the pool
+  void merge_into_pool(BlockNode* b);  // deactivate, then merge_free
+  void deactivate(BlockNode* b);       // no longer active: stats and the caller's fields
+  void merge_free(BlockNode* b);       // merge with free neighbours, back into the pool
+  BlockNode* take_cached(int pool, StreamId stream, std::size_t size);
+  void cache_free(BlockNode* b);       // b deactivated; evicts (merges) the oldest when full
+  void flush_free_cache();             // merges every cached block into its pool
   void process_events();               // completes frees whose events have all finished
   void synchronize_events();           // waits for every pending event, completes those frees
   void release_segment(BlockNode* b);  // b covers a whole free segment
+  std::vector<BlockNode*> whole_free_segments() const;  // their blocks, any pool
   void release_free_segments();
   void garbage_collect();
   [[noreturn]] void out_of_memory(std::size_t bytes, StreamId stream, Category category,
@@ -241,13 +271,13 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   const std::string* intern(std::string_view tag);
   void emit(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
             Category category, const std::string* tag) {
-    if (__builtin_expect(has_listeners, 0)) {
-      emit_slow(kind, addr, size, stream, category, tag, nullptr);
-    }
+    if (__builtin_expect(has_listeners, 0)) emit_slow(kind, addr, size, stream, category, tag);
   }
-  // Emits kind, then kind2 when it is not `kind`, with one clock reading for both.
   void emit_slow(EventKind kind, std::uintptr_t addr, std::size_t size, StreamId stream,
-                 Category category, const std::string* tag, const EventKind* kind2);
+                 Category category, const std::string* tag) noexcept;
+  // Called by every public method that may emit, under the lock: its events share one clock
+  // reading, taken at the first of them.
+  void begin_op() { event_time = kNoTime; }
 
   // ---- state --------------------------------------------------------------------------------
   MemoryProvider& provider;
@@ -257,7 +287,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   bool debug_checks;
   mutable std::mutex mu;
 
-  PoolSet small, large;
+  PoolSet pools[alloc_detail::kPoolCount];
   std::map<std::uintptr_t, Segment*> segments;  // by base address
   alloc_detail::PtrMap live;                    // active_allocated blocks
   struct Pending {
@@ -266,8 +296,18 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   };
   std::vector<Pending> pending;  // recorded events of pending frees, oldest first
   std::vector<BlockNode*> spare;
+  struct CachedFree {  // the key inline, so a lookup touches no BlockNode
+    std::size_t size;
+    StreamId stream;
+    int pool;
+    BlockNode* block;
+  };
+  static constexpr int kFreeCacheSlots = 8;
+  CachedFree free_cache[kFreeCacheSlots];  // oldest first
+  int free_cache_len = 0;
   Segment* fresh_segment = nullptr;  // obtained by this malloc; its event is still due
   std::size_t reserved = 0;          // == stats.reserved_bytes[kStatAll].current
+  std::size_t reserved_high = 0;     // the most ever reserved (reset_peak_stats leaves it)
   std::uint64_t free_seq = 0;
   enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
   AllocatorStats stats;
@@ -275,6 +315,9 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::unordered_set<std::string, alloc_detail::StringHash, std::equal_to<>> tags;
   const std::string* last_tag = nullptr;  // the previous request's tag, looked up first
 
+  static constexpr std::int64_t kNoTime = -1;
+  std::int64_t event_time = kNoTime;  // this public call's event time, once read
+  EventClock clock;
   bool has_listeners = false;
   ListenerId next_listener = 1;
   std::vector<std::pair<ListenerId, AllocatorListener>> listeners;

@@ -33,6 +33,7 @@ BlockState state_of(const BlockNode* b) {
     case NodeState::kPendingFree:
       return BlockState::kActivePendingFree;
     case NodeState::kFree:
+    case NodeState::kCached:  // free, merged or not
       break;
   }
   return BlockState::kInactive;
@@ -127,8 +128,8 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, C
   info.allocated_bytes = static_cast<std::size_t>(stats.allocated_bytes[kStatAll].current);
   info.reserved_bytes = reserved;
   info.budget_bytes = config.budget;
-  for (const PoolSet* pool : {&small, &large}) {
-    for (const auto& e : *pool) info.largest_free_block = std::max(info.largest_free_block, e.size);
+  for (const PoolSet& pool : pools) {
+    for (const auto& e : pool) info.largest_free_block = std::max(info.largest_free_block, e.size);
   }
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     const std::int64_t cur = stats.category_bytes[c].current;
@@ -164,7 +165,8 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, C
 // The whole-structure check (config.debug_checks / MEMFIT_DEBUG_CHECKS): O(blocks log blocks).
 void CachingAllocator::Impl::check() const {
   AllocatorStats want;  // current values recomputed from the blocks
-  std::size_t free_small = 0, free_large = 0, allocated = 0;
+  std::size_t free_in_pool[alloc_detail::kPoolCount] = {}, allocated = 0;
+  int cached = 0;
   std::size_t pending_events = 0;
   std::uintptr_t prev_end = 0;
   for (const auto& [addr, seg] : segments) {
@@ -173,6 +175,9 @@ void CachingAllocator::Impl::check() const {
         << "segment " << hex_address(seg->base) << " overlaps the previous one";
     prev_end = seg->base + seg->size;
     const int type = seg->is_large ? kStatLargePool : kStatSmallPool;
+    MEMFIT_CHECK(seg->pool == alloc_detail::pool_index(seg->is_large, seg->persistent));
+    MEMFIT_CHECK(!seg->persistent || config.separate_persistent_pools)
+        << "persistent segment " << hex_address(seg->base) << " with the policy off";
     for (int t : {int{kStatAll}, type}) {
       want.segment[t].current += 1;
       want.reserved_bytes[t].current += static_cast<std::int64_t>(seg->size);
@@ -194,11 +199,11 @@ void CachingAllocator::Impl::check() const {
           MEMFIT_CHECK(prev == nullptr || prev->state != NodeState::kFree)
               << "unmerged free neighbours at " << hex_address(b->addr);
           MEMFIT_CHECK(b->event_count == 0 && b->requested == 0);
-          const PoolSet& pool = seg->is_large ? large : small;
+          const PoolSet& pool = pools[seg->pool];
           auto it = pool.find(alloc_detail::PoolEntry{b->stream, b->size, b->addr, nullptr});
           MEMFIT_CHECK(it != pool.end() && it->block == b && b->pool_it == it)
               << "free block " << hex_address(b->addr) << " missing from its pool";
-          (seg->is_large ? free_large : free_small) += 1;
+          free_in_pool[seg->pool] += 1;
           if (b->is_split()) {
             for (int t : {int{kStatAll}, type}) {
               want.inactive_split[t].current += 1;
@@ -207,10 +212,34 @@ void CachingAllocator::Impl::check() const {
           }
           break;
         }
+        case NodeState::kCached: {
+          // Free but unmerged: in the free cache once, under its own key, out of the pool.
+          MEMFIT_CHECK(!seg->is_large && b->is_split()) << "cached block " << hex_address(b->addr);
+          MEMFIT_CHECK(b->event_count == 0 && b->requested == 0 && !b->handle.empty());
+          MEMFIT_CHECK(b->category == Category::kUnknown && b->tag == nullptr);
+          int found = 0;
+          for (int i = 0; i < free_cache_len; ++i) {
+            const CachedFree& c = free_cache[i];
+            if (c.block != b) continue;
+            ++found;
+            MEMFIT_CHECK(c.size == b->size && c.stream == b->stream && c.pool == seg->pool);
+          }
+          MEMFIT_CHECK(found == 1) << "cached block " << hex_address(b->addr) << " listed " << found
+                                   << " times in the free cache";
+          ++cached;
+          for (int t : {int{kStatAll}, type}) {
+            want.inactive_split[t].current += 1;
+            want.inactive_split_bytes[t].current += n;
+          }
+          break;
+        }
         case NodeState::kAllocated:
           MEMFIT_CHECK(live.find(b->addr) == b) << hex_address(b->addr) << " not in the live map";
           MEMFIT_CHECK(b->event_count == 0);
           MEMFIT_CHECK(b->requested > 0 && b->requested <= b->size);
+          MEMFIT_CHECK(persistent_pool_for(b->category) == seg->persistent)
+              << category_name(b->category) << " block " << hex_address(b->addr)
+              << " in a segment of the other lifetime pool";
           ++allocated;
           for (int t : {int{kStatAll}, type}) {
             want.allocation[t].current += 1;
@@ -236,8 +265,13 @@ void CachingAllocator::Impl::check() const {
         << "blocks of segment " << hex_address(seg->base) << " do not cover it";
   }
   // Sets hold no duplicates, so equal counts plus membership above mean "exactly the free".
-  MEMFIT_CHECK(small.size() == free_small) << small.size() << " vs " << free_small;
-  MEMFIT_CHECK(large.size() == free_large) << large.size() << " vs " << free_large;
+  for (int i = 0; i < alloc_detail::kPoolCount; ++i) {
+    MEMFIT_CHECK(pools[i].size() == free_in_pool[i])
+        << "pool " << i << ": " << pools[i].size() << " entries, " << free_in_pool[i] << " free";
+  }
+  MEMFIT_CHECK(reserved <= reserved_high);
+  MEMFIT_CHECK(cached == free_cache_len)
+      << cached << " cached blocks, " << free_cache_len << " in the free cache";
   MEMFIT_CHECK(live.size() == allocated) << live.size() << " vs " << allocated;
   MEMFIT_CHECK(pending.size() == pending_events) << pending.size() << " vs " << pending_events;
   for (const Pending& p : pending) MEMFIT_CHECK(p.block->state == NodeState::kPendingFree);

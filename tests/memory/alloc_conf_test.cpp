@@ -32,6 +32,8 @@ TEST(AllocConf, EmptyGivesDefaults) {
     EXPECT_EQ(c.roundup_power2_divisions, 0);
     EXPECT_EQ(c.garbage_collection_threshold, 0.0);
     EXPECT_EQ(c.budget, 0u);
+    EXPECT_TRUE(c.separate_persistent_pools);
+    EXPECT_TRUE(c.release_before_growth);
     EXPECT_EQ(c.to_string(), "");
   }
 }
@@ -44,6 +46,23 @@ TEST(AllocConf, ParsesEveryKey) {
   EXPECT_EQ(c.roundup_power2_divisions, 4);
   EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.8);
   EXPECT_EQ(c.budget, 24 * kGiB);
+}
+
+TEST(AllocConf, PolicySwitches) {
+  const AllocatorConfig off =
+      parse_alloc_conf("separate_persistent_pools:false,release_before_growth:False");
+  EXPECT_FALSE(off.separate_persistent_pools);
+  EXPECT_FALSE(off.release_before_growth);
+  EXPECT_EQ(off.to_string(), "separate_persistent_pools:false,release_before_growth:false");
+  const AllocatorConfig back = parse_alloc_conf(off.to_string());
+  EXPECT_FALSE(back.separate_persistent_pools);
+  EXPECT_FALSE(back.release_before_growth);
+  const AllocatorConfig on = parse_alloc_conf("separate_persistent_pools:True");
+  EXPECT_TRUE(on.separate_persistent_pools);
+  EXPECT_EQ(on.to_string(), "");  // the default is omitted
+  expect_error("release_before_growth:1", {"release_before_growth", "'1'", "true or false"});
+  expect_error("separate_persistent_pools:yes", {"separate_persistent_pools", "true or false"});
+  expect_error("release_before_growth:true,release_before_growth:true", {"given twice"});
 }
 
 TEST(AllocConf, ToStringRoundTrips) {

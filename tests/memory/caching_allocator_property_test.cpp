@@ -379,6 +379,17 @@ TEST(CachingAllocatorProperty, TunedConfigNullProvider) {
   EXPECT_GT(n.ooms, 0) << "the budget was never reached: the OOM path went untested";
 }
 
+TEST(CachingAllocatorProperty, PyTorchRulesNullProvider) {
+  // memfit's two pool policies off: the allocator PyTorch's rules describe.
+  Scenario sc{"pytorch_rules/null", false, 40000, kSmallSize, 48 * kMiB, {}};
+  sc.config.debug_checks = true;
+  sc.config.budget = 1536 * kMiB;
+  sc.config.separate_persistent_pools = false;
+  sc.config.release_before_growth = false;
+  const Counters n = run(sc, 0x5eed0004);
+  EXPECT_GT(n.allocs, 10000);
+}
+
 TEST(CachingAllocatorProperty, HostMemoryIsNeverShared) {
   Scenario sc{"host", true, 20000, 256 * 1024, 12 * kMiB, {}};
   sc.config.debug_checks = true;

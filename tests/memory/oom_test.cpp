@@ -31,7 +31,9 @@ TEST(Oom, RetryReleasesCachedSegments) {
   FaultInjectingProvider faulty(host);
   faulty.set_byte_limit(8 * kMiB);
   {
-    CachingAllocator a(faulty, checked());
+    AllocatorConfig c = checked();
+    c.release_before_growth = false;  // it would return the small segments before the retry
+    CachingAllocator a(faulty, c);
     {
       std::vector<Block> blocks;
       for (int i = 0; i < 4; ++i) blocks.push_back(a.allocate(kMiB, Category::kActivation));
