@@ -49,10 +49,11 @@
 // Fast path (caching_allocator_impl.h has the data structures): a cached size costs one lock,
 // a best-fit lookup, a split or none, stats; a freed small block waits unmerged in a short
 // free cache for a repeat of its size. Instructions per allocate + free pair (valgrind, Release
-// build; wall time on a quiet core is roughly proportional): 4 KiB 904 -> 684 with the free
-// cache, 32 MiB 773 (no split either way). With a listener, each public call reads the clock
-// once for all its events, from an EventClock (TSC, ~13 ns, instead of steady_clock's ~33 ns
-// here): the listener's cost per pair fell from ~60 to ~37 ns (best of 100k-pair runs).
+// build; before -> after the free cache and separate pools): 4 KiB 888 -> 685, 32 MiB (no split
+// either way) 762 -> 783. build/bench/allocator_bench, best of 3 runs on the shared 2-core
+// development VM: 4 KiB ~80 -> ~54 ns. With a listener, each public call reads the clock once
+// for all its events, from an EventClock (TSC, ~13 ns, instead of steady_clock's ~33 ns here):
+// a no-op listener's cost per pair fell from ~60 to ~40 ns.
 //
 // Errors: allocate(0) and sizes beyond any provider (> 2^50 bytes) throw InvalidArgument;
 // free of a pointer not allocated here, or freed twice, throws InvalidArgument naming the
