@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   }
   const char* confs[] = {
       "",
+      // PyTorch's rules: memfit's two departures (alloc_conf.h) switched off, the anchor row.
+      "separate_persistent_pools:false,release_before_growth:false",
       "max_split_size_mb:128",
       "max_split_size_mb:512",
       "roundup_power2_divisions:4",
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
       const bool calls1_ok = r.provider_allocs_after_first_step == 0;
       const bool calls2_ok = later == 0;
       // The targets apply to the defaults; the other rows show what each setting does.
-      if (conf[0] == '\0') all_pass = all_pass && ratio_ok && calls2_ok;
+      if (conf[0] == '\0') all_pass = all_pass && ratio_ok && calls1_ok;
       std::printf(
           "%-3lld %-48s %9.1f %9.1f %7.3f %6.3f %8zu %6lld %6lld %6lld %7.1f %5lld  %s / %s / %s\n",
           static_cast<long long>(batch), conf[0] ? conf : "(defaults)", mib(r.peak_live_bytes),
@@ -138,7 +140,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\noverall, defaults rows (ratio <= %.2f, no OOM, no provider calls from step 2 on): %s\n",
-              kTargetRatio, all_pass ? "PASS" : "MISS");
+  std::printf(
+      "\noverall, defaults rows (ratio <= %.2f, no OOM, no provider calls after step 0): %s\n",
+      kTargetRatio, all_pass ? "PASS" : "MISS");
   return 0;
 }
