@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       "ratio = reserved peak / live peak; target <= %.2f, physical limit 1.00; provider"
       " calls after step 0: target 0\n\n",
       kTargetRatio);
-  std::printf("%-3s %-48s %9s %9s %7s %6s %8s %6s %6s %6s %7s %5s  %s\n", "B", "MEMFIT_ALLOC_CONF",
+  std::printf("%-3s %-60s %9s %9s %7s %6s %8s %6s %6s %6s %7s %5s  %s\n", "B", "MEMFIT_ALLOC_CONF",
               "live MiB", "rsrv MiB", "ratio", "round", "ops", "calls0", "calls1", "calls2+",
               "ns/op", "ooms", "ratio / calls>=1 / calls>=2");
   bool all_pass = true;
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
       // The targets apply to the defaults; the other rows show what each setting does.
       if (conf[0] == '\0') all_pass = all_pass && ratio_ok && calls1_ok;
       std::printf(
-          "%-3lld %-48s %9.1f %9.1f %7.3f %6.3f %8zu %6lld %6lld %6lld %7.1f %5lld  %s / %s / %s\n",
+          "%-3lld %-60s %9.1f %9.1f %7.3f %6.3f %8zu %6lld %6lld %6lld %7.1f %5lld  %s / %s / %s\n",
           static_cast<long long>(batch), conf[0] ? conf : "(defaults)", mib(r.peak_live_bytes),
           mib(r.peak_reserved_bytes), r.reserved_over_live,
           double(r.peak_allocated_bytes) / double(r.peak_live_bytes), r.num_ops,

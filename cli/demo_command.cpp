@@ -116,11 +116,18 @@ int run_demo(const DemoOptions& o) {
     (fits(o, mid, budgeted) ? lo : hi) = mid;
   }
   if (lo == 0) {
-    std::printf("  budget %s: not even micro-batch 1 fits\n", format_bytes(budget).c_str());
-  } else {
-    std::printf("  budget %s: largest micro-batch that fits is %lld\n",
-                format_bytes(budget).c_str(), static_cast<long long>(lo));
+    // A budget too small for anything is a user error: say what one sample needs.
+    AllocatorStats one;
+    const ReplayResult r1 = run_once(o, 1, config, &one);
+    throw InvalidArgument("--budget " + o.budget + " (" + format_bytes(budget) +
+                          ") is too small: " + o.model + " at micro-batch 1 reserves " +
+                          format_bytes(r1.peak_reserved_bytes) + " (" +
+                          format_bytes(r1.peak_live_bytes) + " live); give --budget " +
+                          std::to_string((r1.peak_reserved_bytes + kMiB - 1) / kMiB) +
+                          "MiB or more");
   }
+  std::printf("  budget %s: largest micro-batch that fits is %lld\n", format_bytes(budget).c_str(),
+              static_cast<long long>(lo));
 
   nlohmann::json j;
   j["model"] = o.model;
