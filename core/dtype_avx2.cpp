@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/simd_avx2.h"
 
 namespace memfit::detail {
 
@@ -19,17 +20,7 @@ namespace {
 // in. (MXCSR.DAZ would flush f32 denormal inputs, but those round to +-0 in f16 anyway.)
 constexpr int kRne = _MM_FROUND_TO_NEAREST_INT;
 
-// 8 f32 (as integer lanes) -> 8 bf16 in the low 16 bits of each lane.
-inline __m256i f32_to_bf16_lanes(__m256i x) {
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  // NaN: |x| > inf as integers (both sides are below 2^31, so the signed compare is exact).
-  const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
+using avx2::f32_to_bf16_lanes;
 
 // Two vectors of 16-bit-valued lanes -> 16 packed uint16 in order. packus works per 128-bit
 // half, so the 64-bit quarters come out as a0 b0 a1 b1 and are put back in order.

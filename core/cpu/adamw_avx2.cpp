@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/cpu/adamw.h"
+#include "core/simd_avx2.h"
 
 namespace memfit::detail {
 
@@ -31,17 +32,7 @@ inline __m256 load_grad(const unsigned char* p, std::size_t i) {
   }
 }
 
-// core/dtype.h's f32 -> bf16 rule, lane by lane: round to nearest even on the low 16 bits,
-// NaN -> top bits with the quiet bit set. Result in the low half of each 32-bit lane.
-inline __m256i f32_to_bf16_lanes(__m256i x) {
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
-  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
+using avx2::f32_to_bf16_lanes;
 
 template <Out O>
 inline void store_out(unsigned char* o, std::size_t i, __m256 p) {

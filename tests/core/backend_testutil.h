@@ -1,13 +1,18 @@
 // Host buffers viewed as Tensors, for the backend tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
+#include <initializer_list>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "memory/error.h"
 
 namespace memfit::testing {
 
@@ -56,5 +61,19 @@ class HostBuf {
 };
 
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// Expects `what` to throw InvalidArgument whose message names each of `parts`.
+template <typename F>
+void expect_invalid(F&& what, std::initializer_list<const char*> parts) {
+  try {
+    what();
+    ADD_FAILURE() << "no InvalidArgument thrown";
+  } catch (const InvalidArgument& e) {
+    for (const char* p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message lacks '" << p << "': " << e.what();
+    }
+  }
+}
 
 }  // namespace memfit::testing

@@ -24,6 +24,7 @@ namespace {
 
 using testing::HostBuf;
 using testing::kAllDTypes;
+using testing::expect_invalid;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -37,19 +38,6 @@ float round_to(DType t, float v) {
   return v;
 }
 
-// Expects `what` to throw InvalidArgument whose message names each of `parts`.
-template <typename F>
-void expect_invalid(F&& what, std::initializer_list<const char*> parts) {
-  try {
-    what();
-    ADD_FAILURE() << "no InvalidArgument thrown";
-  } catch (const InvalidArgument& e) {
-    for (const char* p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-    }
-  }
-}
 
 TEST(CpuBackend, Identity) {
   CpuBackend be;

@@ -116,18 +116,5 @@ inline double dot(const Vec& a, const Vec& b) {
   return s;
 }
 
-// Expects `what` to throw InvalidArgument whose message contains each of `parts`.
-template <typename F>
-void expect_invalid_msg(F&& what, std::initializer_list<const char*> parts) {
-  try {
-    what();
-    ADD_FAILURE() << "no InvalidArgument thrown";
-  } catch (const InvalidArgument& e) {
-    for (const char* p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message lacks '" << p << "': " << e.what();
-    }
-  }
-}
 
 }  // namespace memfit::testing
