@@ -17,9 +17,10 @@ struct ProgramRun {
   std::string output;  // stdout and stderr together
 };
 
+// The build's own program; MEMFIT_BINARY_DIR overrides, to test another build or an install.
 std::string memfit_binary() {
   const char* dir = std::getenv("MEMFIT_BINARY_DIR");
-  return std::string(dir ? dir : ".") + "/memfit";
+  return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
 }
 
 ProgramRun run_memfit(const std::string& args) {
