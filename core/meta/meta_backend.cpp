@@ -3,23 +3,14 @@
 
 #include <climits>
 #include <cstdint>
-#include <limits>
+
+#include "core/meta/saturating.h"
 
 namespace memfit {
-namespace {
 
-constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-
-std::int64_t sat_add(std::int64_t a, std::int64_t b) { return a > kMax - b ? kMax : a + b; }
-
-std::int64_t sat_mul(std::int64_t a, std::int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  return a > kMax / b ? kMax : a * b;
-}
-
-std::int64_t bytes(const Tensor& t) { return static_cast<std::int64_t>(t.nbytes()); }
-
-}  // namespace
+using meta::bytes;
+using meta::sat_add;
+using meta::sat_mul;
 
 const char* meta_op_name(MetaOp op) {
   switch (op) {
