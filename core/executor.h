@@ -1,0 +1,71 @@
+// Executor: runs one micro-batch of a Model (forward, loss, backward) in the order a Schedule
+// gives, holding activations only as long as the schedule says.
+//
+//   Executor ex(model, ctx);
+//   MicroBatch mb{tokens, targets};                      // (B,T) int32 on ctx's device
+//   Schedule s = Schedule::every(model.num_blocks(), 2);
+//   Act losses = ex.run(s, mb, /*dloss=*/scale / rows);  // grads +=; losses (B*T) f32
+//   double sum = sum_losses(ctx, *losses);               // host copy + sum (0 on meta)
+//
+// run() validates the schedule for the model, embeds, interprets the ops (core/schedule.h),
+// runs the head when x[n] is first held, the backwards, and the embedding's backward last. On
+// any exception (OutOfMemory included) every activation and every layer's saved state is
+// released before it propagates, so the allocator holds only what it held before the call
+// plus whatever the gradients received (the trainer zeroes them at the next step) — the
+// parameters are never written by run().
+// Hooks let a caller act as soon as a stage's gradients are complete (an offloading optimizer
+// starts copying them while the remaining backwards run); they run on the calling thread.
+// forward_only() computes the losses without saving anything (evaluation, dry runs of
+// inference). The same code runs on every backend, meta included (the planner's dry run).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "core/layer.h"
+#include "core/model.h"
+#include "core/schedule.h"
+
+namespace memfit {
+
+struct MicroBatch {
+  IndexTensor tokens;   // (B,T) int32, ids in [0, vocab)
+  IndexTensor targets;  // (B,T) int32, ids in [0, vocab)
+};
+
+struct ExecutorHooks {
+  std::function<void(int block)> after_block_backward;  // block i's grads are complete
+  std::function<void()> after_head_backward;
+  std::function<void()> after_embedding_backward;  // the last stage
+};
+
+// What the last run() did; counters for tests and reports.
+struct ExecutorStats {
+  std::int64_t forwards = 0;     // block forwards, recomputations included
+  std::int64_t recomputes = 0;   // block forwards marked recompute
+  std::int64_t backwards = 0;
+  std::int64_t max_held_inputs = 0;  // most x[i] slots held at once
+};
+
+class Executor {
+ public:
+  Executor(Model& model, LayerContext ctx);
+
+  Act run(const Schedule& schedule, const MicroBatch& mb, float dloss,
+          const ExecutorHooks& hooks = {});
+  Act forward_only(const MicroBatch& mb);
+
+  const ExecutorStats& stats() const { return stats_; }
+  LayerContext& context() { return ctx_; }
+
+ private:
+  Model& model_;
+  LayerContext ctx_;
+  ExecutorStats stats_;
+};
+
+// Sum of a losses tensor (f32 on ctx's device) in double, in index order: copies it to the
+// host and synchronizes ctx.stream. Returns 0 on the meta backend.
+double sum_losses(LayerContext& ctx, const Tensor& losses);
+
+}  // namespace memfit

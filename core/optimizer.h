@@ -1,0 +1,63 @@
+// Optimizer: what the trainer needs from anything that updates a model's parameters, and what
+// a training-state file saves of it. Implementations: AdamW on the device
+// (core/device_adamw.h) and the CPU-offloaded AdamW (policies/offload_optimizer.h).
+//
+//   DeviceAdamW opt(model.parameters(), options, ctx);
+//   ... backward of the last micro-batch ...
+//   if (found_inf) opt.skip(ctx); else opt.step(ctx, 1.0 / loss_scale);
+//
+// Contract:
+// - Built over a fixed list of Parameters; all its state (Adam moments, offloaded masters,
+//   staging buffers) is allocated at construction, so step() never allocates and an
+//   OutOfMemory can only happen before the first step, never half-way through an update.
+// - grads_ready(ctx, params): the step's gradients of `params` are final (called from
+//   executor hooks during the last micro-batch's backward). An implementation may start
+//   moving them. Optional: step() must work without it.
+// - step(ctx, grad_scale): one update of every parameter with gradients multiplied by
+//   grad_scale (1 / loss scale; the accumulation weighting is already in the loss's gradient),
+//   then the working weights (Parameter::weight) hold the new values rounded to the compute
+//   dtype. steps() counts completed updates (AdamW's bias correction uses steps() + 1).
+// - skip(ctx): the step's gradients are dropped (inf/NaN under a loss scaler); parameters,
+//   moments and steps() do not change.
+// - state(): every tensor that defines the optimizer's state, named, for save/resume; they may
+//   live on the device or the host (Tensor::device()). Loading writes into these same tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/adamw.h"
+#include "core/layer.h"
+
+namespace memfit {
+
+struct StateTensor {
+  std::string name;  // "exp_avg/h.0.attn.qkv.weight", "master/wte", ...
+  Tensor tensor;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual const char* name() const = 0;  // "adamw", "offload-adamw"
+
+  virtual void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
+    (void)ctx;
+    (void)params;
+  }
+  virtual void step(LayerContext& ctx, double grad_scale) = 0;
+  virtual void skip(LayerContext& ctx) = 0;
+
+  virtual std::int64_t steps() const = 0;
+  virtual void set_steps(std::int64_t steps) = 0;  // resume
+  virtual std::vector<StateTensor> state() = 0;
+  // Called after state() tensors were overwritten by a load: refresh derived copies (the
+  // working weights from the masters).
+  virtual void state_loaded(LayerContext& ctx) = 0;
+
+  virtual const AdamWOptions& options() const = 0;
+  virtual void set_lr(double lr) = 0;
+};
+
+}  // namespace memfit

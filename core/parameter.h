@@ -1,0 +1,63 @@
+// Parameter: one trainable tensor of a model, with its gradient and (in mixed precision) its
+// FP32 master copy.
+//
+//   Parameter& w = linear.weight();
+//   be.gemm(s, d, x, w.weight, y);              // compute reads the working copy
+//   be.gemm(s, dw, dy, x, w.grad);              // gradients accumulate (+=) in FP32
+//   Tensor m = w.master_view();                 // the FP32 values the optimizer updates
+//
+// Memory, all from the model's CachingAllocator, tagged with the parameter's name:
+// - weight: the working copy compute reads, in the model's compute dtype (f32/f16/bf16),
+//   Category::kParameter.
+// - master: FP32, Category::kOptimizerState (ZeRO's accounting: masters + Adam moments are the
+//   "optimizer states", K = 12 bytes per parameter). Present only when the compute dtype is not
+//   f32; with f32 compute the weight is its own master. An offloading optimizer moves the master
+//   to pinned host memory and resets this one (master_on_device() turns false).
+// - grad: FP32, Category::kGradient, accumulated over micro-batches; zeroed by the trainer at
+//   the start of each step (Model::zero_grad).
+// A Parameter never moves once made (layers and optimizers hold pointers to it); the model
+// owns it. Tied parameters (GPT-2's head and token embedding) are one Parameter used twice.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace memfit {
+
+// How Model::init fills a parameter (GPT-2's scheme: weights N(0, 0.02), the projections that
+// write into the residual stream N(0, 0.02/sqrt(2 * layers)), biases 0, LayerNorm gains 1).
+struct ParamInit {
+  enum class Kind : std::uint8_t { kZeros, kOnes, kNormal };
+  Kind kind = Kind::kZeros;
+  float std = 0.0f;  // kNormal only
+};
+
+struct Parameter {
+  Parameter() = default;
+  Parameter(const Parameter&) = delete;
+  Parameter& operator=(const Parameter&) = delete;
+
+  std::string name;  // "h.3.attn.qkv.weight": unique within a model
+  Shape shape;
+  ParamInit init;
+  OwnedTensor weight;  // compute dtype, kParameter
+  OwnedTensor master;  // f32, kOptimizerState; empty when weight is f32 or after offload
+  OwnedTensor grad;    // f32, kGradient
+
+  std::int64_t numel() const { return shape.numel(); }
+  bool master_on_device() const { return master.view().raw() != nullptr; }
+  // The FP32 values an on-device optimizer updates: master when present, else weight (f32).
+  // MEMFIT_CHECKs that one of them is f32 on the device.
+  Tensor master_view() const;
+};
+
+class CachingAllocator;
+
+// Allocates p.weight (compute dtype), p.master (f32, only when compute != f32) and p.grad (f32)
+// for p.shape on `device`, tagged p.name, uninitialized. InvalidArgument for an empty name.
+void allocate_parameter(Parameter& p, CachingAllocator& alloc, DType compute, Device device,
+                        StreamId stream = kDefaultStream);
+
+}  // namespace memfit

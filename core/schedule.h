@@ -1,0 +1,84 @@
+// Schedule: the order in which an Executor runs the forward and backward passes of a chain of
+// n blocks, and what each forward keeps: the unit every checkpointing policy produces.
+//
+//   Schedule s = Schedule::every(12, 3);     // keep the input of blocks 0, 3, 6, 9
+//   s.validate(12);                          // InvalidArgument naming the first bad op
+//   std::cout << s.str();                    // "F0:input F1:nothing ... R9:all ... B11 ..."
+//
+// The executor's state is which block inputs x[0..n] it holds (x[0] is the embedding's output,
+// x[n] the head's input) and which blocks hold their saved internals. The ops:
+//   Forward(i, keep): needs x[i]. Runs block i; stores its output x[i+1] unless already held
+//     (a recomputation reproduces the same bits, so the copy is dropped). Then
+//       kAll:     block i saves what its backward needs (it holds x[i] itself if it needs it);
+//                 the executor's own x[i] slot is dropped.
+//       kInput:   x[i] stays held (a checkpoint); block i saves nothing.
+//       kNothing: x[i] is dropped; block i saves nothing.
+//     `recompute` marks forwards run during the backward phase (reports and flop counts).
+//   The head (final LayerNorm, output projection, loss) runs as soon as x[n] is first held,
+//   keeping all it needs; its backward then starts the gradient at x[n].
+//   Backward(i): needs block i saved (a kAll forward since its last backward) and the
+//     gradient at x[i+1]; produces the gradient at x[i] and frees block i's saved state.
+// A valid schedule runs each Backward(i) exactly once, for i = n-1 down to 0, after the head,
+// and every op's needs are met when it runs. Any valid schedule gives bit-identical losses and
+// gradients (layers are deterministic); only memory and time differ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace memfit {
+
+enum class Keep : std::uint8_t { kAll, kInput, kNothing };
+const char* keep_name(Keep k);  // "all", "input", "nothing"
+
+struct ScheduleOp {
+  enum class Kind : std::uint8_t { kForward, kBackward };
+  Kind kind = Kind::kForward;
+  int block = 0;
+  Keep keep = Keep::kAll;  // forwards only
+  bool recompute = false;  // forwards only
+
+  static ScheduleOp forward(int block, Keep keep, bool recompute = false) {
+    return {Kind::kForward, block, keep, recompute};
+  }
+  static ScheduleOp backward(int block) { return {Kind::kBackward, block, Keep::kAll, false}; }
+  bool operator==(const ScheduleOp& o) const = default;
+};
+
+class Schedule {
+ public:
+  Schedule() = default;
+  Schedule(std::string name, std::vector<ScheduleOp> ops)
+      : name_(std::move(name)), ops_(std::move(ops)) {}
+
+  // No checkpointing: every forward keeps all.
+  static Schedule none(int n);
+  // Every block checkpointed: forwards keep only their input; before Backward(i), Forward(i)
+  // is recomputed keeping all (torch.utils.checkpoint on each block).
+  static Schedule all(int n);
+  // Segments of k blocks: the first block of each segment keeps its input, the others keep
+  // nothing; a segment's backward recomputes its forwards keeping all, then runs its backwards
+  // (torch.utils.checkpoint_sequential). every(n, 1) == all(n); k >= n keeps only x[0].
+  static Schedule every(int n, int k);
+  // every(n, round(sqrt(n))), at least 1.
+  static Schedule sqrt_n(int n);
+  // "none", "all", "sqrt", "every:K" (K >= 1): InvalidArgument listing these otherwise.
+  static Schedule parse(std::string_view spec, int n);
+
+  // Throws InvalidArgument "schedule '<name>' op <j> (<op>): <what is wrong>" when the schedule
+  // is not valid for n blocks (see above).
+  void validate(int n) const;
+
+  const std::string& name() const { return name_; }
+  const std::vector<ScheduleOp>& ops() const { return ops_; }
+  std::string str() const;  // "F0:all F1:input R1:all B1 B0" (R = recomputing forward)
+  std::int64_t recomputed_forwards() const;
+
+ private:
+  std::string name_;
+  std::vector<ScheduleOp> ops_;
+};
+
+}  // namespace memfit
