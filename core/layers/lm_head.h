@@ -34,6 +34,9 @@ class LmHead {
   Act backward(LayerContext& ctx, const IndexTensor& targets, float dloss);
   void release_saved() noexcept;
   bool has_saved() const;
+  // The saved logits (B*T, vocab) in ctx.dtype between forward and backward (tests, golden
+  // checks); nullptr otherwise. backward overwrites them with dlogits.
+  const Tensor* logits() const;
 
   // lnf.weight, lnf.bias, then the projection's weight (the tied wte too, when tied).
   std::vector<Parameter*> parameters();

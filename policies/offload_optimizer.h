@@ -1,0 +1,82 @@
+// OffloadOptimizer: AdamW with FP32 master weights and Adam moments in pinned host memory,
+// updated by the CPU (ZeRO-Offload's split: the device keeps only the working weights in the
+// compute dtype and the FP32 gradients).
+//
+//   PinnedHostProvider pinned;
+//   OffloadOptions o; o.adamw.lr = 3e-4;
+//   OffloadOptimizer opt(model.parameters(), o, ctx, pinned);  // masters move to the host
+//   ... executor hooks call opt.grads_ready(ctx, block params) in the last micro-batch ...
+//   opt.step(ctx, 1.0 / scale);     // waits for the gradients, CPU AdamW, weights copied back
+//
+// Per step: each parameter's FP32 gradient is copied device -> host on a copy stream of its
+// own as soon as grads_ready() reports it final, so the copies overlap the rest of the
+// backward; step() waits for them (events, not device-wide syncs), runs the vectorized CPU
+// AdamW (core/cpu/adamw.h: AVX-512 / AVX2+FMA / scalar, OpenMP over tiles) writing the
+// updated weights rounded to the compute dtype into a host staging buffer, and copies them
+// back to Parameter::weight on the copy stream; the compute stream waits on that copy's event
+// before the next forward reads the weights. On the CPU backend the copy stream is a worker
+// thread (CpuBackend's worker streams), so the overlap is real and measurable.
+// The arithmetic is core/adamw.h's, so with delayed_update off the results are bit-identical
+// to DeviceAdamW (tests check it).
+// delayed_update (ZeRO-Offload's one-step delayed parameter update, DPU): step() starts the
+// CPU update of step t in the background and returns; its weights are copied back at the start
+// of step t+1's optimizer call, so step t+1's forward and backward use the weights of step
+// t-1. This changes the math (a stale-by-one update); the paper reports no loss in accuracy
+// after the first few steps. Off by default.
+// Memory: host (pinned, outside the device budget): 12 bytes per parameter (master, m, v) +
+// 4 (gradient staging) + the working dtype's size (weight staging). Device: nothing beyond the
+// Parameters' weight and grad (their masters are released at construction).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/optimizer.h"
+#include "memory/pinned_host_provider.h"
+
+namespace memfit {
+
+struct OffloadOptions {
+  AdamWOptions adamw;
+  bool delayed_update = false;
+  int threads = 0;  // CPU AdamW threads; 0 = OpenMP's default
+};
+
+class OffloadOptimizer final : public Optimizer {
+ public:
+  // Moves each parameter's master (or, for f32 weights, a copy of them) to pinned host memory
+  // from `host`, which must outlive the optimizer, and resets Parameter::master.
+  OffloadOptimizer(std::vector<Parameter*> params, OffloadOptions options, LayerContext& ctx,
+                   PinnedHostProvider& host);
+  ~OffloadOptimizer() override;
+
+  const char* name() const override { return "offload-adamw"; }
+  void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) override;
+  void step(LayerContext& ctx, double grad_scale) override;
+  void skip(LayerContext& ctx) override;
+  // Waits for a delayed update in flight and copies its weights back (before a save, or at
+  // the end of training). No-op otherwise.
+  void flush(LayerContext& ctx);
+
+  std::int64_t steps() const override;
+  void set_steps(std::int64_t steps) override;
+  std::vector<StateTensor> state() override;  // master/<name>, exp_avg/<name>, exp_avg_sq/<name>
+  void state_loaded(LayerContext& ctx) override;
+  const AdamWOptions& options() const override;
+  void set_lr(double lr) override;
+
+  std::size_t host_bytes() const;  // pinned bytes held
+  // Seconds the last step() spent waiting for gradient copies, in CPU AdamW, and copying
+  // weights back (measured on the host clock): what the overlap hides shows as a small wait.
+  struct Timing {
+    double wait_grads_s = 0, adamw_s = 0, copy_back_s = 0;
+  };
+  Timing last_timing() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memfit
