@@ -39,3 +39,20 @@ inline constexpr float kInitStd = 0.02f;
 float residual_init_std(std::int64_t n_layers);
 
 }  // namespace memfit::layers
+
+namespace memfit {
+
+// What the composite layers need to add their parts' memory exactly (the public LayerCost has
+// one workspace figure, the larger of the two):
+//   forward_excess  = peak during forward(save=true) - (live before + saved + output)
+//   backward_excess = peak during backward - (live before, saved and dy included, + dx)
+// backward_excess may be negative (a layer that frees saved state before its dx is made).
+struct PeakExcess {
+  std::int64_t forward = 0;
+  std::int64_t backward = 0;
+  std::int64_t workspace() const {
+    return forward > backward ? (forward > 0 ? forward : 0) : (backward > 0 ? backward : 0);
+  }
+};
+
+}  // namespace memfit

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/layer.h"
+#include "core/layers/layer_util.h"
 
 namespace memfit {
 
@@ -32,6 +33,7 @@ class LayerNorm final : public Layer {
   bool has_saved() const override { return x_ != nullptr; }
   std::vector<Parameter*> parameters() override { return {&w_, &b_}; }
   LayerCost cost(std::int64_t seq_len, DType dtype) const override;
+  PeakExcess peaks(std::int64_t, DType) const { return {}; }  // nothing beyond in/out/saved
 
   std::int64_t hidden() const { return hidden_; }
   float eps() const { return eps_; }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/layer.h"
+#include "core/layers/layer_util.h"
 
 namespace memfit {
 
@@ -30,6 +31,7 @@ class Linear final : public Layer {
   bool has_saved() const override { return x_ != nullptr; }
   std::vector<Parameter*> parameters() override;
   LayerCost cost(std::int64_t seq_len, DType dtype) const override;
+  PeakExcess peaks(std::int64_t, DType) const { return {}; }  // nothing beyond in/out/saved
 
   std::int64_t in_features() const { return in_; }
   std::int64_t out_features() const { return out_; }
