@@ -152,8 +152,9 @@ LayerCost LmHead::cost(std::int64_t seq_len, DType dtype) const {
   c.saved_bytes = nbytes(mul(seq_len, hidden_), dtype) + nbytes(mul(seq_len, vocab_), dtype) +
                   nbytes(mul(3, seq_len), DType::kF32);
   c.output_bytes = nbytes(seq_len, DType::kF32);  // the per-row losses
-  // backward: dxn is live while the saved tensors are (then they go and dx comes).
-  c.workspace_bytes = nbytes(mul(seq_len, hidden_), dtype);
+  // No workspace: backward's peak is dxn beside the saved tensors, the size of dx; xn, the
+  // logits and lse go before dx comes.
+  c.workspace_bytes = 0;
   c.forward_flops = mul(2, mul(seq_len, mul(hidden_, vocab_)));
   c.backward_flops = mul(2, c.forward_flops);
   return c;

@@ -20,7 +20,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
-#include "tests/core/backend_testutil.h"
+#include "tests/core/nn_testutil.h"
 
 namespace memfit::testing {
 
