@@ -35,7 +35,8 @@ Vec ref_embedding(const std::vector<std::int32_t>& tok, std::int64_t t, std::int
   for (std::size_t r = 0; r < tok.size(); ++r) {
     const auto pos = static_cast<std::int64_t>(r) % t;
     for (std::int64_t i = 0; i < c; ++i) {
-      y[r * c + i] = wte[static_cast<std::size_t>(tok[r] * c + i)] + wpe[static_cast<std::size_t>(pos * c + i)];
+      y[r * c + i] = wte[static_cast<std::size_t>(tok[r] * c + i)] +
+                     wpe[static_cast<std::size_t>(pos * c + i)];
     }
   }
   return y;
@@ -120,9 +121,9 @@ TEST(TokenEmbeddingTest, MetaCostAndChecks) {
     testing::MetaEnv env(dt);
     TokenEmbedding e("emb", 128, 64, 64);
     e.allocate(env.alloc, dt, Device::kMeta, kDefaultStream);
-    std::vector<std::int32_t> none;  // meta: the ids are never read
-    const IndexTensor tok{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}),
-                          Shape{2, 64}, Device::kMeta};
+    // Meta: the ids are never read, any aligned address will do.
+    const IndexTensor tok{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}), Shape{2, 64},
+                          Device::kMeta};
     const std::int64_t base = testing::live_bytes(env.alloc);
     Act y = e.forward(env.ctx, tok);
     EXPECT_EQ(testing::live_bytes(env.alloc) - base, 2 * e.cost(64, dt).output_bytes);
@@ -217,9 +218,9 @@ TEST(LmHeadTest, LossesLogitsAndGradients) {
     };
     // f32 sums of <= 6 terms of O(1) values against exact differences: 1e-4 relative to
     // (1 + |g|) is ~100x the rounding; a wrong term is O(|g|).
-    testing::expect_vec_near(testing::read(dx->view()),
-                             testing::fd_grad([&](const Vec& xx) { return total(xx, p); }, xv, 1e-5),
-                             1e-4, "dx");
+    testing::expect_vec_near(
+        testing::read(dx->view()),
+        testing::fd_grad([&](const Vec& xx) { return total(xx, p); }, xv, 1e-5), 1e-4, "dx");
     for (std::size_t k = 0; k < ps.size(); ++k) {
       Vec g = testing::fd_grad(
           [&](const Vec& pk) {
@@ -254,8 +255,8 @@ TEST(LmHeadTest, RecomputeAndLowPrecision) {
     testing::set_params(head.parameters(), p);
     testing::zero_grads(env.ctx, head.parameters());
     Act x = testing::make_input(env.ctx, Shape{2, 4, c}, xv);
-    const Vec ref = ref_head(testing::read(x->view()), c, v, testing::stored_params(head.parameters()),
-                             tgt.data);
+    const Vec ref = ref_head(testing::read(x->view()), c, v,
+                             testing::stored_params(head.parameters()), tgt.data);
     std::vector<unsigned char> first;
     for (int pass = 0; pass < 2; ++pass) {
       Act losses = head.forward(env.ctx, x, tgt.view());

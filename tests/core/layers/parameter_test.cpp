@@ -4,8 +4,8 @@
 
 #include "core/layer.h"
 #include "core/layers/embedding.h"
-#include "core/layers/lm_head.h"
 #include "core/layers/linear.h"
+#include "core/layers/lm_head.h"
 #include "memory/check.h"
 #include "memory/error.h"
 #include "tests/core/layer_testutil.h"

@@ -1,5 +1,7 @@
 // Rng: determinism, state save/restore (the normal() spare included), below()'s bounds and
 // uniformity, the moments of uniform() and normal().
+#include "core/rng.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <set>
 #include <vector>
 
-#include "core/rng.h"
 #include "memory/error.h"
 
 namespace memfit {
