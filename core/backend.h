@@ -17,8 +17,10 @@
 //   visible to later ops on the same stream, and to the host after synchronize(stream) or
 //   after an event recorded behind it has completed. Work on different streams is unordered
 //   unless wait_event() orders it. kDefaultStream always exists; other streams come from
-//   create_stream(). The CPU and meta backends run every op inline on the calling thread, so
-//   their streams are always idle and their events complete when recorded.
+//   create_stream(). The meta backend runs every op inline on the calling thread, so its
+//   streams are always idle and its events complete when recorded; so does the CPU backend by
+//   default, and with CpuBackendOptions::worker_streams each created stream runs its ops on a
+//   thread of its own (kDefaultStream stays inline), so copy/compute overlap is real.
 // - Tensors are views (core/tensor.h) of contiguous row-major memory on device() (copy() also
 //   takes host tensors, Device::kCpu). They must stay alive until the op has run on its stream.
 // - Every op validates before queueing anything: stream, devices, dtypes, element counts,

@@ -24,8 +24,11 @@
 // t-1. This changes the math (a stale-by-one update); the paper reports no loss in accuracy
 // after the first few steps. Off by default.
 // Memory: host (pinned, outside the device budget): 12 bytes per parameter (master, m, v) +
-// 4 (gradient staging) + the working dtype's size (weight staging). Device: nothing beyond the
-// Parameters' weight and grad (their masters are released at construction).
+// 4 (gradient staging) + the working dtype's size (weight staging; none for f32 weights, which
+// are copied back straight from the masters: 16 bytes then). Device: nothing beyond the
+// Parameters' weight and grad (their masters are released at construction). A parameter
+// listed twice is an InvalidArgument. State names: master/<name>, exp_avg/<name>,
+// exp_avg_sq/<name> (DeviceAdamW names an f32 model's master weight/<name>).
 #pragma once
 
 #include <cstdint>
