@@ -1,0 +1,76 @@
+// Checkpoint solvers: from a chain of blocks' memory and time costs to a Schedule
+// (core/schedule.h) the Executor runs. none / all / sqrt(n) are fixed rules; `optimal` is a
+// dynamic program in the style of Rotor (Beaumont, Eyraud-Dubois, Shilova, "Optimal GPU-CPU
+// offloading strategies for deep neural network training" / "Optimal checkpointing for
+// heterogeneous chains", 2019-2021): per block keep nothing / keep input / keep all, memory
+// discretized into `slots` units, minimizing total compute under a memory limit.
+//
+//   Chain c = cost_model.chain(micro_batch, DType::kBF16);      // policies/cost_model.h
+//   SolverResult r = solve_checkpoint(c, /*limit=*/6ull << 30);  // or "none", "all", "sqrt"
+//   if (r.feasible) executor.run(r.schedule, ...);
+//
+// The memory model (the solver's own arithmetic; the planner confirms every schedule with a
+// dry run through the real allocator): at any moment the bytes in use are the block inputs
+// x[i] held, the saved state of blocks that hold it, the gradient flowing at the current
+// position, plus the running op's transient (workspace, its output or its input gradient),
+// all as the executor holds them (core/schedule.h). simulate() computes exactly that for any
+// schedule, so the optimality test can compare the DP with an independent exhaustive search
+// (shortest path over executor states under the same model).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/schedule.h"
+
+namespace memfit {
+
+// Block i of a chain, at a given micro-batch and dtype (bytes, and time in any unit).
+struct ChainBlock {
+  std::int64_t input_bytes = 0;   // x[i], the block's input
+  std::int64_t saved_bytes = 0;   // what a keep-all forward saves beyond its input
+  bool saves_input = true;        // a keep-all forward also holds x[i]
+  std::int64_t fwd_workspace = 0;
+  std::int64_t bwd_workspace = 0;
+  double fwd_time = 0;
+  double bwd_time = 0;
+};
+
+struct Chain {
+  std::vector<ChainBlock> blocks;
+  std::int64_t output_bytes = 0;  // x[n], the head's input
+  // The head (final LayerNorm, projection, loss): its saved bytes and time are the same in
+  // every schedule; it adds to the peak where it runs. Gradients flowing between blocks are
+  // the size of the corresponding x.
+  std::int64_t head_bytes = 0;
+  double head_time = 0;
+};
+
+struct SolverResult {
+  Schedule schedule;
+  bool feasible = false;           // false: nothing fits `limit` (schedule is then all(n))
+  std::int64_t peak_bytes = 0;     // simulate()'s peak for `schedule`
+  double compute_time = 0;         // forwards + recomputations + backwards (+ head)
+  std::string why;                 // one line: what was chosen and why, or what did not fit
+};
+
+struct SimulateResult {
+  std::int64_t peak_bytes = 0;
+  double compute_time = 0;
+};
+
+// The memory model above for any valid schedule (InvalidArgument for an invalid one).
+SimulateResult simulate(const Chain& chain, const Schedule& schedule);
+
+// solver: "none", "all", "sqrt", "every:K" (fixed rules; limit only decides `feasible`) or
+// "optimal" (the DP: the least compute_time whose peak fits `limit`, memory discretized into
+// `slots` units; rounding is conservative, so a returned schedule always fits).
+// InvalidArgument for an unknown solver name (listing the valid ones) or slots < 1.
+SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit,
+                              std::string_view solver = "optimal", int slots = 500);
+
+std::vector<std::string> checkpoint_solver_names();  // none, all, sqrt, optimal
+
+}  // namespace memfit

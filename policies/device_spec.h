@@ -1,0 +1,53 @@
+// DeviceSpec: what the planner needs to know about a device: its memory, what the CUDA
+// context and libraries take of it, and its rates.
+//
+//   DeviceSpec d = DeviceSpec::load("h100-80g");          // a preset name or a YAML file
+//   std::size_t usable = d.usable_bytes();                // memory - context_bytes
+//
+// YAML (`device:` map; sizes take units, rates are per second with units or plain numbers):
+//   device:
+//     name: h100-80g
+//     memory: 80GiB
+//     context: 600MiB        # CUDA context + cuBLAS/cuDNN handles and workspaces, measured
+//     flops_f32: 67e12       # dense, no tensor cores (TF32 off)
+//     flops_f16: 989e12      # dense tensor-core peak
+//     flops_bf16: 989e12
+//     mem_bandwidth: 3.35e12 # bytes/s
+//     host_link: 55e9        # bytes/s, pinned host <-> device, one direction, achieved
+//     cpu_adamw: 1.5e9       # parameters/s of the host's CPU AdamW (offload); optional
+// Presets (shipped as YAML under presets/devices/, compiled in): h200, h100-80g, a100-80g,
+// a100-40g, l4-24g, rtx4090-24g, v100-32g, t4-16g, cpu (this machine class: the CPU backend's
+// "device", host memory). Each preset's figures cite their source in the YAML file.
+// Errors: ConfigError naming file, line, key and what is valid (unknown preset: the list).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace memfit {
+
+struct DeviceSpec {
+  std::string name;
+  std::size_t memory_bytes = 0;
+  std::size_t context_bytes = 0;
+  double flops_f32 = 0, flops_f16 = 0, flops_bf16 = 0;
+  double mem_bandwidth = 0;  // bytes/s
+  double host_link = 0;      // bytes/s
+  double cpu_adamw = 0;      // params/s; 0: unknown (the planner measures it)
+
+  std::size_t usable_bytes() const;  // memory - context (0 if context >= memory)
+  double flops(DType dt) const;
+
+  static DeviceSpec from_yaml_string(std::string_view text, std::string_view source = "<string>");
+  static DeviceSpec from_yaml_file(const std::string& path);
+  static DeviceSpec preset(std::string_view name);
+  static std::vector<std::string> preset_names();
+  static DeviceSpec load(const std::string& name_or_path);
+  std::string to_yaml() const;
+};
+
+}  // namespace memfit

@@ -1,0 +1,53 @@
+// Dry run: the exact peak of one training step of a plan, by running the real Model, Executor
+// and optimizer on the meta backend with the real CachingAllocator over a NullProvider: the
+// same allocation sequence as a real step, no arithmetic, no memory touched.
+//
+//   DryRunRequest q{spec, policy, schedule, /*micro_batch=*/8, /*accum=*/4, seq_len, conf};
+//   DryRunResult r = dry_run(q);
+//   if (r.fits) ...   // r.peak_reserved <= conf.budget (0: no budget)
+//
+// What runs: the model's parameters (compute dtype, FP32 masters when mixed, FP32 gradients),
+// the optimizer's device state (DeviceAdamW's moments; with offload the masters are released
+// and nothing else stays on the device: the host side is not simulated), then the step: the
+// token/target inputs (Category::kInput), min(accum, 2) micro-batches plus an uneven last one
+// when there is one, the optimizer update. Peaks are the allocator's over all of it. An
+// OutOfMemory under the budget is caught: fits = false, with the request that failed.
+// Runs in about a millisecond per block on this machine (gpt2-xl: 48 blocks).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "core/model_spec.h"
+#include "core/schedule.h"
+#include "memory/alloc_conf.h"
+#include "memory/category.h"
+#include "policies/cost_model.h"
+
+namespace memfit {
+
+struct DryRunRequest {
+  ModelSpec spec;
+  Policy policy;
+  Schedule schedule;          // for spec.layers blocks
+  std::int64_t micro_batch = 1;
+  std::int64_t accum = 1;
+  std::int64_t last_micro_batch = 0;  // 0: every micro-batch is micro_batch
+  std::int64_t seq_len = 0;           // 0: spec.seq_len
+  AllocatorConfig alloc_conf;         // budget included
+};
+
+struct DryRunResult {
+  bool fits = false;
+  std::size_t peak_reserved = 0;
+  std::size_t peak_allocated = 0;
+  std::array<std::size_t, kCategoryCount> peak_by_category{};
+  std::size_t failed_request = 0;  // when !fits: the allocation that did not fit
+  double gemm_flops = 0;           // the meta backend's counts for the step
+  double bytes_moved = 0;
+};
+
+DryRunResult dry_run(const DryRunRequest& q);
+
+}  // namespace memfit

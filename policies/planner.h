@@ -1,0 +1,61 @@
+// Planner: searches activation dtype x checkpoint solver x offload x micro-batch x
+// accumulation for the plan that fits the largest batch under a budget (max-batch mode) or
+// trains a target global batch fastest (throughput mode), and says why.
+//
+//   PlannerOptions o;
+//   o.spec = ModelSpec::load("gpt2"); o.device = DeviceSpec::load("h100-80g");
+//   o.global_batch = 0;                       // max-batch mode; N: throughput mode
+//   PlanResult r = plan(o);
+//   std::cout << r.recommended.why;           // one line
+//   r.recommended.save("plan.yaml");
+//
+// Max-batch mode: for each combination (dtype, solver, offload) the largest micro-batch whose
+// dry-run peak (policies/dry_run.h) fits the budget, by exponential then binary search on the
+// dry run; for the `optimal` solver the schedule is solved for each micro-batch under the
+// memory left after the static bytes, then confirmed by the dry run. The recommended plan is
+// the largest micro-batch, ties broken by predicted tokens/s.
+// Throughput mode: for each combination, every micro-batch that fits and reaches global_batch
+// (accum = ceil(N / micro), an uneven last micro-batch allowed), ranked by predicted seconds
+// per global batch (CostModel::step_seconds); the fastest is recommended.
+// ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
+// gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
+// ranks comes later; this is the arithmetic).
+// Errors (ConfigError / InvalidArgument, each saying what would be valid): a budget below
+// what the weights need even with every policy on (says how much, for what), seq_len above
+// the model's maximum, a global batch no micro-batch can reach, nothing fits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "policies/device_spec.h"
+#include "policies/plan.h"
+
+namespace memfit {
+
+struct PlannerOptions {
+  ModelSpec spec;
+  DeviceSpec device;
+  std::size_t budget = 0;          // 0: device.usable_bytes()
+  std::int64_t seq_len = 0;        // 0: spec.seq_len
+  std::int64_t global_batch = 0;   // 0: max-batch mode
+  int ranks = 1;
+  int zero_stage = 0;
+  std::vector<DType> dtypes{DType::kF32, DType::kF16, DType::kBF16};
+  std::vector<std::string> solvers{"none", "all", "sqrt", "optimal"};
+  std::vector<bool> offload{false, true};
+  std::int64_t max_micro_batch = 1 << 16;
+  bool calibrate = false;          // CostModel::calibrate instead of analytic
+};
+
+struct PlanResult {
+  std::vector<Plan> candidates;  // one per feasible combination, best first
+  std::vector<std::string> infeasible;  // "f32 none offload=off: one sample needs 81.2 GiB"
+  Plan recommended;
+};
+
+PlanResult plan(const PlannerOptions& options);
+
+}  // namespace memfit
