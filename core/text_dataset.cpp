@@ -1,6 +1,7 @@
 #include "core/text_dataset.h"
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -59,6 +60,11 @@ Batch TextDataset::make(std::int64_t batch, std::int64_t seq_len) const {
   require_seq_len(seq_len);
   const std::size_t n = checked_mul(static_cast<std::size_t>(batch),
                                     static_cast<std::size_t>(seq_len), "batch * seq_len");
+  // Token ids are int32 and a GEMM's rows (B*T) are 32-bit in BLAS: a larger batch is no use.
+  if (n > static_cast<std::size_t>(INT32_MAX)) {
+    throw InvalidArgument("batch " + std::to_string(batch) + " x " + std::to_string(seq_len) +
+                          " is " + std::to_string(n) + " tokens; at most 2^31 - 1 per batch");
+  }
   Batch b;
   b.batch = batch;
   b.seq_len = seq_len;
