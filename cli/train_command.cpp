@@ -197,6 +197,11 @@ Plan make_plan(const TrainArgs& a) {
   }
   Plan p;
   p.spec = ModelSpec::load(a.model);
+  if (p.spec.vocab < TextDataset::kVocab) {
+    throw InvalidArgument("--model " + a.model + " has vocab " + std::to_string(p.spec.vocab) +
+                          "; byte-level text needs vocab >= " +
+                          std::to_string(TextDataset::kVocab) + " (gpt-tiny has 256)");
+  }
   p.dtype = parse_dtype(a.dtype);
   p.batch = a.batch;
   p.seq_len = a.seq_len > 0 ? a.seq_len : p.spec.seq_len;
