@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -309,7 +311,9 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
   const Vec yv = read(y->view());
   const double r = rms(yref);
   int bad = 0;
+  double worst = 0;
   for (std::size_t i = 0; i < yv.size(); ++i) {
+    worst = std::max(worst, std::fabs(yv[i] - yref[i]) / (u * (r + std::fabs(yref[i]))));
     if (!(std::fabs(yv[i] - yref[i]) <= k * u * (r + std::fabs(yref[i]))) && ++bad <= 5) {
       ADD_FAILURE() << "forward [" << i << "]: " << yv[i] << " vs " << yref[i];
     }
@@ -335,12 +339,18 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
   const Vec dx_ref = read(f32->backward(e32.ctx, dy32)->view());
   const double rd = rms(dx_ref);
   bad = 0;
+  double worst_dx = 0;
   for (std::size_t i = 0; i < dx_ref.size(); ++i) {
+    worst_dx = std::max(worst_dx, std::fabs(dx_lp[i] - dx_ref[i]) / (u * (rd + std::fabs(dx_ref[i]))));
     if (!(std::fabs(dx_lp[i] - dx_ref[i]) <= k * u * (rd + std::fabs(dx_ref[i]))) && ++bad <= 5) {
       ADD_FAILURE() << "dx [" << i << "]: " << dx_lp[i] << " vs " << dx_ref[i];
     }
   }
   EXPECT_EQ(bad, 0);
+  if (std::getenv("MEMFIT_LAYER_ERRORS")) {
+    std::printf("%s %s: worst forward %.2f, dx %.2f units (k = %.0f)\n", lp->name().c_str(),
+                dtype_name(dt), worst, worst_dx, k);
+  }
 }
 
 void check_recompute(Layer& layer, Shape in_shape, std::uint32_t seed) {

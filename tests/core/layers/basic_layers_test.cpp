@@ -71,9 +71,10 @@ TEST(LinearTest, GradientsAccumulate) {
 
 TEST(LinearTest, LowPrecisionCloseToF32) {
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    // One rounding of the output and f32 accumulation: within a few units of the dtype.
+    // One rounding of the output after f32 accumulation (inputs are the same rounded values):
+    // under one unit of roundoff relative to the output's size (measured: 0.8; tolerance 2).
     testing::check_low_precision([] { return std::make_unique<Linear>("fc", 16, 8); }, dt,
-                                 Shape{2, 4, 16}, linear_ref(16, 8, true), 4.0, 4);
+                                 Shape{2, 4, 16}, linear_ref(16, 8, true), 2.0, 4);
   }
 }
 
@@ -160,7 +161,7 @@ TEST(LayerNormTest, BackwardIntoAccumulates) {
 TEST(LayerNormTest, LowPrecisionRecomputeMemory) {
   for (DType dt : {DType::kF16, DType::kBF16}) {
     testing::check_low_precision([] { return std::make_unique<LayerNorm>("ln", 32); }, dt,
-                                 Shape{2, 4, 32}, ln_ref(32, 1e-5), 4.0, 13);
+                                 Shape{2, 4, 32}, ln_ref(32, 1e-5), 2.0, 13);  // measured 0.6
   }
   LayerNorm ln("ln", 32);
   testing::check_recompute(ln, Shape{2, 8, 32}, 14);
@@ -183,7 +184,7 @@ TEST(GeluTest, GradientsLowPrecisionRecomputeMemory) {
   testing::check_gradients(g, Shape{2, 3, 7}, ref, 21);
   for (DType dt : {DType::kF16, DType::kBF16}) {
     testing::check_low_precision([] { return std::make_unique<GELU>("gelu", 16); }, dt,
-                                 Shape{2, 4, 16}, ref, 4.0, 22);
+                                 Shape{2, 4, 16}, ref, 2.0, 22);  // measured 0.6
   }
   GELU r("gelu", 16);
   testing::check_recompute(r, Shape{2, 4, 16}, 23);
