@@ -158,7 +158,7 @@ TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
       {base_args(1) + " --dtype f8", "f8"},
       {base_args(1) + " --budget 12XB", "12XB"},
       {base_args(1) + " --seq-len 64", "--seq-len"},
-      {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt-tiny"},
+      {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt5"},
       {"train --model gpt-micro --data " + kCorpus + " --steps 1", "vocab"},
       {base_args(1) + " --resume " + tmp("nothing.mfstate"), "nothing.mfstate"},
   };
