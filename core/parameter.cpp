@@ -8,8 +8,8 @@ namespace memfit {
 
 Tensor Parameter::master_view() const {
   if (master_on_device()) {
-    MEMFIT_CHECK(master.view().dtype() == DType::kF32) << "parameter " << name << ": master is "
-                                                       << dtype_name(master.view().dtype());
+    MEMFIT_CHECK(master.view().dtype() == DType::kF32)
+        << "parameter " << name << ": master is " << dtype_name(master.view().dtype());
     return master.view();
   }
   // With f32 compute the weight is its own master; a low-precision weight whose master was
@@ -27,8 +27,8 @@ void allocate_parameter(Parameter& p, CachingAllocator& alloc, DType compute, De
     throw InvalidArgument("allocate_parameter: the parameter of shape " + p.shape.str() +
                           " has an empty name; every parameter needs a unique name");
   }
-  p.weight = OwnedTensor::empty(alloc, p.shape, compute, device, Category::kParameter, stream,
-                                p.name);
+  p.weight =
+      OwnedTensor::empty(alloc, p.shape, compute, device, Category::kParameter, stream, p.name);
   if (compute != DType::kF32) {
     p.master = OwnedTensor::empty(alloc, p.shape, DType::kF32, device, Category::kOptimizerState,
                                   stream, p.name);

@@ -16,17 +16,17 @@ std::int64_t checked_heads(const std::string& name, std::int64_t hidden, std::in
   layers::check_dim("CausalSelfAttention", name, "hidden", hidden);
   layers::check_dim("CausalSelfAttention", name, "heads", heads);
   if (hidden % heads != 0) {
-    throw InvalidArgument("CausalSelfAttention '" + name + "': heads = " +
-                          std::to_string(heads) + " does not divide hidden = " +
-                          std::to_string(hidden) + "; valid: a divisor of hidden");
+    throw InvalidArgument("CausalSelfAttention '" + name + "': heads = " + std::to_string(heads) +
+                          " does not divide hidden = " + std::to_string(hidden) +
+                          "; valid: a divisor of hidden");
   }
   return heads;
 }
 
 }  // namespace
 
-CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden,
-                                         std::int64_t heads, float proj_std)
+CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden, std::int64_t heads,
+                                         float proj_std)
     : Layer(name),
       hidden_(hidden),
       heads_(checked_heads(name, hidden, heads)),
@@ -50,8 +50,8 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
   layers::check_input("CausalSelfAttention", name(), x, hidden_, ctx);
   if (x->view().ndim() != 3) {
     throw InvalidArgument("CausalSelfAttention '" + name() + "': input shape " +
-                          x->view().shape().str() + "; valid: (B, T, " +
-                          std::to_string(hidden_) + ")");
+                          x->view().shape().str() + "; valid: (B, T, " + std::to_string(hidden_) +
+                          ")");
   }
   const std::int64_t b = x->view().size(0), t = x->view().size(1);
   const std::int64_t hs = hidden_ / heads_;
@@ -92,8 +92,8 @@ Act CausalSelfAttention::backward(LayerContext& ctx, const Act& dy) {
   {
     Act datt = ctx.make(Shape{b, heads_, t, t}, ctx.dtype, Category::kTemporary, name());
     Act dqkvr = ctx.make(Shape{3, b, heads_, t, hs}, ctx.dtype, Category::kTemporary, name());
-    ctx.backend.attention_backward(ctx.stream, dmerged->view(), qkvr_->view(), att_->view(),
-                                   heads_, datt->view(), dqkvr->view(), dqkv->view());
+    ctx.backend.attention_backward(ctx.stream, dmerged->view(), qkvr_->view(), att_->view(), heads_,
+                                   datt->view(), dqkvr->view(), dqkv->view());
   }
   dmerged.reset();
   qkvr_.reset();
@@ -119,8 +119,8 @@ LayerCost CausalSelfAttention::cost(std::int64_t seq_len, DType dtype) const {
   k.output_bytes = c;
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   const std::int64_t tc = mul(seq_len, hidden_);
-  k.forward_flops = mul(2, mul(tc, 3 * hidden_)) + mul(4, mul(seq_len, tc)) +
-                    mul(2, mul(tc, hidden_));
+  k.forward_flops =
+      mul(2, mul(tc, 3 * hidden_)) + mul(4, mul(seq_len, tc)) + mul(2, mul(tc, hidden_));
   k.backward_flops = mul(2, k.forward_flops);
   return k;
 }

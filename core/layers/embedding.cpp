@@ -13,8 +13,7 @@ TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_
   layers::check_dim("TokenEmbedding", name_, "vocab", vocab);
   layers::check_dim("TokenEmbedding", name_, "max_seq_len", max_seq_len);
   layers::check_dim("TokenEmbedding", name_, "hidden", hidden);
-  layers::init_param(wte_, "wte", Shape{vocab, hidden}, ParamInit::Kind::kNormal,
-                     layers::kInitStd);
+  layers::init_param(wte_, "wte", Shape{vocab, hidden}, ParamInit::Kind::kNormal, layers::kInitStd);
   layers::init_param(wpe_, "wpe", Shape{max_seq_len, hidden}, ParamInit::Kind::kNormal,
                      layers::kInitStd);
 }
@@ -25,14 +24,13 @@ void check_tokens(const std::string& name, const IndexTensor& tokens, std::int64
                   const LayerContext& ctx) {
   if (tokens.shape.ndim() != 2 || tokens.shape[1] > max_t || tokens.shape[1] < 1 ||
       tokens.shape[0] < 1) {
-    throw InvalidArgument("TokenEmbedding '" + name + "': tokens of shape " + tokens.shape.str() +
-                          "; valid: (B, T) with B >= 1 and 1 <= T <= max_seq_len = " +
-                          std::to_string(max_t));
+    throw InvalidArgument(
+        "TokenEmbedding '" + name + "': tokens of shape " + tokens.shape.str() +
+        "; valid: (B, T) with B >= 1 and 1 <= T <= max_seq_len = " + std::to_string(max_t));
   }
   if (tokens.device != ctx.device()) {
-    throw InvalidArgument("TokenEmbedding '" + name + "': tokens on " +
-                          device_name(tokens.device) + ", the backend runs on " +
-                          device_name(ctx.device()));
+    throw InvalidArgument("TokenEmbedding '" + name + "': tokens on " + device_name(tokens.device) +
+                          ", the backend runs on " + device_name(ctx.device()));
   }
 }
 
@@ -49,8 +47,8 @@ Act TokenEmbedding::forward(LayerContext& ctx, const IndexTensor& tokens) {
 
 void TokenEmbedding::backward(LayerContext& ctx, const IndexTensor& tokens, const Act& dx) {
   check_tokens(name_, tokens, max_seq_len_, ctx);
-  layers::check_grad("TokenEmbedding", name_, dx,
-                     Shape{tokens.shape[0], tokens.shape[1], hidden_}, ctx);
+  layers::check_grad("TokenEmbedding", name_, dx, Shape{tokens.shape[0], tokens.shape[1], hidden_},
+                     ctx);
   ctx.backend.embedding_backward(ctx.stream, dx->view(), tokens, wte_.grad.view(),
                                  wpe_.grad.view());
 }

@@ -4,8 +4,7 @@
 
 namespace memfit {
 
-GELU::GELU(std::string name, std::int64_t features)
-    : Layer(std::move(name)), features_(features) {
+GELU::GELU(std::string name, std::int64_t features) : Layer(std::move(name)), features_(features) {
   layers::check_dim("GELU", this->name(), "features", features);
 }
 

@@ -11,14 +11,13 @@ namespace memfit::layers {
 
 // InvalidArgument unless x is defined, in `dtype`, on `device`, has >= 2 dimensions and its
 // last dimension is `last` (the layer's input width).
-void check_input(const char* layer_kind, const std::string& name, const Act& x,
-                 std::int64_t last, const LayerContext& ctx);
+void check_input(const char* layer_kind, const std::string& name, const Act& x, std::int64_t last,
+                 const LayerContext& ctx);
 // InvalidArgument unless dy has `shape`.
-void check_grad(const char* layer_kind, const std::string& name, const Act& dy,
-                const Shape& shape, const LayerContext& ctx);
+void check_grad(const char* layer_kind, const std::string& name, const Act& dy, const Shape& shape,
+                const LayerContext& ctx);
 // InvalidArgument for a dimension < 1.
-void check_dim(const char* layer_kind, const std::string& name, const char* what,
-               std::int64_t v);
+void check_dim(const char* layer_kind, const std::string& name, const char* what, std::int64_t v);
 
 // x's shape with its last dimension replaced by `last`.
 Shape with_last(const Shape& s, std::int64_t last);

@@ -13,7 +13,8 @@ Linear::Linear(std::string name, std::int64_t in, std::int64_t out, bool bias, f
   layers::check_dim("Linear", this->name(), "out_features", out);
   layers::init_param(w_, this->name() + ".weight", Shape{out, in}, ParamInit::Kind::kNormal,
                      init_std);
-  if (has_bias_) layers::init_param(b_, this->name() + ".bias", Shape{out}, ParamInit::Kind::kZeros);
+  if (has_bias_)
+    layers::init_param(b_, this->name() + ".bias", Shape{out}, ParamInit::Kind::kZeros);
 }
 
 std::vector<Parameter*> Linear::parameters() {

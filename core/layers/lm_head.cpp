@@ -30,8 +30,8 @@ LmHead::LmHead(std::string name, std::int64_t vocab, std::int64_t hidden, Parame
   }
   if (tied_ != nullptr && tied_->shape != Shape{vocab, hidden}) {
     throw InvalidArgument("LmHead '" + name_ + "': tied parameter '" + tied_->name +
-                          "' has shape " + tied_->shape.str() + "; valid: (vocab, hidden) = " +
-                          Shape{vocab, hidden}.str());
+                          "' has shape " + tied_->shape.str() +
+                          "; valid: (vocab, hidden) = " + Shape{vocab, hidden}.str());
   }
   layers::init_param(ln_w_, "lnf.weight", Shape{hidden}, ParamInit::Kind::kOnes);
   layers::init_param(ln_b_, "lnf.bias", Shape{hidden}, ParamInit::Kind::kZeros);
@@ -60,9 +60,7 @@ bool LmHead::has_saved() const { return saved_ != nullptr; }
 
 void LmHead::release_saved() noexcept { saved_.reset(); }
 
-const Tensor* LmHead::logits() const {
-  return saved_ ? &saved_->logits->view() : nullptr;
-}
+const Tensor* LmHead::logits() const { return saved_ ? &saved_->logits->view() : nullptr; }
 
 Act LmHead::forward(LayerContext& ctx, const Act& x, const IndexTensor& targets) {
   MEMFIT_CHECK(!has_saved()) << "LmHead '" << name_ << "': forward while holding saved state";
@@ -71,9 +69,8 @@ Act LmHead::forward(LayerContext& ctx, const Act& x, const IndexTensor& targets)
   const std::int64_t n = layers::rows(xs);
   if (targets.numel() != n || targets.device != ctx.device()) {
     throw InvalidArgument("LmHead '" + name_ + "': targets of shape " + targets.shape.str() +
-                          " on " + device_name(targets.device) + "; valid: " +
-                          std::to_string(n) + " ids (one per input row) on " +
-                          device_name(ctx.device()));
+                          " on " + device_name(targets.device) + "; valid: " + std::to_string(n) +
+                          " ids (one per input row) on " + device_name(ctx.device()));
   }
   Parameter& w = tied_ != nullptr ? *tied_ : proj_;
   auto s = std::make_unique<Saved>();
@@ -152,8 +149,9 @@ LayerCost LmHead::cost(std::int64_t seq_len, DType dtype) const {
   c.saved_bytes = nbytes(mul(seq_len, hidden_), dtype) + nbytes(mul(seq_len, vocab_), dtype) +
                   nbytes(mul(3, seq_len), DType::kF32);
   c.output_bytes = nbytes(seq_len, DType::kF32);  // the per-row losses
-  // backward: dxn is live while the saved tensors are (then they go and dx comes).
-  c.workspace_bytes = nbytes(mul(seq_len, hidden_), dtype);
+  // No workspace: backward's peak is dxn beside the saved tensors, the size of dx; xn, the
+  // logits and lse go before dx comes.
+  c.workspace_bytes = 0;
   c.forward_flops = mul(2, mul(seq_len, mul(hidden_, vocab_)));
   c.backward_flops = mul(2, c.forward_flops);
   return c;

@@ -33,8 +33,8 @@ Act Residual::forward(LayerContext& ctx, const Act& x, bool save) {
   Act h = inner_->forward(ctx, x, save);
   if (!h || h->view().shape() != x->view().shape()) {
     if (save) inner_->release_saved();
-    throw InvalidArgument("Residual '" + name() + "': inner layer '" + inner_->name() +
-                          "' maps " + x->view().shape().str() + " to " +
+    throw InvalidArgument("Residual '" + name() + "': inner layer '" + inner_->name() + "' maps " +
+                          x->view().shape().str() + " to " +
                           (h ? h->view().shape().str() : std::string("nothing")) +
                           "; a residual needs the input's shape");
   }

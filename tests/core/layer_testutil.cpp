@@ -117,8 +117,8 @@ Vec ref_layernorm(const Vec& x, std::int64_t c, const Vec& w, const Vec& b, doub
     v /= static_cast<double>(c);
     const double rs = 1.0 / std::sqrt(v + eps);
     for (std::int64_t i = 0; i < c; ++i) {
-      y[r * c + i] = (x[r * c + i] - m) * rs * w[static_cast<std::size_t>(i)] +
-                     b[static_cast<std::size_t>(i)];
+      y[r * c + i] =
+          (x[r * c + i] - m) * rs * w[static_cast<std::size_t>(i)] + b[static_cast<std::size_t>(i)];
     }
   }
   return y;
@@ -140,8 +140,8 @@ Vec add(const Vec& a, const Vec& b) {
   return y;
 }
 
-Vec ref_attention(const Vec& x, std::int64_t b, std::int64_t t, std::int64_t c,
-                  std::int64_t heads, const Params& p, std::size_t off) {
+Vec ref_attention(const Vec& x, std::int64_t b, std::int64_t t, std::int64_t c, std::int64_t heads,
+                  const Params& p, std::size_t off) {
   const Vec qkv = ref_linear(x, c, 3 * c, p[off], &p[off + 1]);
   const std::int64_t hs = c / heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -219,8 +219,7 @@ double rms(const Vec& v) {
 // worst case; central differences in double with h = 1e-5 are exact to ~1e-9. 1e-4 of the
 // scale leaves that margin; a wrong formula (missing term, transposed index, wrong scale)
 // is off by O(scale).
-void expect_matches(const Vec& got, const Vec& ref, const std::string& what,
-                    double rel = 1e-4) {
+void expect_matches(const Vec& got, const Vec& ref, const std::string& what, double rel = 1e-4) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const double scale = std::max(max_abs(ref), 1e-3);
   int bad = 0;
@@ -341,7 +340,8 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
   bad = 0;
   double worst_dx = 0;
   for (std::size_t i = 0; i < dx_ref.size(); ++i) {
-    worst_dx = std::max(worst_dx, std::fabs(dx_lp[i] - dx_ref[i]) / (u * (rd + std::fabs(dx_ref[i]))));
+    worst_dx =
+        std::max(worst_dx, std::fabs(dx_lp[i] - dx_ref[i]) / (u * (rd + std::fabs(dx_ref[i]))));
     if (!(std::fabs(dx_lp[i] - dx_ref[i]) <= k * u * (rd + std::fabs(dx_ref[i]))) && ++bad <= 5) {
       ADD_FAILURE() << "dx [" << i << "]: " << dx_lp[i] << " vs " << dx_ref[i];
     }

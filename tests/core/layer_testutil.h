@@ -20,7 +20,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
-#include "tests/core/backend_testutil.h"
+#include "tests/core/nn_testutil.h"
 
 namespace memfit::testing {
 
@@ -73,8 +73,8 @@ Vec ref_linear(const Vec& x, std::int64_t in, std::int64_t out, const Vec& w, co
 Vec ref_layernorm(const Vec& x, std::int64_t c, const Vec& w, const Vec& b, double eps);
 Vec ref_gelu(const Vec& x);
 // x (B,T,C); p: qkv.w, qkv.b, proj.w, proj.b.
-Vec ref_attention(const Vec& x, std::int64_t b, std::int64_t t, std::int64_t c,
-                  std::int64_t heads, const Params& p, std::size_t off = 0);
+Vec ref_attention(const Vec& x, std::int64_t b, std::int64_t t, std::int64_t c, std::int64_t heads,
+                  const Params& p, std::size_t off = 0);
 // p: fc.w, fc.b, proj.w, proj.b.
 Vec ref_mlp(const Vec& x, std::int64_t c, std::int64_t f, const Params& p, std::size_t off = 0);
 Vec ref_transformer_block(const Vec& x, std::int64_t b, std::int64_t t, std::int64_t c,
@@ -82,8 +82,9 @@ Vec ref_transformer_block(const Vec& x, std::int64_t b, std::int64_t t, std::int
 Vec ref_mlp_block(const Vec& x, std::int64_t c, std::int64_t f, const Params& p, double eps);
 Vec add(const Vec& a, const Vec& b);
 
-// ---- generic checks ------------------------------------------------------------------------------
-// y = ref(x, params) in double for a layer's forward.
+// ---- generic checks
+// ------------------------------------------------------------------------------ y = ref(x, params)
+// in double for a layer's forward.
 using RefFn = std::function<Vec(const Vec& x, const Params& p)>;
 
 // On CPU in f32: forward against ref; backward (dy random) against central differences of

@@ -48,8 +48,9 @@ TEST(AttentionTest, LowPrecisionCloseToF32) {
   // qkv, the scores, the probabilities, the merged heads and the output are each rounded to
   // the dtype and the errors pass through two more GEMMs (measured: 2.7 units; tolerance 6).
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    testing::check_low_precision([] { return std::make_unique<CausalSelfAttention>("attn", 16, 2); },
-                                 dt, Shape{2, 6, 16}, attn_ref(2, 6, 16, 2), 6.0, 42);
+    testing::check_low_precision(
+        [] { return std::make_unique<CausalSelfAttention>("attn", 16, 2); }, dt, Shape{2, 6, 16},
+        attn_ref(2, 6, 16, 2), 6.0, 42);
   }
 }
 

@@ -119,7 +119,8 @@ TEST(LinearTest, RejectsWrongInputs) {
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
 testing::RefFn ln_ref(std::int64_t c, double eps) {
-  return [=](const Vec& x, const Params& p) { return testing::ref_layernorm(x, c, p[0], p[1], eps); };
+  return
+      [=](const Vec& x, const Params& p) { return testing::ref_layernorm(x, c, p[0], p[1], eps); };
 }
 
 TEST(LayerNormTest, NamesAndInit) {

@@ -72,8 +72,9 @@ TEST(TransformerBlockTest, LowPrecisionCloseToF32) {
   // About a dozen tensors rounded on the way through two sublayers, and LayerNorm's gain of
   // 1/std on the way back (measured: 3.7 units forward, 4.9 for dx; tolerance 12).
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    testing::check_low_precision([] { return std::make_unique<TransformerBlock>("h.0", 16, 2, 4, 2); },
-                                 dt, Shape{2, 6, 16}, block_ref(2, 6, 16, 2, 64), 12.0, 62);
+    testing::check_low_precision(
+        [] { return std::make_unique<TransformerBlock>("h.0", 16, 2, 4, 2); }, dt, Shape{2, 6, 16},
+        block_ref(2, 6, 16, 2, 64), 12.0, 62);
   }
 }
 
@@ -150,17 +151,21 @@ TEST(TransformerBlockTest, ForwardFailureReleasesPartialState) {
 TEST(MlpBlockTest, NamesAndGradients) {
   MLPBlock blk("h.1", 6, 2, 3);
   const auto ps = blk.parameters();
-  const char* want[] = {"h.1.ln.weight", "h.1.ln.bias",        "h.1.mlp.fc.weight",
+  const char* want[] = {"h.1.ln.weight",   "h.1.ln.bias",         "h.1.mlp.fc.weight",
                         "h.1.mlp.fc.bias", "h.1.mlp.proj.weight", "h.1.mlp.proj.bias"};
   ASSERT_EQ(ps.size(), std::size(want));
   for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(ps[i]->name, want[i]);
   EXPECT_FLOAT_EQ(ps[4]->init.std, 0.02f / std::sqrt(6.0f));
-  auto ref = [](const Vec& x, const Params& p) { return testing::ref_mlp_block(x, 6, 12, p, 1e-5); };
+  auto ref = [](const Vec& x, const Params& p) {
+    return testing::ref_mlp_block(x, 6, 12, p, 1e-5);
+  };
   testing::check_gradients(blk, Shape{2, 3, 6}, ref, 71);
 }
 
 TEST(MlpBlockTest, LowPrecisionRecomputeMemory) {
-  auto ref = [](const Vec& x, const Params& p) { return testing::ref_mlp_block(x, 16, 64, p, 1e-5); };
+  auto ref = [](const Vec& x, const Params& p) {
+    return testing::ref_mlp_block(x, 16, 64, p, 1e-5);
+  };
   for (DType dt : {DType::kF16, DType::kBF16}) {
     testing::check_low_precision([] { return std::make_unique<MLPBlock>("h.0", 16, 4, 2); }, dt,
                                  Shape{2, 4, 16}, ref, 8.0, 72);  // measured 2.5
