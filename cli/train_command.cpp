@@ -2,8 +2,6 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -107,7 +106,9 @@ Peaks dry_run(const Plan& p) {
   return peaks;
 }
 
-std::string mib_ceil(std::size_t bytes) { return std::to_string((bytes + kMiB - 1) / kMiB) + "MiB"; }
+std::string mib_ceil(std::size_t bytes) {
+  return std::to_string((bytes + kMiB - 1) / kMiB) + "MiB";
+}
 
 // The first step did not fit: say what this plan needs and what the usual alternatives would.
 [[noreturn]] void budget_too_small(const Plan& p, const std::string& budget_text,
@@ -129,7 +130,8 @@ std::string mib_ceil(std::size_t bytes) { return std::to_string((bytes + kMiB - 
       change(q);
       alts.push_back({std::move(label), q});
     };
-    if (p.trainer.checkpoint != "all") add("--checkpoint all", [](Plan& q) { q.trainer.checkpoint = "all"; });
+    if (p.trainer.checkpoint != "all")
+      add("--checkpoint all", [](Plan& q) { q.trainer.checkpoint = "all"; });
     if (p.batch > 1) {
       const std::int64_t mb = std::max<std::int64_t>(1, p.batch / 4);
       add("--micro-batch " + std::to_string(mb), [mb](Plan& q) {
@@ -167,7 +169,8 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
     bar = "[" + std::string(static_cast<std::size_t>(done), '#') +
           std::string(static_cast<std::size_t>(kWidth - done), '.') + "] ";
   }
-  std::snprintf(buf, sizeof buf, "%sstep %*lld/%lld  loss %.4f  %8.0f tok/s  peak %s reserved, %s allocated",
+  std::snprintf(buf, sizeof buf,
+                "%sstep %*lld/%lld  loss %.4f  %8.0f tok/s  peak %s reserved, %s allocated",
                 bar.c_str(), static_cast<int>(std::to_string(total).size()),
                 static_cast<long long>(step), static_cast<long long>(total), r.loss, tokens_per_s,
                 format_bytes(r.peak_reserved).c_str(), format_bytes(r.peak_allocated).c_str());
@@ -179,7 +182,8 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
 
 nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a) {
   nlohmann::json j = nlohmann::json::object();
-  for (std::size_t c = 0; c < kCategoryCount; ++c) j[category_name(static_cast<Category>(c))] = a[c];
+  for (std::size_t c = 0; c < kCategoryCount; ++c)
+    j[category_name(static_cast<Category>(c))] = a[c];
   return j;
 }
 
@@ -212,7 +216,8 @@ Plan make_plan(const TrainArgs& a) {
   checked_mul(static_cast<std::size_t>(p.batch), static_cast<std::size_t>(p.seq_len),
               "--batch * seq_len");
   p.trainer.checkpoint = a.checkpoint;
-  Schedule::parse(a.checkpoint, static_cast<int>(p.spec.layers));  // the error names the valid specs
+  Schedule::parse(a.checkpoint,
+                  static_cast<int>(p.spec.layers));  // the error names the valid specs
   p.trainer.micro_batch = std::min(a.micro_batch, a.batch);
   p.trainer.accum = a.accum;
   if (a.accum > 0) split_batch(a.batch, a.accum);  // says which batch sizes split into K
@@ -281,9 +286,9 @@ int run_train(const TrainArgs& a) {
     seconds += r.seconds;
     micro_batches = r.micro_batches;
     last_scale = r.loss_scale;
-    const std::string line = progress_line(r, start + i, start + a.steps,
-                                           static_cast<double>(r.tokens) / r.seconds,
-                                           trainer->scaler().enabled(), tty);
+    const std::string line =
+        progress_line(r, start + i, start + a.steps, static_cast<double>(r.tokens) / r.seconds,
+                      trainer->scaler().enabled(), tty);
     std::printf(tty ? "\r%s\033[K" : "%s\n", line.c_str());
     std::fflush(stdout);
   }
@@ -297,10 +302,10 @@ int run_train(const TrainArgs& a) {
   std::printf("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
               format_bytes(measured.allocated).c_str());
   if (predicted) {
-    std::printf("; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
-                format_bytes(predicted->reserved).c_str(),
-                format_bytes(predicted->allocated).c_str(),
-                predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
+    std::printf(
+        "; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
+        format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
+        predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }
   std::printf("\n  peak by category:%s\n", predicted ? "     measured    predicted" : "");
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
@@ -355,7 +360,8 @@ int run_train(const TrainArgs& a) {
     if (!a.save.empty()) j["saved_to"] = a.save;
     if (!a.resume.empty()) j["resumed_from"] = a.resume;
     std::ofstream f(a.summary_json);
-    if (!f) throw InvalidArgument("--summary-json '" + a.summary_json + "': cannot open for writing");
+    if (!f)
+      throw InvalidArgument("--summary-json '" + a.summary_json + "': cannot open for writing");
     f << j.dump(2) << "\n";
     if (!f) throw InvalidArgument("--summary-json '" + a.summary_json + "': write failed");
     std::printf("  summary: %s\n", a.summary_json.c_str());
@@ -371,9 +377,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
       "train", "Train a model on a text file on the CPU with memory policies, under a budget");
   // A repeated option takes its last value, so scripts/demo.sh's defaults can be overridden.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--model", a->model, "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file")
+  cmd->add_option("--model", a->model,
+                  "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file")
       ->required();
-  cmd->add_option("--data", a->data, "a text file; tokens are its bytes (data/corpus.txt is bundled)")
+  cmd->add_option("--data", a->data,
+                  "a text file; tokens are its bytes (data/corpus.txt is bundled)")
       ->required();
   cmd->add_option("--steps", a->steps, "training steps to run")->required();
   cmd->add_option("--batch", a->batch, "global batch (sequences per step)")->capture_default_str();
@@ -384,7 +392,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--checkpoint", a->checkpoint, "none | all | sqrt | every:K")
       ->capture_default_str();
-  cmd->add_flag("--offload", a->offload, "FP32 masters and Adam moments in pinned host memory, CPU AdamW");
+  cmd->add_flag("--offload", a->offload,
+                "FP32 masters and Adam moments in pinned host memory, CPU AdamW");
   cmd->add_option("--budget", a->budget, "allocator budget on the CPU device (96MiB, 1GiB, ...)");
   cmd->add_option("--seed", a->seed, "initialization and data sampling")->capture_default_str();
   cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str();

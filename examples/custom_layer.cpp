@@ -148,8 +148,8 @@ Run train(const TextDataset& data, const std::string& checkpoint, int steps) {
   const int kBlocks = 4;
   std::vector<std::unique_ptr<Layer>> blocks;
   for (int i = 0; i < kBlocks; ++i) {
-    blocks.push_back(std::make_unique<ShiftedMlpBlock>("h." + std::to_string(i), spec.hidden,
-                                                       kBlocks));
+    blocks.push_back(
+        std::make_unique<ShiftedMlpBlock>("h." + std::to_string(i), spec.hidden, kBlocks));
   }
   Model model(spec, std::move(blocks), ctx);
   TrainerOptions opt;

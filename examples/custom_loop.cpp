@@ -101,7 +101,8 @@ int main(int argc, char** argv) {
     std::int64_t row0 = 0;
     for (std::size_t m = 0; m < micro.size(); ++m) {
       DeviceRows d = upload(ctx, b, row0, micro[m]);
-      const Act losses = ex.run(schedule, d.mb, dloss, m + 1 == micro.size() ? last : ExecutorHooks{});
+      const Act losses =
+          ex.run(schedule, d.mb, dloss, m + 1 == micro.size() ? last : ExecutorHooks{});
       loss += sum_losses(ctx, *losses);
       row0 += micro[m];
     }
@@ -113,13 +114,14 @@ int main(int argc, char** argv) {
       opt.step(ctx, 1.0 / scale);  // unscales the gradients inside the update
     }
     const OffloadOptimizer::Timing t = opt.last_timing();
-    std::printf("step %3d  loss %.4f  scale %-6.0f%s  cpu adamw %.1f ms, waited %.1f ms for grads\n",
-                step, loss / double(kBatch * kSeqLen), scale, skip ? " (skipped)" : "",
-                t.adamw_s * 1e3, t.wait_grads_s * 1e3);
+    std::printf(
+        "step %3d  loss %.4f  scale %-6.0f%s  cpu adamw %.1f ms, waited %.1f ms for grads\n", step,
+        loss / double(kBatch * kSeqLen), scale, skip ? " (skipped)" : "", t.adamw_s * 1e3,
+        t.wait_grads_s * 1e3);
   }
-  std::printf("peak allocated %s; pinned host %s (masters and moments)\n",
-              format_bytes(static_cast<std::size_t>(alloc.stats().allocated_bytes[kStatAll].peak))
-                  .c_str(),
-              format_bytes(opt.host_bytes()).c_str());
+  std::printf(
+      "peak allocated %s; pinned host %s (masters and moments)\n",
+      format_bytes(static_cast<std::size_t>(alloc.stats().allocated_bytes[kStatAll].peak)).c_str(),
+      format_bytes(opt.host_bytes()).c_str());
   return 0;
 }

@@ -3,12 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
@@ -364,8 +363,8 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(buf.begin() + kPrefixBytes, buf.begin() + kPrefixBytes +
-                                                                   static_cast<long>(hbytes));
+    header = nlohmann::json::parse(buf.begin() + kPrefixBytes,
+                                   buf.begin() + kPrefixBytes + static_cast<long>(hbytes));
     f.meta_ = meta_from_json(header);
     std::set<std::string> names;
     std::size_t next = 0;  // entries are laid out in order without overlap
@@ -382,8 +381,8 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
       en.offset = e.at("offset").get<std::size_t>();
       en.nbytes = e.at("nbytes").get<std::size_t>();
       const std::size_t want = static_cast<std::size_t>(en.shape.numel()) * dtype_size(en.dtype);
-      if (en.nbytes != want || en.offset < next || en.offset % kAlign != 0 ||
-          en.offset > dbytes || en.nbytes > dbytes - en.offset) {
+      if (en.nbytes != want || en.offset < next || en.offset % kAlign != 0 || en.offset > dbytes ||
+          en.nbytes > dbytes - en.offset) {
         fail(path, "entry '" + en.name + "': extent [" + std::to_string(en.offset) + ", +" +
                        std::to_string(en.nbytes) + ") does not fit its shape " + en.shape.str() +
                        " " + dtype_name(en.dtype) + " and the data section");

@@ -53,12 +53,12 @@ inline constexpr std::uint32_t kTrainStateVersion = 1;
 // options are there so a load can refuse a file from a different model or optimizer with a
 // clear message instead of a shape mismatch deep in the entries.
 struct TrainStateMeta {
-  std::string model_spec;     // ModelSpec::to_yaml()
-  std::string dtype;          // compute dtype name: "f32", "f16", "bf16"
-  std::string optimizer;      // Optimizer::name()
-  std::string options_json;   // the trainer's options as JSON text (informational)
-  std::int64_t steps = 0;     // optimizer updates done
-  std::int64_t attempted = 0; // steps attempted (skipped ones included)
+  std::string model_spec;      // ModelSpec::to_yaml()
+  std::string dtype;           // compute dtype name: "f32", "f16", "bf16"
+  std::string optimizer;       // Optimizer::name()
+  std::string options_json;    // the trainer's options as JSON text (informational)
+  std::int64_t steps = 0;      // optimizer updates done
+  std::int64_t attempted = 0;  // steps attempted (skipped ones included)
   bool scaler_enabled = false;
   LossScalerState scaler;
   RngState rng;

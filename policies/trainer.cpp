@@ -1,10 +1,9 @@
 #include "policies/trainer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "core/device_adamw.h"
@@ -36,9 +35,9 @@ const TrainerOptions& validated(const TrainerOptions& o) {
                           " must be >= 1 (or 0: unused)");
   }
   if (o.micro_batch > 0 && o.accum > 0) {
-    throw InvalidArgument("give a micro-batch size or an accumulation count, not both (micro-batch " +
-                          std::to_string(o.micro_batch) + ", accum " + std::to_string(o.accum) +
-                          ")");
+    throw InvalidArgument(
+        "give a micro-batch size or an accumulation count, not both (micro-batch " +
+        std::to_string(o.micro_batch) + ", accum " + std::to_string(o.accum) + ")");
   }
   if (o.delayed_update && !o.offload) {
     throw InvalidArgument("delayed_update (ZeRO-Offload's delayed parameter update) needs offload");
@@ -109,8 +108,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
   if (ctx_.dtype != model_.dtype() || ctx_.device() != model_.device()) {
     throw InvalidArgument(std::string("trainer context (") + dtype_name(ctx_.dtype) + " on " +
                           device_name(ctx_.device()) + ") does not match the model's (" +
-                          dtype_name(model_.dtype()) + " on " + device_name(model_.device()) +
-                          ")");
+                          dtype_name(model_.dtype()) + " on " + device_name(model_.device()) + ")");
   }
   if (options_.init_model) model_.init(options_.seed, ctx_);
   if (options_.offload) {
@@ -118,8 +116,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
     OffloadOptions o;
     o.adamw = options_.adamw;
     o.delayed_update = options_.delayed_update;
-    optimizer_ =
-        std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, offload_->pinned);
+    optimizer_ = std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, offload_->pinned);
     // The device masters just went to the host; hand their segments back so the reserved
     // bytes (what a budget limits) show the saving.
     ctx_.alloc.empty_cache();
@@ -144,8 +141,8 @@ namespace {
 
 void check_batch(const Batch& b, const ModelSpec& spec) {
   if (b.batch < 1 || b.seq_len < 1) {
-    throw InvalidArgument("batch (" + std::to_string(b.batch) + " x " +
-                          std::to_string(b.seq_len) + "): both sizes must be >= 1");
+    throw InvalidArgument("batch (" + std::to_string(b.batch) + " x " + std::to_string(b.seq_len) +
+                          "): both sizes must be >= 1");
   }
   if (b.seq_len > spec.seq_len) {
     throw InvalidArgument("batch sequence length " + std::to_string(b.seq_len) +
@@ -310,8 +307,8 @@ void Trainer::load(const std::string& path) {
            model_.spec().to_yaml());
   }
   if (m.dtype != dtype_name(ctx_.dtype)) {
-    refuse("saved with compute dtype " + m.dtype + "; this trainer uses " +
-           dtype_name(ctx_.dtype) + " (give the same --dtype)");
+    refuse("saved with compute dtype " + m.dtype + "; this trainer uses " + dtype_name(ctx_.dtype) +
+           " (give the same --dtype)");
   }
   if (m.optimizer != optimizer_->name()) {
     refuse("saved with optimizer " + m.optimizer + "; this trainer uses " + optimizer_->name() +

@@ -4,13 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace {
@@ -67,8 +66,8 @@ nlohmann::json read_json(const std::string& path) {
 
 TEST(TrainCommand, SummaryJsonMatchesTheRunAndThePrediction) {
   const std::string js = tmp("summary.json");
-  const ProgramRun r = run_memfit(base_args(4) +
-                                  " --dtype bf16 --checkpoint all --predict --summary-json " + js);
+  const ProgramRun r =
+      run_memfit(base_args(4) + " --dtype bf16 --checkpoint all --predict --summary-json " + js);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("predicted (dry run)"), std::string::npos) << r.output;
@@ -110,9 +109,9 @@ TEST(TrainCommand, SaveThenResumeContinuesExactly) {
   const std::string state = tmp("run.mfstate");
   const std::string full = tmp("full.json"), part = tmp("part.json"), rest = tmp("rest.json");
   ASSERT_EQ(run_memfit(base_args(5) + " --offload --summary-json " + full).exit_code, 0);
-  ASSERT_EQ(run_memfit(base_args(3) + " --offload --save " + state + " --summary-json " + part)
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      run_memfit(base_args(3) + " --offload --save " + state + " --summary-json " + part).exit_code,
+      0);
   const ProgramRun r =
       run_memfit(base_args(2) + " --offload --resume " + state + " --summary-json " + rest);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -171,13 +170,13 @@ TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
   std::remove(tiny.c_str());
 }
 
-
 // The example programs (built by the default target, as scripts/test.sh does) run and check
 // themselves: custom_layer exits 1 unless checkpointing left the losses bit-identical and the
 // loss fell.
 ProgramRun run_example(const std::string& name, const std::string& args) {
   const char* dir = std::getenv("MEMFIT_BINARY_DIR");
-  const std::string bin = std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/examples/example_" + name;
+  const std::string bin =
+      std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/examples/example_" + name;
   if (::access(bin.c_str(), X_OK) != 0) return {-1, bin + " is not built (build all targets)"};
   FILE* p = popen((bin + " " + args + " 2>&1").c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};

@@ -77,8 +77,8 @@ TEST(TextDataset, SamplingFollowsTheRngAndCoversTheFile) {
 TEST(TextDataset, SequentialIsDeterministicAndWraps) {
   const TextDataset d = TextDataset::from_text("0123456789");
   const Batch b = d.sequential(3, 4, 0);  // starts 0, 4, then 8 wraps (6 starts: 8 % 6 = 2)
-  EXPECT_EQ(b.tokens, (std::vector<std::int32_t>{'0', '1', '2', '3', '4', '5', '6', '7', '2',
-                                                 '3', '4', '5'}));
+  EXPECT_EQ(b.tokens, (std::vector<std::int32_t>{'0', '1', '2', '3', '4', '5', '6', '7', '2', '3',
+                                                 '4', '5'}));
   EXPECT_EQ(b.targets[3], '4');
   EXPECT_EQ(b.targets[11], '6');
   EXPECT_EQ(d.sequential(3, 4, 0).tokens, b.tokens);
@@ -111,8 +111,8 @@ TEST(TextDataset, ErrorsNameTheFileAndWhatWouldBeValid) {
 
 TEST(TextDataset, BundledCorpusIsThereAndLargeEnough) {
   const TextDataset d(std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt");
-  EXPECT_GT(d.size(), 64 * 1024);   // enough distinct windows for a few hundred steps
-  EXPECT_LT(d.size(), 1024 * 1024); // a few hundred KB at most
+  EXPECT_GT(d.size(), 64 * 1024);    // enough distinct windows for a few hundred steps
+  EXPECT_LT(d.size(), 1024 * 1024);  // a few hundred KB at most
   d.require_seq_len(1024);
 }
 

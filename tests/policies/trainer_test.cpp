@@ -152,8 +152,8 @@ TEST(Trainer, F16OverflowSkipsTheStepHalvesTheScaleAndLeavesWeights) {
     t.scaler().set_state({1024, 0});
     Parameter& lnf = *m.head().parameters()[0];
     const std::uint16_t inf16 = 0x7C00;
-    r.be.copy(r.ctx.stream, Tensor(const_cast<std::uint16_t*>(&inf16), Shape{1}, DType::kF16,
-                                   Device::kCpu),
+    r.be.copy(r.ctx.stream,
+              Tensor(const_cast<std::uint16_t*>(&inf16), Shape{1}, DType::kF16, Device::kCpu),
               lnf.weight.view().reshape(Shape{lnf.numel()}).slice0(0, 1));
     const Snapshot poisoned = snapshot(t);
     const StepResult s2 = t.step(b);
@@ -407,8 +407,8 @@ TEST(Trainer, TrainingLowersTheLossOnTheBundledCorpus) {
   EXPECT_NEAR(before, std::log(256.0), 0.3);  // an untrained byte model is near uniform
   for (int i = 0; i < 30; ++i) t.step(corpus().sample(8, 32, t.rng()));
   const double after = t.evaluate(held_out);
-  EXPECT_LT(after, before - 1.0) << "30 steps took the held-out loss only from " << before
-                                 << " to " << after;
+  EXPECT_LT(after, before - 1.0) << "30 steps took the held-out loss only from " << before << " to "
+                                 << after;
 }
 
 TEST(Trainer, BadOptionsAndBatchesAreClearErrors) {
