@@ -20,8 +20,8 @@ using cpu::narrow;
 using cpu::widen;
 
 // preatt (R,T,T) -> att (R,T,T); row i of a matrix uses columns [0, i], the rest become 0.
-void CpuBackend::do_softmax_causal_forward(StreamId, const Tensor& preatt, float scale,
-                                           const Tensor& att, std::int64_t t) {
+void CpuBackend::run_softmax_causal_forward(StreamId, const Tensor& preatt, float scale,
+                                            const Tensor& att, std::int64_t t) {
   const std::int64_t rows = t == 0 ? 0 : preatt.numel() / t;
 #pragma omp parallel if (preatt.numel() >= kNnParallelMin)
   {
@@ -50,8 +50,8 @@ void CpuBackend::do_softmax_causal_forward(StreamId, const Tensor& preatt, float
 }
 
 // datt, att (R,T,T) -> dpreatt = scale * att * (datt - sum_k att_k datt_k) on [0, i]; 0 above.
-void CpuBackend::do_softmax_causal_backward(StreamId, const Tensor& datt, const Tensor& att,
-                                            float scale, const Tensor& dpreatt, std::int64_t t) {
+void CpuBackend::run_softmax_causal_backward(StreamId, const Tensor& datt, const Tensor& att,
+                                             float scale, const Tensor& dpreatt, std::int64_t t) {
   const std::int64_t rows = t == 0 ? 0 : att.numel() / t;
 #pragma omp parallel if (att.numel() >= kNnParallelMin)
   {
@@ -110,18 +110,20 @@ void check_targets(const char* op, const IndexTensor& ids, std::int64_t vocab) {
 
 }  // namespace
 
-void CpuBackend::do_split_heads(StreamId, const Tensor& src, const Tensor& dst, const HeadDims& d) {
+void CpuBackend::run_split_heads(StreamId, const Tensor& src, const Tensor& dst,
+                                 const HeadDims& d) {
   permute_heads(src, dst, d, true);
 }
 
-void CpuBackend::do_merge_heads(StreamId, const Tensor& src, const Tensor& dst, const HeadDims& d) {
+void CpuBackend::run_merge_heads(StreamId, const Tensor& src, const Tensor& dst,
+                                 const HeadDims& d) {
   permute_heads(src, dst, d, false);
 }
 
 // logits (N,Vp), targets (N) -> lse (N) = log sum_{j<V} exp(logits_j), losses = lse - logits[y]
-void CpuBackend::do_crossentropy_forward(StreamId, const Tensor& logits, const IndexTensor& targets,
-                                         std::int64_t vocab, const Tensor& losses,
-                                         const Tensor& lse) {
+void CpuBackend::run_crossentropy_forward(StreamId, const Tensor& logits,
+                                          const IndexTensor& targets, std::int64_t vocab,
+                                          const Tensor& losses, const Tensor& lse) {
   check_targets("crossentropy_forward", targets, vocab);
   const std::int64_t vp = logits.size(logits.ndim() - 1), n = targets.numel();
 #pragma omp parallel if (n * vocab >= kNnParallelMin)
@@ -141,10 +143,10 @@ void CpuBackend::do_crossentropy_forward(StreamId, const Tensor& logits, const I
 }
 
 // dlogits[i,j] = g_i * (exp(logits[i,j] - lse[i]) - [j == y_i]) for j < V; 0 in the padding.
-void CpuBackend::do_crossentropy_backward(StreamId, const Tensor& logits, const Tensor& lse,
-                                          const IndexTensor& targets, std::int64_t vocab,
-                                          float dloss, const Tensor* dlosses,
-                                          const Tensor& dlogits) {
+void CpuBackend::run_crossentropy_backward(StreamId, const Tensor& logits, const Tensor& lse,
+                                           const IndexTensor& targets, std::int64_t vocab,
+                                           float dloss, const Tensor* dlosses,
+                                           const Tensor& dlogits) {
   check_targets("crossentropy_backward", targets, vocab);
   const std::int64_t vp = logits.size(logits.ndim() - 1), n = targets.numel();
 #pragma omp parallel if (n * vp >= kNnParallelMin)

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace memfit {
@@ -47,7 +48,7 @@ void store(const float* v, const Tensor& t, std::int64_t off, std::int64_t count
 
 }  // namespace
 
-void CpuBackend::do_fill(StreamId, const Tensor& x, float value) {
+void CpuBackend::run_fill(StreamId, const Tensor& x, float value) {
   if (x.dtype() == DType::kF32) {
     float* p = static_cast<float*>(x.raw());
     for_chunks(x.numel(),
@@ -60,18 +61,18 @@ void CpuBackend::do_fill(StreamId, const Tensor& x, float value) {
   for_chunks(x.numel(), [&](std::int64_t off, std::int64_t n) { std::fill_n(p + off, n, bits); });
 }
 
-void CpuBackend::do_copy(StreamId, const Tensor& src, const Tensor& dst) {
+void CpuBackend::run_copy(StreamId, const Tensor& src, const Tensor& dst) {
   if (src.nbytes() > 0) std::memcpy(dst.raw(), src.raw(), src.nbytes());
 }
 
-void CpuBackend::do_cast(StreamId, const Tensor& src, const Tensor& dst) {
+void CpuBackend::run_cast(StreamId, const Tensor& src, const Tensor& dst) {
   for_chunks(src.numel(), [&](std::int64_t off, std::int64_t n) {
     convert(element(src, off), src.dtype(), element(dst, off), dst.dtype(),
             static_cast<std::size_t>(n));
   });
 }
 
-void CpuBackend::do_axpy(StreamId, float a, const Tensor& x, const Tensor& y) {
+void CpuBackend::run_axpy(StreamId, float a, const Tensor& x, const Tensor& y) {
   for_chunks(x.numel(), [&](std::int64_t off, std::int64_t n) {
     float bx[kChunk];
     float by[kChunk];
@@ -82,7 +83,7 @@ void CpuBackend::do_axpy(StreamId, float a, const Tensor& x, const Tensor& y) {
   });
 }
 
-void CpuBackend::do_scale(StreamId, float a, const Tensor& x) {
+void CpuBackend::run_scale(StreamId, float a, const Tensor& x) {
   for_chunks(x.numel(), [&](std::int64_t off, std::int64_t n) {
     float bx[kChunk];
     float* xv = load(x, off, n, bx);
@@ -91,7 +92,7 @@ void CpuBackend::do_scale(StreamId, float a, const Tensor& x) {
   });
 }
 
-void CpuBackend::do_sumsq(StreamId, const Tensor& x, const Tensor& out) {
+void CpuBackend::run_sumsq(StreamId, const Tensor& x, const Tensor& out) {
   const std::int64_t n = x.numel();
   const std::int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
   // One partial per fixed-size block, added in block order: the same bits for any number
@@ -128,6 +129,146 @@ void CpuBackend::do_sumsq(StreamId, const Tensor& x, const Tensor& out) {
   float* o = static_cast<float*>(out.raw());
   o[0] = static_cast<float>(static_cast<double>(o[0]) + total);
   o[1] = static_cast<float>(static_cast<double>(o[1]) + static_cast<double>(nonfinite));
+}
+
+}  // namespace memfit
+
+// ---- dispatch: inline, or queued on the stream's worker --------------------------------------
+// Every operand is a view (or plain data) captured by value, so the queued op does not depend
+// on the caller's arguments outliving the call; the memory behind the views must live on, as
+// on a GPU.
+
+namespace memfit {
+
+CpuBackend::CpuBackend(CpuBackendOptions options)
+    : options_(options), streams_(options.worker_streams) {}
+
+CpuBackend::~CpuBackend() = default;  // streams_ goes first: it drains and joins the workers
+
+void CpuBackend::set_workspace_allocator(CachingAllocator* alloc) {
+  streams_.drain_all();
+  workspace_ = alloc;
+}
+
+template <typename F>
+void CpuBackend::submit(StreamId stream, F&& op) {
+  if (streams_.runs_inline(stream)) {
+    op();
+  } else {
+    streams_.enqueue(stream, std::forward<F>(op));
+  }
+}
+
+void CpuBackend::do_gemm(StreamId s, const GemmDesc& d, const Tensor& a, const Tensor& b,
+                         const Tensor& c) {
+  submit(s, [this, s, d, a, b, c] { run_gemm(s, d, a, b, c); });
+}
+void CpuBackend::do_fill(StreamId s, const Tensor& x, float value) {
+  submit(s, [this, s, x, value] { run_fill(s, x, value); });
+}
+void CpuBackend::do_copy(StreamId s, const Tensor& src, const Tensor& dst) {
+  submit(s, [this, s, src, dst] { run_copy(s, src, dst); });
+}
+void CpuBackend::do_cast(StreamId s, const Tensor& src, const Tensor& dst) {
+  submit(s, [this, s, src, dst] { run_cast(s, src, dst); });
+}
+void CpuBackend::do_axpy(StreamId s, float a, const Tensor& x, const Tensor& y) {
+  submit(s, [this, s, a, x, y] { run_axpy(s, a, x, y); });
+}
+void CpuBackend::do_scale(StreamId s, float a, const Tensor& x) {
+  submit(s, [this, s, a, x] { run_scale(s, a, x); });
+}
+void CpuBackend::do_sumsq(StreamId s, const Tensor& x, const Tensor& out) {
+  submit(s, [this, s, x, out] { run_sumsq(s, x, out); });
+}
+
+void CpuBackend::do_layernorm_forward(StreamId s, const Tensor& inp, const Tensor& weight,
+                                      const Tensor& bias, float eps, const Tensor& out,
+                                      const Tensor& mean, const Tensor& rstd) {
+  submit(s, [this, s, inp, weight, bias, eps, out, mean, rstd] {
+    run_layernorm_forward(s, inp, weight, bias, eps, out, mean, rstd);
+  });
+}
+void CpuBackend::do_layernorm_backward(StreamId s, const Tensor& dout, const Tensor& inp,
+                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& dinp, const Tensor& dweight,
+                                       const Tensor& dbias) {
+  submit(s, [this, s, dout, inp, weight, mean, rstd, dinp, dweight, dbias] {
+    run_layernorm_backward(s, dout, inp, weight, mean, rstd, dinp, dweight, dbias);
+  });
+}
+void CpuBackend::do_gelu_forward(StreamId s, const Tensor& inp, const Tensor& out) {
+  submit(s, [this, s, inp, out] { run_gelu_forward(s, inp, out); });
+}
+void CpuBackend::do_gelu_backward(StreamId s, const Tensor& dout, const Tensor& inp,
+                                  const Tensor& dinp) {
+  submit(s, [this, s, dout, inp, dinp] { run_gelu_backward(s, dout, inp, dinp); });
+}
+void CpuBackend::do_add(StreamId s, const Tensor& a, const Tensor& b, const Tensor& out) {
+  submit(s, [this, s, a, b, out] { run_add(s, a, b, out); });
+}
+void CpuBackend::do_add_bias(StreamId s, const Tensor& bias, const Tensor& out) {
+  submit(s, [this, s, bias, out] { run_add_bias(s, bias, out); });
+}
+void CpuBackend::do_bias_backward(StreamId s, const Tensor& dout, const Tensor& dbias) {
+  submit(s, [this, s, dout, dbias] { run_bias_backward(s, dout, dbias); });
+}
+void CpuBackend::do_softmax_causal_forward(StreamId s, const Tensor& preatt, float scale,
+                                           const Tensor& att, std::int64_t t) {
+  submit(s, [this, s, preatt, scale, att, t] {
+    run_softmax_causal_forward(s, preatt, scale, att, t);
+  });
+}
+void CpuBackend::do_softmax_causal_backward(StreamId s, const Tensor& datt, const Tensor& att,
+                                            float scale, const Tensor& dpreatt, std::int64_t t) {
+  submit(s, [this, s, datt, att, scale, dpreatt, t] {
+    run_softmax_causal_backward(s, datt, att, scale, dpreatt, t);
+  });
+}
+void CpuBackend::do_split_heads(StreamId s, const Tensor& src, const Tensor& dst,
+                                const HeadDims& d) {
+  submit(s, [this, s, src, dst, d] { run_split_heads(s, src, dst, d); });
+}
+void CpuBackend::do_merge_heads(StreamId s, const Tensor& src, const Tensor& dst,
+                                const HeadDims& d) {
+  submit(s, [this, s, src, dst, d] { run_merge_heads(s, src, dst, d); });
+}
+void CpuBackend::do_embedding_forward(StreamId s, const IndexTensor& tokens, const Tensor& wte,
+                                      const Tensor& wpe, const Tensor& out) {
+  submit(s, [this, s, tokens, wte, wpe, out] { run_embedding_forward(s, tokens, wte, wpe, out); });
+}
+void CpuBackend::do_embedding_backward(StreamId s, const Tensor& dout, const IndexTensor& tokens,
+                                       const Tensor& dwte, const Tensor& dwpe) {
+  submit(s, [this, s, dout, tokens, dwte, dwpe] {
+    run_embedding_backward(s, dout, tokens, dwte, dwpe);
+  });
+}
+void CpuBackend::do_crossentropy_forward(StreamId s, const Tensor& logits,
+                                         const IndexTensor& targets, std::int64_t vocab,
+                                         const Tensor& losses, const Tensor& lse) {
+  submit(s, [this, s, logits, targets, vocab, losses, lse] {
+    run_crossentropy_forward(s, logits, targets, vocab, losses, lse);
+  });
+}
+void CpuBackend::do_crossentropy_backward(StreamId s, const Tensor& logits, const Tensor& lse,
+                                          const IndexTensor& targets, std::int64_t vocab,
+                                          float dloss, const Tensor* dlosses,
+                                          const Tensor& dlogits) {
+  // The optional operand travels as a value too (a null view stands for "none").
+  const bool has = dlosses != nullptr;
+  const Tensor dl = has ? *dlosses : Tensor();
+  submit(s, [this, s, logits, lse, targets, vocab, dloss, has, dl, dlogits] {
+    run_crossentropy_backward(s, logits, lse, targets, vocab, dloss, has ? &dl : nullptr, dlogits);
+  });
+}
+void CpuBackend::do_adamw(StreamId s, const AdamWConstants& k, const Tensor& param,
+                          const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                          const Tensor* param_out) {
+  const bool has = param_out != nullptr;
+  const Tensor out = has ? *param_out : Tensor();
+  submit(s, [this, s, k, param, grad, exp_avg, exp_avg_sq, has, out] {
+    run_adamw(s, k, param, grad, exp_avg, exp_avg_sq, has ? &out : nullptr);
+  });
 }
 
 }  // namespace memfit

@@ -1,12 +1,23 @@
-// CpuBackend: the numerical reference backend. Runs every op inline on the calling thread, on
-// host memory (tensors with Device::kCpu), so its streams are always idle and its events are
-// complete when recorded; stream ids and event handles are still checked as on CUDA.
+// CpuBackend: the numerical reference backend, on host memory (tensors with Device::kCpu).
+// By default every op runs inline on the calling thread, so streams are always idle and
+// events complete when recorded; stream ids and event handles are still checked as on CUDA.
+// With worker_streams, each stream from create_stream() runs its ops on a thread of its own
+// (cpu/worker_streams.h: FIFO, CUDA's event rules, an op's exception rethrown at the next
+// synchronize of its stream), so an offload copy stream overlaps compute for real;
+// kDefaultStream stays inline.
 //
-//   CpuBackend be;
+//   CpuBackend be;                            // or CpuBackend be({.worker_streams = true});
 //   HostProvider host;
 //   CachingAllocator alloc(host, {}, &be.stream_sync());
-//   be.gemm(kDefaultStream, d, a, b, c);   // done when it returns
+//   be.gemm(kDefaultStream, d, a, b, c);      // done when it returns
+//   StreamId copy = be.create_stream();
+//   be.copy(copy, grad, grad_host);           // queued on the worker; views captured by value
+//   EventHandle e = be.record_event(copy);
+//   be.wait_event(kDefaultStream, e);         // the caller blocks until the copy is done
 //
+// On a worker stream the tensors' memory must stay alive (and unwritten by the host) until the
+// op has run, as on a GPU. Kernels run with OpenMP from whichever thread runs the stream, so
+// two busy streams share the cores.
 // GEMM goes through OpenBLAS's cblas_sgemm with FP32 accumulation. f16/bf16 operands are
 // widened (exactly) to f32 in scratch, and a non-f32 C is computed in f32 scratch (holding
 // the widened old C when beta != 0) and rounded once to its dtype. Scratch per call is at most
@@ -25,31 +36,56 @@
 // (dweight, dbias, dwte, dwpe), so every gradient is summed in row order by one thread and
 // the bits do not depend on the thread count. AdamW calls core/cpu/adamw.h's adamw_step.
 // Token and target ids are checked against the vocabulary before anything is written.
-// Thread safety: as Backend (backend.h).
+// Thread safety: as Backend (backend.h); the GEMM scratch pool hands concurrent GEMMs (two
+// streams) distinct buffers.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "core/backend.h"
-#include "core/cpu/inline_streams.h"
 #include "core/cpu/scratch_pool.h"
+#include "core/cpu/worker_streams.h"
 
 namespace memfit {
 
-class CpuBackend final : public cpu::InlineBackend {
+struct CpuBackendOptions {
+  // Streams from create_stream() each run their ops on a worker thread of their own (a FIFO
+  // queue), so a copy stream overlaps the caller's compute for real; kDefaultStream stays
+  // inline. Off: every stream runs inline (the reference behaviour, no threads).
+  bool worker_streams = false;
+};
+
+class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
+  explicit CpuBackend(CpuBackendOptions options = {});
+  ~CpuBackend() override;  // drains every worker stream first
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
+  const CpuBackendOptions& options() const { return options_; }
 
   // GEMM scratch from `alloc` from now on (nullptr: the backend's own pool). `alloc` must
-  // outlive its use here; it may itself be built on stream_sync().
-  void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
+  // outlive its use here; it may itself be built on stream_sync(). Drains the worker streams
+  // first, so no queued GEMM sees the switch half-way.
+  void set_workspace_allocator(CachingAllocator* alloc);
   std::size_t scratch_bytes() const { return scratch_.held_bytes(); }  // pool only
   void release_scratch() { scratch_.release_idle(); }
+  std::size_t live_events() const { return streams_.live_events(); }  // for leak tests
 
  protected:
+  StreamId do_create_stream() override { return streams_.create(); }
+  void do_destroy_stream(StreamId stream) override { streams_.destroy(stream); }
+  bool do_has_stream(StreamId stream) const override { return streams_.has(stream); }
+  void do_synchronize(StreamId stream) override { streams_.synchronize(stream); }
+  EventHandle do_record_event(StreamId stream) override { return streams_.record(stream); }
+  bool do_has_event(EventHandle event) const override { return streams_.has_event(event); }
+  bool do_query_event(EventHandle event) override { return streams_.query(event); }
+  void do_synchronize_event(EventHandle event) override { streams_.synchronize_event(event); }
+  void do_wait_event(StreamId stream, EventHandle event) override { streams_.wait(stream, event); }
+  void do_release_event(EventHandle event) override { streams_.release(event); }
+
+  // Each op runs run_<op> inline, or queues it on the stream's worker with its views copied
+  // (cpu_backend.cpp).
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
   void do_fill(StreamId stream, const Tensor& x, float value) override;
@@ -97,8 +133,56 @@ class CpuBackend final : public cpu::InlineBackend {
   std::int64_t max_gemm_dim() const override;
 
  private:
+  // The kernels, on whichever thread runs the stream (gemm.cpp, cpu_backend.cpp, nn_ops.cpp,
+  // attention_ops.cpp). They read scratch_ (thread-safe) and workspace_ (fixed while work is
+  // queued: set_workspace_allocator drains first).
+  void run_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
+                const Tensor& c);
+  void run_fill(StreamId stream, const Tensor& x, float value);
+  void run_copy(StreamId stream, const Tensor& src, const Tensor& dst);
+  void run_cast(StreamId stream, const Tensor& src, const Tensor& dst);
+  void run_axpy(StreamId stream, float a, const Tensor& x, const Tensor& y);
+  void run_scale(StreamId stream, float a, const Tensor& x);
+  void run_sumsq(StreamId stream, const Tensor& x, const Tensor& out);
+
+  void run_layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                             const Tensor& bias, float eps, const Tensor& out, const Tensor& mean,
+                             const Tensor& rstd);
+  void run_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                              const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& dinp, const Tensor& dweight, const Tensor& dbias);
+  void run_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out);
+  void run_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                         const Tensor& dinp);
+  void run_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out);
+  void run_add_bias(StreamId stream, const Tensor& bias, const Tensor& out);
+  void run_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias);
+  void run_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                                  const Tensor& att, std::int64_t t);
+  void run_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
+                                   float scale, const Tensor& dpreatt, std::int64_t t);
+  void run_split_heads(StreamId stream, const Tensor& src, const Tensor& dst, const HeadDims& d);
+  void run_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst, const HeadDims& d);
+  void run_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                             const Tensor& wpe, const Tensor& out);
+  void run_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                              const Tensor& dwte, const Tensor& dwpe);
+  void run_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
+                                std::int64_t vocab, const Tensor& losses, const Tensor& lse);
+  void run_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                                 const IndexTensor& targets, std::int64_t vocab, float dloss,
+                                 const Tensor* dlosses, const Tensor& dlogits);
+  void run_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
+                 const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out);
+
+  template <typename F>
+  void submit(StreamId stream, F&& op);
+
+  CpuBackendOptions options_;
   cpu::ScratchPool scratch_;
   CachingAllocator* workspace_ = nullptr;
+  // Last member: destroyed first, so workers stop before the state their ops use goes.
+  cpu::WorkerStreams streams_;
 };
 
 namespace cpu {

@@ -101,13 +101,13 @@ void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, 
 
 std::int64_t CpuBackend::max_gemm_dim() const { return INT_MAX; }
 
-void CpuBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
-                         const Tensor& c) {
+void CpuBackend::run_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
+                          const Tensor& c) {
   const std::size_t floats = cpu::gemm_scratch_floats(d, a, b, c);
   if (floats == 0) {
     cpu::gemm(d, a, b, c, nullptr);
   } else if (workspace_ != nullptr) {
-    // Freed on return: the work is done by then (streams run inline).
+    // Freed on return: the GEMM is done by then, on whichever thread runs the stream.
     Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
                                     Category::kWorkspace, stream, "cpu.gemm.scratch");
     cpu::gemm(d, a, b, c, ws.as<float>());

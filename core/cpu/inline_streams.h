@@ -1,5 +1,6 @@
 // InlineStreams: stream and event bookkeeping for backends whose work runs inline on the
-// calling thread (the CPU and meta backends). Nothing is ever pending, so events are complete
+// calling thread (the meta backend; the CPU backend uses cpu/worker_streams.h, which adds
+// optional worker threads). Nothing is ever pending, so events are complete
 // when recorded and synchronizing returns at once; what remains is telling live handles from
 // dead ones, so a stream or event used after its destroy/release is caught as on CUDA.
 //
@@ -10,8 +11,8 @@
 //
 // Thread-safe (one mutex): the caching allocator records and polls events from its own lock.
 //
-// InlineBackend (below) is the stream and event half of such a backend, so the CPU and meta
-// backends implement only their ops.
+// InlineBackend (below) is the stream and event half of such a backend, so the meta backend
+// implements only its ops.
 #pragma once
 
 #include <cstddef>

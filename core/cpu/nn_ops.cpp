@@ -63,9 +63,9 @@ constexpr float kGeluA = 0.044715f;
 }  // namespace
 
 // inp (N,C), weight (C), bias (C) -> out (N,C), mean (N), rstd (N)
-void CpuBackend::do_layernorm_forward(StreamId, const Tensor& inp, const Tensor& weight,
-                                      const Tensor& bias, float eps, const Tensor& out,
-                                      const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::run_layernorm_forward(StreamId, const Tensor& inp, const Tensor& weight,
+                                       const Tensor& bias, float eps, const Tensor& out,
+                                       const Tensor& mean, const Tensor& rstd) {
   const std::int64_t c = inp.size(inp.ndim() - 1), n = cpu::rows_of(inp);
   std::vector<float> w(static_cast<std::size_t>(c)), b(static_cast<std::size_t>(c));
   widen(weight, 0, c, w.data());
@@ -97,10 +97,10 @@ void CpuBackend::do_layernorm_forward(StreamId, const Tensor& inp, const Tensor&
 //   norm = (x - mean) * rstd, g = weight * dout
 //   dinp += rstd * (g - mean(g) - norm * mean(g * norm)), dweight += sum norm * dout, dbias += sum
 //   dout
-void CpuBackend::do_layernorm_backward(StreamId, const Tensor& dout, const Tensor& inp,
-                                       const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                                       const Tensor& dinp, const Tensor& dweight,
-                                       const Tensor& dbias) {
+void CpuBackend::run_layernorm_backward(StreamId, const Tensor& dout, const Tensor& inp,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd, const Tensor& dinp,
+                                        const Tensor& dweight, const Tensor& dbias) {
   const std::int64_t c = inp.size(inp.ndim() - 1), n = cpu::rows_of(inp);
   std::vector<float> w(static_cast<std::size_t>(c));
   widen(weight, 0, c, w.data());
@@ -144,7 +144,7 @@ void CpuBackend::do_layernorm_backward(StreamId, const Tensor& dout, const Tenso
   add_into(dbias, sums);
 }
 
-void CpuBackend::do_gelu_forward(StreamId, const Tensor& inp, const Tensor& out) {
+void CpuBackend::run_gelu_forward(StreamId, const Tensor& inp, const Tensor& out) {
   for_chunks(inp.numel(), [&](std::int64_t off, std::int64_t n) {
     float v[kChunk];
     widen(inp, off, n, v);
@@ -158,8 +158,8 @@ void CpuBackend::do_gelu_forward(StreamId, const Tensor& inp, const Tensor& out)
 
 // d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2), u = s (x + a x^3);
 // 1 - tanh^2 instead of 1/cosh^2 so large |x| gives 0, not inf/inf.
-void CpuBackend::do_gelu_backward(StreamId, const Tensor& dout, const Tensor& inp,
-                                  const Tensor& dinp) {
+void CpuBackend::run_gelu_backward(StreamId, const Tensor& dout, const Tensor& inp,
+                                   const Tensor& dinp) {
   for_chunks(inp.numel(), [&](std::int64_t off, std::int64_t n) {
     float x[kChunk];
     float d[kChunk];
@@ -176,7 +176,7 @@ void CpuBackend::do_gelu_backward(StreamId, const Tensor& dout, const Tensor& in
   });
 }
 
-void CpuBackend::do_add(StreamId, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuBackend::run_add(StreamId, const Tensor& a, const Tensor& b, const Tensor& out) {
   for_chunks(a.numel(), [&](std::int64_t off, std::int64_t n) {
     float x[kChunk];
     float y[kChunk];
@@ -188,7 +188,7 @@ void CpuBackend::do_add(StreamId, const Tensor& a, const Tensor& b, const Tensor
 }
 
 // bias (OC), out (N,OC): out += bias
-void CpuBackend::do_add_bias(StreamId, const Tensor& bias, const Tensor& out) {
+void CpuBackend::run_add_bias(StreamId, const Tensor& bias, const Tensor& out) {
   const std::int64_t oc = out.size(out.ndim() - 1), n = cpu::rows_of(out);
   std::vector<float> b(static_cast<std::size_t>(oc));
   widen(bias, 0, oc, b.data());
@@ -205,7 +205,7 @@ void CpuBackend::do_add_bias(StreamId, const Tensor& bias, const Tensor& out) {
 }
 
 // dout (N,OC) -> dbias (OC) += column sums
-void CpuBackend::do_bias_backward(StreamId, const Tensor& dout, const Tensor& dbias) {
+void CpuBackend::run_bias_backward(StreamId, const Tensor& dout, const Tensor& dbias) {
   const std::int64_t oc = dout.size(dout.ndim() - 1), n = cpu::rows_of(dout);
   std::vector<double> sums;
   column_sums(n, oc, sums, [&](std::int64_t r, std::int64_t c0, std::int64_t m, float* buf) {
@@ -231,8 +231,8 @@ void check_ids(const char* op, const IndexTensor& ids, std::int64_t limit, const
 }  // namespace
 
 // tokens (B,T), wte (V,C), wpe (maxT,C) -> out (B,T,C) = wte[token] + wpe[t]
-void CpuBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,
-                                      const Tensor& wpe, const Tensor& out) {
+void CpuBackend::run_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,
+                                       const Tensor& wpe, const Tensor& out) {
   check_ids("embedding_forward", tokens, wte.size(0), "tokens");
   const std::int64_t bt = tokens.numel(), t = tokens.shape[1], c = wte.size(1);
 #pragma omp parallel if (bt * c >= kNnParallelMin)
@@ -251,8 +251,8 @@ void CpuBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, const
 // dout (B,T,C), tokens (B,T) -> dwte (V,C) +=, dwpe (maxT,C) +=
 // Column blocks in parallel; within a block, tokens in (b,t) order, so a repeated token's
 // gradients add in the same order on every run and thread count.
-void CpuBackend::do_embedding_backward(StreamId, const Tensor& dout, const IndexTensor& tokens,
-                                       const Tensor& dwte, const Tensor& dwpe) {
+void CpuBackend::run_embedding_backward(StreamId, const Tensor& dout, const IndexTensor& tokens,
+                                        const Tensor& dwte, const Tensor& dwpe) {
   check_ids("embedding_backward", tokens, dwte.size(0), "tokens");
   const std::int64_t bt = tokens.numel(), t = tokens.shape[1], c = dwte.size(1);
   float* gte = f32(dwte);
@@ -274,9 +274,9 @@ void CpuBackend::do_embedding_backward(StreamId, const Tensor& dout, const Index
   }
 }
 
-void CpuBackend::do_adamw(StreamId, const AdamWConstants& k, const Tensor& param,
-                          const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                          const Tensor* param_out) {
+void CpuBackend::run_adamw(StreamId, const AdamWConstants& k, const Tensor& param,
+                           const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                           const Tensor* param_out) {
   AdamWBuffers b;
   b.n = static_cast<std::size_t>(param.numel());
   b.param = f32(param);

@@ -27,6 +27,7 @@ class LmHead {
  public:
   LmHead(std::string name, std::int64_t vocab, std::int64_t hidden, Parameter* tied_wte,
          float ln_eps = 1e-5f);
+  ~LmHead();  // out of line: Saved is defined in lm_head.cpp
   LmHead(const LmHead&) = delete;
   LmHead& operator=(const LmHead&) = delete;
 

@@ -1,0 +1,29 @@
+#include "core/layer.h"
+
+#include <memory>
+
+namespace memfit {
+
+Act LayerContext::make(Shape shape, DType dt, Category category, std::string_view tag) const {
+  return std::make_shared<OwnedTensor>(
+      OwnedTensor::empty(alloc, shape, dt, backend.device(), category, stream, tag));
+}
+
+LayerCost& LayerCost::operator+=(const LayerCost& o) {
+  saved_bytes += o.saved_bytes;
+  saves_input = saves_input || o.saves_input;
+  output_bytes += o.output_bytes;
+  workspace_bytes += o.workspace_bytes;
+  forward_flops += o.forward_flops;
+  backward_flops += o.backward_flops;
+  return *this;
+}
+
+void Layer::allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream) {
+  for (Parameter* p : parameters()) {
+    // Tied parameters appear in more than one layer; the first allocation wins.
+    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, alloc, compute, device, stream);
+  }
+}
+
+}  // namespace memfit

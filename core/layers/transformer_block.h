@@ -1,0 +1,92 @@
+// TransformerBlock: GPT-2's pre-LN block, x + attn(ln1(x)) then x + mlp(ln2(x)); the unit an
+// executor checkpoints (Model names them "h.<i>").
+//
+//   TransformerBlock blk("h.3", C, heads, /*mlp_ratio=*/4, /*n_layers=*/L);
+//   Act y = blk.forward(ctx, x, /*save=*/true);   // (B,T,C) -> (B,T,C)
+//   Act dx = blk.backward(ctx, dy);
+//
+// Parameters, in order (/work/golden_spec.md): h.3.ln1.{weight,bias}, h.3.attn.qkv.{weight,bias},
+// h.3.attn.proj.{weight,bias}, h.3.ln2.{weight,bias}, h.3.mlp.fc.{weight,bias},
+// h.3.mlp.proj.{weight,bias}. The two projections into the residual stream are initialized
+// N(0, 0.02/sqrt(2 * n_layers)) (GPT-2 paper, 2.3); other weights N(0, 0.02).
+//
+// Memory: the residual adds run in place over the sublayers' outputs (so the block's output
+// and its middle residual stream carry the tags "<name>.mlp.proj" and "<name>.attn.proj"),
+// and backward accumulates the LayerNorms' input gradients into one copy of dy, so the block
+// allocates nothing beyond its sublayers but that copy. With save == false every sublayer runs
+// with save == false and only the output survives. Per sample of T tokens (c = T*C elements
+// of dt bytes, a = heads*T*T, f = mlp_ratio*c):
+//   saved_bytes   8T + c (ln1 out) + 4c + a (attention) + c (x1) + 8T + c (ln2 out) + 2f
+//                 = 7c + a + 2f + 16T (the input x excluded; saves_input)
+//   output_bytes  c
+//   workspace     the largest of the peaks beyond live-before + saved + output (forward) and
+//                 beyond live-before + dx (backward); cost() derives it from the sublayers
+//   flops         the sublayers' GEMMs (the adds and norms are not counted).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/layer.h"
+#include "core/layers/attention.h"
+#include "core/layers/layer_util.h"
+#include "core/layers/layernorm.h"
+#include "core/layers/mlp.h"
+
+namespace memfit {
+
+class TransformerBlock final : public Layer {
+ public:
+  // InvalidArgument for sizes < 1 or heads not dividing hidden.
+  TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
+                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps = 1e-5f);
+
+  Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  Act backward(LayerContext& ctx, const Act& dy) override;
+  void release_saved() noexcept override;
+  bool has_saved() const override;
+  std::vector<Parameter*> parameters() override;
+  LayerCost cost(std::int64_t seq_len, DType dtype) const override;
+  PeakExcess peaks(std::int64_t seq_len, DType dtype) const;
+
+  LayerNorm& ln1() { return ln1_; }
+  CausalSelfAttention& attn() { return attn_; }
+  LayerNorm& ln2() { return ln2_; }
+  MLP& mlp() { return mlp_; }
+
+ private:
+  std::int64_t hidden_;
+  LayerNorm ln1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln2_;
+  MLP mlp_;
+};
+
+// MLPBlock: x + mlp(ln(x)), the block of ModelSpec kind "mlp" (no attention). Parameters
+// "<name>.ln.{weight,bias}", "<name>.mlp.fc.{weight,bias}", "<name>.mlp.proj.{weight,bias}";
+// the MLP's projection initialized N(0, 0.02/sqrt(2 * n_layers)). Same memory rules as
+// TransformerBlock; saved_bytes = 8T + c + 2f.
+class MLPBlock final : public Layer {
+ public:
+  MLPBlock(std::string name, std::int64_t hidden, std::int64_t mlp_ratio, std::int64_t n_layers,
+           float ln_eps = 1e-5f);
+
+  Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  Act backward(LayerContext& ctx, const Act& dy) override;
+  void release_saved() noexcept override;
+  bool has_saved() const override;
+  std::vector<Parameter*> parameters() override;
+  LayerCost cost(std::int64_t seq_len, DType dtype) const override;
+  PeakExcess peaks(std::int64_t seq_len, DType dtype) const;
+
+  LayerNorm& ln() { return ln_; }
+  MLP& mlp() { return mlp_; }
+
+ private:
+  std::int64_t hidden_;
+  LayerNorm ln_;
+  MLP mlp_;
+};
+
+}  // namespace memfit

@@ -1,0 +1,180 @@
+#include "core/schedule.h"
+
+#include <charconv>
+#include <cmath>
+#include <system_error>
+
+#include "memory/error.h"
+
+namespace memfit {
+
+namespace {
+
+std::string op_str(const ScheduleOp& op) {
+  if (op.kind == ScheduleOp::Kind::kBackward) return "B" + std::to_string(op.block);
+  return std::string(op.recompute ? "R" : "F") + std::to_string(op.block) + ":" +
+         keep_name(op.keep);
+}
+
+void check_n(int n, const char* what) {
+  if (n < 1) {
+    throw InvalidArgument(std::string("Schedule::") + what + ": n = " + std::to_string(n) +
+                          " blocks; valid: n >= 1");
+  }
+}
+
+}  // namespace
+
+const char* keep_name(Keep k) {
+  switch (k) {
+    case Keep::kAll:
+      return "all";
+    case Keep::kInput:
+      return "input";
+    case Keep::kNothing:
+      return "nothing";
+  }
+  return "?";
+}
+
+Schedule Schedule::none(int n) {
+  check_n(n, "none");
+  std::vector<ScheduleOp> ops;
+  ops.reserve(2 * static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) ops.push_back(ScheduleOp::forward(i, Keep::kAll));
+  for (int i = n - 1; i >= 0; --i) ops.push_back(ScheduleOp::backward(i));
+  return Schedule("none", std::move(ops));
+}
+
+Schedule Schedule::all(int n) {
+  check_n(n, "all");
+  Schedule s = every(n, 1);
+  return Schedule("all", s.ops());
+}
+
+Schedule Schedule::every(int n, int k) {
+  check_n(n, "every");
+  if (k < 1) {
+    throw InvalidArgument("Schedule::every: k = " + std::to_string(k) + "; valid: k >= 1");
+  }
+  std::vector<ScheduleOp> ops;
+  // Forward phase: a segment's first block keeps its input (the checkpoint), the rest nothing.
+  for (int i = 0; i < n; ++i) {
+    ops.push_back(ScheduleOp::forward(i, i % k == 0 ? Keep::kInput : Keep::kNothing));
+  }
+  // Backward phase, last segment first: recompute the segment keeping all, then its backwards.
+  const int last_start = ((n - 1) / k) * k;
+  for (int start = last_start; start >= 0; start -= k) {
+    const int end = std::min(n, start + k);
+    for (int i = start; i < end; ++i) ops.push_back(ScheduleOp::forward(i, Keep::kAll, true));
+    for (int i = end - 1; i >= start; --i) ops.push_back(ScheduleOp::backward(i));
+  }
+  return Schedule("every:" + std::to_string(k), std::move(ops));
+}
+
+Schedule Schedule::sqrt_n(int n) {
+  check_n(n, "sqrt_n");
+  const int k = std::max(1, static_cast<int>(std::lround(std::sqrt(static_cast<double>(n)))));
+  Schedule s = every(n, k);
+  return Schedule("sqrt", s.ops());
+}
+
+Schedule Schedule::parse(std::string_view spec, int n) {
+  check_n(n, "parse");
+  if (spec == "none") return none(n);
+  if (spec == "all") return all(n);
+  if (spec == "sqrt") return sqrt_n(n);
+  constexpr std::string_view kEvery = "every:";
+  if (spec.substr(0, kEvery.size()) == kEvery) {
+    const std::string_view num = spec.substr(kEvery.size());
+    int k = 0;
+    const auto r = std::from_chars(num.data(), num.data() + num.size(), k);
+    if (!num.empty() && r.ec == std::errc() && r.ptr == num.data() + num.size() && k >= 1) {
+      return every(n, k);
+    }
+  }
+  throw InvalidArgument("checkpoint schedule '" + std::string(spec) +
+                        "': unknown; valid: none, all, sqrt, every:K (K an integer >= 1)");
+}
+
+void Schedule::validate(int n) const {
+  check_n(n, "validate");
+  const auto fail = [&](std::size_t j, const std::string& what) {
+    const std::string op = j < ops_.size() ? op_str(ops_[j]) : std::string("end");
+    throw InvalidArgument("schedule '" + name_ + "' op " + std::to_string(j) + " (" + op +
+                          "): " + what);
+  };
+  // The executor's state, simulated: held inputs, blocks holding saved state, the gradient.
+  std::vector<char> held(static_cast<std::size_t>(n) + 1, 0);
+  std::vector<char> saved(static_cast<std::size_t>(n), 0);
+  std::vector<char> done(static_cast<std::size_t>(n), 0);
+  held[0] = 1;
+  bool head_ran = false;
+  int next_backward = n - 1;
+  for (std::size_t j = 0; j < ops_.size(); ++j) {
+    const ScheduleOp& op = ops_[j];
+    const int i = op.block;
+    if (i < 0 || i >= n) {
+      fail(j, "block " + std::to_string(i) + " out of range; valid: 0 to " + std::to_string(n - 1));
+    }
+    const auto u = static_cast<std::size_t>(i);
+    if (op.kind == ScheduleOp::Kind::kForward) {
+      if (done[u]) fail(j, "forward of block " + std::to_string(i) + " after its backward");
+      if (!held[u]) {
+        fail(j, "needs x[" + std::to_string(i) + "] (block " + std::to_string(i) +
+                    "'s input), which is not held: no earlier forward kept it");
+      }
+      if (op.keep == Keep::kAll && saved[u]) {
+        fail(j, "block " + std::to_string(i) +
+                    " already holds saved state from an earlier forward keeping all (duplicate)");
+      }
+      held[u + 1] = 1;  // a superset of what the executor stores: it drops unread outputs
+      if (op.keep == Keep::kAll) saved[u] = 1;
+      if (op.keep != Keep::kInput) held[u] = 0;
+      if (i == n - 1 && !head_ran) head_ran = true;
+    } else {
+      if (done[u]) fail(j, "duplicate backward of block " + std::to_string(i));
+      if (!head_ran) {
+        fail(j, "backward before the head has run (x[" + std::to_string(n) +
+                    "] was never computed)");
+      }
+      if (i != next_backward) {
+        fail(j, "backward out of order: the gradient at x[" + std::to_string(i + 1) +
+                    "] is not ready; the next backward must be B" + std::to_string(next_backward));
+      }
+      if (!saved[u]) {
+        fail(j, "block " + std::to_string(i) +
+                    " holds no saved state: it needs a forward keeping all since its last "
+                    "backward");
+      }
+      saved[u] = 0;
+      done[u] = 1;
+      held[u] = 0;
+      held[u + 1] = 0;
+      --next_backward;
+    }
+  }
+  if (next_backward >= 0) {
+    fail(ops_.size(), "missing backward of block " + std::to_string(next_backward) +
+                          " (every block's backward must run once, n-1 down to 0)");
+  }
+}
+
+std::string Schedule::str() const {
+  std::string s;
+  for (const ScheduleOp& op : ops_) {
+    if (!s.empty()) s += ' ';
+    s += op_str(op);
+  }
+  return s;
+}
+
+std::int64_t Schedule::recomputed_forwards() const {
+  std::int64_t r = 0;
+  for (const ScheduleOp& op : ops_) {
+    if (op.kind == ScheduleOp::Kind::kForward && op.recompute) ++r;
+  }
+  return r;
+}
+
+}  // namespace memfit

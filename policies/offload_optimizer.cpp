@@ -1,0 +1,396 @@
+// OffloadOptimizer: one pinned host slab holds every parameter's FP32 master, Adam moments and
+// gradient staging, laid out by kind at the same element offsets, so one CPU AdamW call covers
+// a whole run of parameters with the same weight dtype (OpenMP over all of it, rather than a
+// thread team per small tensor). Layout, each region 64-byte aligned:
+//   [master f32 x N][exp_avg f32 x N][exp_avg_sq f32 x N][grad f32 x N][weight staging]
+// Weight staging holds the updated weights rounded to the compute dtype, for runs whose weights
+// are not f32; f32 weights are copied back straight from the masters (their rounding is the
+// identity), which saves 4 bytes per parameter.
+// Ordering, all on one copy stream (FIFO): the D2H gradient copies of step t+1 queue behind the
+// H2D weight copies of step t, so waiting for gradients also proves the staging free; the
+// compute stream waits on an event after each H2D batch, and after in-flight D2H copies before
+// a skip hands the gradients back (zero_grad must not race a copy still reading them).
+#include "policies/offload_optimizer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "core/cpu/adamw.h"
+#include "memory/check.h"
+#include "memory/error.h"
+#include "memory/size.h"
+
+namespace memfit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kAlign = 64;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::size_t align_up(std::size_t v) {
+  return checked_add(v, kAlign - 1, "OffloadOptimizer host slab") / kAlign * kAlign;
+}
+
+[[noreturn]] void bad(const std::string& what) {
+  throw InvalidArgument("OffloadOptimizer: " + what);
+}
+
+}  // namespace
+
+struct OffloadOptimizer::Impl {
+  struct Slot {
+    Parameter* p;
+    std::size_t offset;  // element offset in the f32 regions
+    std::size_t n;
+    DType dtype;             // the working weight's dtype
+    std::size_t stage_byte;  // byte offset in weight staging (non-f32 only)
+    bool copied = false;     // this step's gradient is queued D2H
+  };
+  // Consecutive slots with one weight dtype: one adamw_step each.
+  struct Run {
+    std::size_t first, last;  // slots [first, last)
+    std::size_t offset, n;    // elements
+    DType dtype;
+  };
+
+  Backend* be = nullptr;
+  PinnedHostProvider* host = nullptr;
+  OffloadOptions options;
+  StreamId copy = kDefaultStream;
+  std::vector<Slot> slots;
+  std::vector<Run> runs;
+  std::unordered_map<const Parameter*, std::size_t> index;
+  std::size_t total = 0;  // elements
+  void* slab = nullptr;
+  std::size_t slab_bytes = 0;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* grad = nullptr;
+  unsigned char* stage = nullptr;
+  std::int64_t steps = 0;
+  std::vector<EventHandle> grad_events;  // D2H batches of this step
+  std::vector<EventHandle> pending_h2d;  // weight copy-backs not yet known complete
+  std::future<double> update;            // delayed update in flight: its AdamW seconds
+  Timing timing;
+
+  ~Impl() {
+    if (update.valid()) update.wait();
+    if (be != nullptr) {
+      try {
+        for (EventHandle e : grad_events) be->release_event(e);
+        for (EventHandle e : pending_h2d) be->release_event(e);
+        if (copy != kDefaultStream) be->destroy_stream(copy);  // drains
+      } catch (...) {  // a destructor reports nothing; the copies are over either way
+      }
+    }
+    if (slab != nullptr) host->deallocate(slab, slab_bytes);
+  }
+
+  Tensor host_f32(float* base, const Slot& s) const {
+    return Tensor(base + s.offset, s.p->shape, DType::kF32, Device::kCpu);
+  }
+  Tensor host_grad(const Slot& s) const { return host_f32(grad, s); }
+  // Where the updated working weights come from on the host.
+  Tensor host_weights(const Slot& s) const {
+    if (s.dtype == DType::kF32) return host_f32(master, s);
+    return Tensor(stage + s.stage_byte, s.p->shape, s.dtype, Device::kCpu);
+  }
+
+  // D2H copies of the slots' gradients on the copy stream, after the compute stream's work so
+  // far (which produced them); one event marks the batch.
+  void copy_grads(LayerContext& ctx, const std::vector<std::size_t>& which) {
+    if (which.empty()) return;
+    finish_update();  // a delayed update may still read the staging
+    const EventHandle produced = be->record_event(ctx.stream);
+    be->wait_event(copy, produced);
+    be->release_event(produced);
+    for (std::size_t i : which) {
+      Slot& s = slots[i];
+      if (s.n > 0) be->copy(copy, s.p->grad.view(), host_grad(s));
+      s.copied = true;
+    }
+    grad_events.push_back(be->record_event(copy));
+  }
+
+  void copy_remaining_grads(LayerContext& ctx) {
+    std::vector<std::size_t> rest;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      if (!slots[i].copied) rest.push_back(i);
+    }
+    copy_grads(ctx, rest);
+  }
+
+  void wait_grads() {
+    for (EventHandle e : grad_events) {
+      be->synchronize_event(e);
+      be->release_event(e);
+    }
+    grad_events.clear();
+    for (Slot& s : slots) s.copied = false;
+  }
+
+  // The gradients are dropped: the compute stream waits for copies still reading them.
+  void drop_grads(LayerContext& ctx) {
+    if (!grad_events.empty()) {
+      be->wait_event(ctx.stream, grad_events.back());  // FIFO: the last covers the rest
+      for (EventHandle e : grad_events) be->release_event(e);
+      grad_events.clear();
+    }
+    for (Slot& s : slots) s.copied = false;
+  }
+
+  // H2D copies of the updated weights; the compute stream waits for them, and so does the host
+  // before the next update writes the staging (or masters) they read.
+  void copy_weights_back(LayerContext& ctx) {
+    const auto t0 = Clock::now();
+    for (const Slot& s : slots) {
+      if (s.n > 0) be->copy(copy, host_weights(s), s.p->weight.view());
+    }
+    const EventHandle done = be->record_event(copy);
+    be->wait_event(ctx.stream, done);
+    pending_h2d.push_back(done);
+    timing.copy_back_s = seconds_since(t0);
+  }
+  void wait_h2d() {
+    for (EventHandle e : pending_h2d) {
+      be->synchronize_event(e);
+      be->release_event(e);
+    }
+    pending_h2d.clear();
+  }
+
+  double run_adamw(const AdamWConstants& k) {
+    const auto t0 = Clock::now();
+    for (const Run& r : runs) {
+      if (r.n == 0) continue;
+      AdamWBuffers b;
+      b.n = r.n;
+      b.param = master + r.offset;
+      b.exp_avg = exp_avg + r.offset;
+      b.exp_avg_sq = exp_avg_sq + r.offset;
+      b.grad = grad + r.offset;
+      b.grad_dtype = DType::kF32;
+      if (r.dtype != DType::kF32) {
+        b.param_out = stage + slots[r.first].stage_byte;
+        b.out_dtype = r.dtype;
+      }
+      adamw_step(k, b, options.threads);
+    }
+    return seconds_since(t0);
+  }
+
+  // Waits for a delayed update's AdamW (not its copy-back); true when one was in flight.
+  bool finish_update() {
+    if (!update.valid()) return false;
+    timing.adamw_s = update.get();  // rethrows what the update threw
+    return true;
+  }
+};
+
+OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOptions options,
+                                   LayerContext& ctx, PinnedHostProvider& host)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.host = &host;
+  m.options = options;
+  (void)adamw_constants(options.adamw, 1);  // validates the options: InvalidArgument
+  if (options.threads < 0) {
+    bad("threads = " + std::to_string(options.threads) + "; valid: >= 0 (0: OpenMP's default)");
+  }
+  // Validate everything before anything moves.
+  std::size_t stage_bytes = 0;
+  for (Parameter* p : params) {
+    if (p == nullptr) bad("a null Parameter in the list");
+    if (m.index.count(p) != 0) continue;  // tied: one Parameter, updated once
+    const Tensor& w = p->weight.view();
+    const Tensor& g = p->grad.view();
+    const std::int64_t n = p->numel();
+    if (w.numel() != n || g.numel() != n || (n > 0 && (w.raw() == nullptr || g.raw() == nullptr))) {
+      bad("parameter '" + p->name + "' " + p->shape.str() +
+          " has no weight or gradient of that size; valid: allocate_parameter() first");
+    }
+    if (w.device() != ctx.device() || g.device() != ctx.device()) {
+      bad("parameter '" + p->name + "' lives on " + device_name(w.device()) + "; valid: on " +
+          device_name(ctx.device()) + ", the context's device");
+    }
+    if (g.dtype() != DType::kF32) bad("parameter '" + p->name + "': gradient must be f32");
+    if (p->master_on_device() &&
+        (p->master.view().dtype() != DType::kF32 || p->master.view().numel() != n)) {
+      bad("parameter '" + p->name + "': master must be f32 of the weight's size");
+    }
+    Impl::Slot s{p, m.total, static_cast<std::size_t>(n), w.dtype(), 0};
+    if (s.dtype != DType::kF32) {
+      // A run of one dtype is contiguous in the staging; a new run starts aligned.
+      if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = align_up(stage_bytes);
+      s.stage_byte = stage_bytes;
+      stage_bytes = checked_add(stage_bytes, checked_mul(s.n, dtype_size(s.dtype), "staging"),
+                                "OffloadOptimizer weight staging");
+    }
+    m.total = checked_add(m.total, s.n, "OffloadOptimizer parameter count");
+    m.index.emplace(p, m.slots.size());
+    m.slots.push_back(s);
+  }
+  for (std::size_t i = 0; i < m.slots.size(); ++i) {
+    const Impl::Slot& s = m.slots[i];
+    if (m.runs.empty() || m.runs.back().dtype != s.dtype) {
+      m.runs.push_back({i, i + 1, s.offset, s.n, s.dtype});
+    } else {
+      m.runs.back().last = i + 1;
+      m.runs.back().n += s.n;
+    }
+  }
+  const std::size_t f32_region = align_up(checked_mul(m.total, 4, "OffloadOptimizer masters"));
+  m.slab_bytes = checked_add(checked_mul(f32_region, 4, "OffloadOptimizer host slab"),
+                             align_up(stage_bytes), "OffloadOptimizer host slab");
+  if (m.slab_bytes > 0) {
+    m.slab = host.allocate(m.slab_bytes);
+    if (m.slab == nullptr) {
+      OomInfo info;
+      info.requested_bytes = m.slab_bytes;
+      throw OutOfMemory("OffloadOptimizer: " + std::to_string(m.slab_bytes) + " bytes of " +
+                            host.name() + " memory for " + std::to_string(m.total) +
+                            " parameters (masters, Adam moments, staging) are not available",
+                        info);
+    }
+    auto* base = static_cast<unsigned char*>(m.slab);
+    m.master = reinterpret_cast<float*>(base);
+    m.exp_avg = reinterpret_cast<float*>(base + f32_region);
+    m.exp_avg_sq = reinterpret_cast<float*>(base + 2 * f32_region);
+    m.grad = reinterpret_cast<float*>(base + 3 * f32_region);
+    m.stage = base + 4 * f32_region;
+    std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and the grad region)
+  }
+  m.be = &ctx.backend;
+  m.copy = ctx.backend.create_stream();
+
+  // Masters to the host: the device master when there is one, else the weight itself (f32),
+  // else the weight widened (a low-precision weight with no master: all there is).
+  for (Impl::Slot& s : m.slots) {
+    if (s.n == 0) continue;
+    if (s.p->master_on_device()) {
+      m.be->copy(ctx.stream, s.p->master.view(), m.host_f32(m.master, s));
+    } else if (s.dtype == DType::kF32) {
+      m.be->copy(ctx.stream, s.p->weight.view(), m.host_f32(m.master, s));
+    } else {
+      m.be->copy(ctx.stream, s.p->weight.view(), m.host_weights(s));
+    }
+  }
+  m.be->synchronize(ctx.stream);
+  for (Impl::Slot& s : m.slots) {
+    if (s.n > 0 && !s.p->master_on_device() && s.dtype != DType::kF32) {
+      convert(m.host_weights(s).raw(), s.dtype, m.master + s.offset, DType::kF32, s.n);
+    }
+    s.p->master.reset();
+  }
+}
+
+OffloadOptimizer::~OffloadOptimizer() = default;
+
+void OffloadOptimizer::grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
+  Impl& m = *impl_;
+  std::vector<std::size_t> which;
+  which.reserve(params.size());
+  for (const Parameter* p : params) {
+    auto it = m.index.find(p);
+    if (it == m.index.end()) {
+      bad("grads_ready: parameter '" + (p ? p->name : std::string("(null)")) +
+          "' is not one this optimizer was built over");
+    }
+    // A repeat (a tied parameter reported by each user) copies again: the later values win.
+    which.push_back(it->second);
+  }
+  m.copy_grads(ctx, which);
+}
+
+void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
+  Impl& m = *impl_;
+  const AdamWConstants k = adamw_constants(m.options.adamw, m.steps + 1, grad_scale);
+  m.timing = Timing{};
+  if (m.options.delayed_update && m.finish_update()) m.copy_weights_back(ctx);
+  m.copy_remaining_grads(ctx);
+  const auto t0 = Clock::now();
+  m.wait_grads();  // FIFO: the H2D copies queued before them are done too
+  m.timing.wait_grads_s = seconds_since(t0);
+  m.wait_h2d();  // already complete; releases their events
+  ++m.steps;
+  if (m.options.delayed_update) {
+    // The masters, moments and staging belong to the update until finish_update(); the next
+    // gradient copy, optimizer call, state() or flush() waits for it.
+    m.update = std::async(std::launch::async, [&m, k] { return m.run_adamw(k); });
+    return;
+  }
+  m.timing.adamw_s = m.run_adamw(k);
+  m.copy_weights_back(ctx);
+}
+
+void OffloadOptimizer::skip(LayerContext& ctx) {
+  flush(ctx);  // a delayed update of an earlier step still lands
+  impl_->drop_grads(ctx);
+}
+
+void OffloadOptimizer::flush(LayerContext& ctx) {
+  Impl& m = *impl_;
+  if (m.finish_update()) m.copy_weights_back(ctx);
+}
+
+std::int64_t OffloadOptimizer::steps() const { return impl_->steps; }
+
+void OffloadOptimizer::set_steps(std::int64_t steps) {
+  if (steps < 0) bad("set_steps(" + std::to_string(steps) + "); valid: >= 0");
+  impl_->steps = steps;
+}
+
+std::vector<StateTensor> OffloadOptimizer::state() {
+  Impl& m = *impl_;
+  m.finish_update();  // the host tensors must hold the last update's values
+  m.wait_h2d();       // and a load may overwrite what a copy-back still reads
+  std::vector<StateTensor> out;
+  out.reserve(3 * m.slots.size());
+  for (const Impl::Slot& s : m.slots)
+    out.push_back({"master/" + s.p->name, m.host_f32(m.master, s)});
+  for (const Impl::Slot& s : m.slots) {
+    out.push_back({"exp_avg/" + s.p->name, m.host_f32(m.exp_avg, s)});
+  }
+  for (const Impl::Slot& s : m.slots) {
+    out.push_back({"exp_avg_sq/" + s.p->name, m.host_f32(m.exp_avg_sq, s)});
+  }
+  return out;
+}
+
+void OffloadOptimizer::state_loaded(LayerContext& ctx) {
+  Impl& m = *impl_;
+  m.finish_update();  // obsolete now: its copy-back is dropped
+  m.wait_h2d();
+  m.drop_grads(ctx);
+  for (const Impl::Slot& s : m.slots) {
+    if (s.n > 0 && s.dtype != DType::kF32) {
+      convert(m.master + s.offset, DType::kF32, m.host_weights(s).raw(), s.dtype, s.n);
+    }
+  }
+  m.copy_weights_back(ctx);
+}
+
+const AdamWOptions& OffloadOptimizer::options() const { return impl_->options.adamw; }
+
+void OffloadOptimizer::set_lr(double lr) {
+  AdamWOptions o = impl_->options.adamw;
+  o.lr = lr;
+  (void)adamw_constants(o, 1);  // InvalidArgument for a bad lr; nothing changes then
+  impl_->options.adamw = o;
+}
+
+std::size_t OffloadOptimizer::host_bytes() const { return impl_->slab_bytes; }
+
+OffloadOptimizer::Timing OffloadOptimizer::last_timing() const { return impl_->timing; }
+
+}  // namespace memfit
