@@ -124,9 +124,11 @@ void Schedule::validate(int n) const {
         fail(j, "needs x[" + std::to_string(i) + "] (block " + std::to_string(i) +
                     "'s input), which is not held: no earlier forward kept it");
       }
-      if (op.keep == Keep::kAll && saved[u]) {
+      if (saved[u]) {
+        // Layers refuse any forward while they hold saved state (core/layer.h).
         fail(j, "block " + std::to_string(i) +
-                    " already holds saved state from an earlier forward keeping all (duplicate)");
+                    " still holds saved state from an earlier forward keeping all; its backward "
+                    "must run before it runs forward again");
       }
       held[u + 1] = 1;  // a superset of what the executor stores: it drops unread outputs
       if (op.keep == Keep::kAll) saved[u] = 1;

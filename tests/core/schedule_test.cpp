@@ -122,7 +122,12 @@ TEST(Schedule, RejectsDuplicates) {
   Schedule dup_f("x", {Op::forward(0, Keep::kInput), Op::forward(1, Keep::kAll),
                        Op::forward(0, Keep::kInput), Op::forward(1, Keep::kAll), Op::backward(1),
                        Op::forward(0, Keep::kAll, true), Op::backward(0)});
-  expect_invalid(dup_f, 2, {"op 3 (F1:all)", "already holds saved state"});
+  expect_invalid(dup_f, 2, {"op 3 (F1:all)", "still holds saved state"});
+  // Any forward of a block holding saved state, keeping nothing too.
+  Schedule again("x", {Op::forward(0, Keep::kInput), Op::forward(1, Keep::kAll),
+                       Op::forward(0, Keep::kInput), Op::forward(1, Keep::kNothing),
+                       Op::backward(1), Op::forward(0, Keep::kAll, true), Op::backward(0)});
+  expect_invalid(again, 2, {"op 3 (F1:nothing)", "still holds saved state"});
   Schedule after("x", {Op::forward(0, Keep::kInput), Op::forward(1, Keep::kAll), Op::backward(1),
                        Op::forward(1, Keep::kAll), Op::forward(0, Keep::kAll), Op::backward(0)});
   expect_invalid(after, 2, {"op 3 (F1:all)", "after its backward"});

@@ -1,0 +1,162 @@
+#include "core/executor.h"
+
+#include <string>
+#include <vector>
+
+#include "memory/error.h"
+
+namespace memfit {
+
+namespace {
+
+void check_batch(const MicroBatch& mb, const LayerContext& ctx) {
+  if (mb.tokens.shape.ndim() != 2 || mb.targets.shape != mb.tokens.shape) {
+    throw InvalidArgument("Executor: tokens " + mb.tokens.shape.str() + " and targets " +
+                          mb.targets.shape.str() + "; valid: both (B, T), the same shape");
+  }
+  if (mb.tokens.device != ctx.device() || mb.targets.device != ctx.device()) {
+    throw InvalidArgument(std::string("Executor: tokens on ") + device_name(mb.tokens.device) +
+                          ", targets on " + device_name(mb.targets.device) +
+                          "; valid: both on the backend's device, " + device_name(ctx.device()));
+  }
+}
+
+// For each op: whether a forward's output x[i+1] is read later (by a forward of block i+1, or by
+// the head when i+1 == n and the head has not run). Outputs nobody reads are not stored, so a
+// recomputation whose output is already held, or not needed (the last block recomputed after
+// the head), costs no extra slot.
+std::vector<char> outputs_read_later(const Schedule& s, int n) {
+  const auto& ops = s.ops();
+  std::vector<char> needed(ops.size(), 0);
+  std::vector<char> forward_later(static_cast<std::size_t>(n) + 1, 0);  // x[i] read by a later op
+  for (std::size_t j = ops.size(); j-- > 0;) {
+    const ScheduleOp& op = ops[j];
+    if (op.kind != ScheduleOp::Kind::kForward) continue;
+    needed[j] = forward_later[static_cast<std::size_t>(op.block) + 1];
+    forward_later[static_cast<std::size_t>(op.block)] = 1;
+  }
+  bool head_ran = false;
+  for (std::size_t j = 0; j < ops.size(); ++j) {
+    const ScheduleOp& op = ops[j];
+    if (op.kind == ScheduleOp::Kind::kForward && op.block == n - 1 && !head_ran) {
+      needed[j] = 1;
+      head_ran = true;
+    }
+  }
+  return needed;
+}
+
+}  // namespace
+
+Executor::Executor(Model& model, LayerContext ctx) : model_(model), ctx_(ctx) {}
+
+Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
+                  const ExecutorHooks& hooks) {
+  const int n = model_.num_blocks();
+  schedule.validate(n);
+  check_batch(mb, ctx_);
+  stats_ = ExecutorStats{};
+  const std::vector<char> needed = outputs_read_later(schedule, n);
+
+  std::vector<Act> x(static_cast<std::size_t>(n) + 1);  // x[i]: block i's input
+  Act dy;                                               // the gradient at x[next backward + 1]
+  Act losses;
+  const auto count_held = [&] {
+    std::int64_t h = 0;
+    for (const Act& a : x) h += a != nullptr;
+    if (h > stats_.max_held_inputs) stats_.max_held_inputs = h;
+  };
+  try {
+    x[0] = model_.embedding().forward(ctx_, mb.tokens);
+    count_held();
+    bool head_ran = false;
+    const auto& ops = schedule.ops();
+    for (std::size_t j = 0; j < ops.size(); ++j) {
+      const ScheduleOp& op = ops[j];
+      const auto i = static_cast<std::size_t>(op.block);
+      Layer& blk = model_.block(op.block);
+      if (op.kind == ScheduleOp::Kind::kForward) {
+        Act y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
+        ++stats_.forwards;
+        if (op.recompute) ++stats_.recomputes;
+        // The block keeps its input itself when it needs it (kAll); a checkpoint stays here.
+        if (op.keep != Keep::kInput) x[i].reset();
+        // A recomputation reproduces the held bits: keep the first copy.
+        if (needed[j] && !x[i + 1]) x[i + 1] = std::move(y);
+        y.reset();
+        count_held();
+        if (op.block == n - 1 && !head_ran) {
+          head_ran = true;
+          Act xn = std::move(x[static_cast<std::size_t>(n)]);
+          losses = model_.head().forward(ctx_, xn, mb.targets);
+          xn.reset();  // the head holds what its backward needs
+          // Backward right away: the logits (the largest tensor of a small-vocabulary GPT)
+          // become dlogits and go before any block's backward adds its temporaries.
+          dy = model_.head().backward(ctx_, mb.targets, dloss);
+          if (hooks.after_head_backward) hooks.after_head_backward();
+        }
+      } else {
+        Act dx = blk.backward(ctx_, dy);
+        dy = std::move(dx);
+        ++stats_.backwards;
+        x[i].reset();  // nothing after this backward reads block i's input or output
+        x[i + 1].reset();
+        if (hooks.after_block_backward) hooks.after_block_backward(op.block);
+      }
+    }
+    model_.embedding().backward(ctx_, mb.tokens, dy);
+    dy.reset();
+    if (hooks.after_embedding_backward) hooks.after_embedding_backward();
+  } catch (...) {
+    // An aborted step holds nothing: every slot, the gradient in flight, the losses and every
+    // layer's saved state go before the exception does (the parameters were only read).
+    x.clear();
+    dy.reset();
+    losses.reset();
+    model_.release_saved();
+    throw;
+  }
+  return losses;
+}
+
+Act Executor::forward_only(const MicroBatch& mb) {
+  check_batch(mb, ctx_);
+  stats_ = ExecutorStats{};
+  Act x;
+  Act losses;
+  try {
+    x = model_.embedding().forward(ctx_, mb.tokens);
+    for (int i = 0; i < model_.num_blocks(); ++i) {
+      Act y = model_.block(i).forward(ctx_, x, /*save=*/false);
+      x = std::move(y);
+      ++stats_.forwards;
+    }
+    stats_.max_held_inputs = 1;
+    losses = model_.head().forward(ctx_, x, mb.targets);
+    x.reset();
+    model_.head().release_saved();  // the head always saves; nothing here runs its backward
+  } catch (...) {
+    x.reset();
+    losses.reset();
+    model_.release_saved();
+    throw;
+  }
+  return losses;
+}
+
+double sum_losses(LayerContext& ctx, const Tensor& losses) {
+  if (losses.dtype() != DType::kF32) {
+    throw InvalidArgument(std::string("sum_losses: losses are ") + dtype_name(losses.dtype()) +
+                          "; valid: f32 (LmHead's per-row losses)");
+  }
+  if (ctx.device() == Device::kMeta) return 0.0;
+  std::vector<float> host(static_cast<std::size_t>(losses.numel()));
+  const Tensor dst(host.data(), losses.shape(), DType::kF32, Device::kCpu);
+  ctx.backend.copy(ctx.stream, losses, dst);
+  ctx.backend.synchronize(ctx.stream);
+  double sum = 0.0;
+  for (float v : host) sum += static_cast<double>(v);
+  return sum;
+}
+
+}  // namespace memfit

@@ -1,0 +1,175 @@
+#include "core/model.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/layers/transformer_block.h"
+#include "core/rng.h"
+#include "memory/error.h"
+
+namespace memfit {
+
+Model::Model(const ModelSpec& spec, LayerContext& ctx)
+    : spec_(spec), dtype_(ctx.dtype), device_(ctx.device()) {
+  spec_.validate();
+  const int n = static_cast<int>(spec_.layers);
+  blocks_.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "h." + std::to_string(i);
+    if (spec_.kind == ModelSpec::Kind::kGpt) {
+      blocks_.push_back(std::make_unique<TransformerBlock>(name, spec_.hidden, spec_.heads,
+                                                           spec_.mlp_ratio, spec_.layers,
+                                                           spec_.ln_eps));
+    } else {
+      blocks_.push_back(std::make_unique<MLPBlock>(name, spec_.hidden, spec_.mlp_ratio,
+                                                   spec_.layers, spec_.ln_eps));
+    }
+  }
+  build(ctx);
+}
+
+Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, LayerContext& ctx)
+    : spec_(spec), dtype_(ctx.dtype), device_(ctx.device()), blocks_(std::move(blocks)) {
+  if (blocks_.empty()) {
+    throw InvalidArgument("Model: an empty chain of blocks; valid: at least one block");
+  }
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    if (!blocks_[i]) {
+      throw InvalidArgument("Model: block " + std::to_string(i) +
+                            " is null; valid: every block a Layer");
+    }
+  }
+  spec_.layers = static_cast<std::int64_t>(blocks_.size());
+  spec_.validate();
+  build(ctx);
+}
+
+void Model::build(LayerContext& ctx) {
+  embedding_ = std::make_unique<TokenEmbedding>("emb", spec_.vocab, spec_.seq_len, spec_.hidden);
+  head_ = std::make_unique<LmHead>("head", spec_.vocab, spec_.hidden,
+                                   spec_.tied_head ? &embedding_->wte() : nullptr, spec_.ln_eps);
+  // Names must be unique: optimizers and training-state files key on them. Checked before any
+  // allocation so a bad user chain costs nothing.
+  std::set<std::string> names;
+  for (Parameter* p : parameters()) {
+    if (!names.insert(p->name).second) {
+      throw InvalidArgument("Model: two parameters are named '" + p->name +
+                            "'; valid: unique names (give each block its own name prefix)");
+    }
+  }
+  // In parameters() order, so the allocator's layout is the same on every backend. On an
+  // exception the members already allocated free their blocks as the Model unwinds.
+  embedding_->allocate(ctx.alloc, dtype_, device_, ctx.stream);
+  for (auto& b : blocks_) b->allocate(ctx.alloc, dtype_, device_, ctx.stream);
+  head_->allocate(ctx.alloc, dtype_, device_, ctx.stream);
+}
+
+Layer& Model::block(int i) {
+  if (i < 0 || i >= num_blocks()) {
+    throw InvalidArgument("Model::block(" + std::to_string(i) + "): valid: 0 to " +
+                          std::to_string(num_blocks() - 1));
+  }
+  return *blocks_[static_cast<std::size_t>(i)];
+}
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> out = embedding_parameters();
+  for (int i = 0; i < num_blocks(); ++i) {
+    for (Parameter* p : block_parameters(i)) out.push_back(p);
+  }
+  for (Parameter* p : head_parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<Parameter*> Model::block_parameters(int i) {
+  std::vector<Parameter*> out;
+  for (Parameter* p : block(i).parameters()) {
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<Parameter*> Model::head_parameters() {
+  std::vector<Parameter*> out;
+  for (Parameter* p : head_->parameters()) {
+    if (p != &embedding_->wte()) out.push_back(p);  // a tied wte is the embedding's
+  }
+  return out;
+}
+
+std::vector<Parameter*> Model::embedding_parameters() { return embedding_->parameters(); }
+
+std::int64_t Model::parameter_count() {
+  std::int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->numel();
+  return n;
+}
+
+void Model::init(std::uint64_t seed, LayerContext& ctx) {
+  Backend& be = ctx.backend;
+  const bool meta = be.device() == Device::kMeta;
+  Rng rng(seed);
+  std::vector<float> host;
+  for (Parameter* p : parameters()) {
+    const Tensor master = p->master_view();
+    if (meta) {
+      // No host values to copy on a dry run; a fill stands for the upload (no allocation either
+      // way, so the allocator sees the same run).
+      be.fill(ctx.stream, master, 0.0f);
+    } else {
+      host.resize(static_cast<std::size_t>(p->numel()));
+      switch (p->init.kind) {
+        case ParamInit::Kind::kZeros:
+          std::fill(host.begin(), host.end(), 0.0f);
+          break;
+        case ParamInit::Kind::kOnes:
+          std::fill(host.begin(), host.end(), 1.0f);
+          break;
+        case ParamInit::Kind::kNormal:
+          for (float& v : host) v = rng.normal() * p->init.std;
+          break;
+      }
+      const Tensor src(host.data(), p->shape, DType::kF32, Device::kCpu);
+      be.copy(ctx.stream, src, master);
+      // The host buffer is reused for the next parameter: the copy must have read it.
+      be.synchronize(ctx.stream);
+    }
+    if (p->master_on_device()) be.cast(ctx.stream, master, p->weight.view());
+  }
+}
+
+void Model::zero_grad(LayerContext& ctx) {
+  for (Parameter* p : parameters()) ctx.backend.fill(ctx.stream, p->grad.view(), 0.0f);
+}
+
+void Model::release_saved() noexcept {
+  for (auto& b : blocks_) b->release_saved();
+  if (head_) head_->release_saved();
+}
+
+bool Model::any_saved() const {
+  for (const auto& b : blocks_) {
+    if (b->has_saved()) return true;
+  }
+  return head_ && head_->has_saved();
+}
+
+LayerCost Model::embedding_cost(std::int64_t seq_len, DType dtype) const {
+  return embedding_->cost(seq_len, dtype);
+}
+
+LayerCost Model::block_cost(int i, std::int64_t seq_len, DType dtype) const {
+  if (i < 0 || i >= num_blocks()) {
+    throw InvalidArgument("Model::block_cost(" + std::to_string(i) + "): valid: 0 to " +
+                          std::to_string(num_blocks() - 1));
+  }
+  return blocks_[static_cast<std::size_t>(i)]->cost(seq_len, dtype);
+}
+
+LayerCost Model::head_cost(std::int64_t seq_len, DType dtype) const {
+  return head_->cost(seq_len, dtype);
+}
+
+}  // namespace memfit

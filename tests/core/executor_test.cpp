@@ -1,0 +1,346 @@
+// Executor: every schedule gives the bits of no checkpointing; memory per schedule; the meta
+// dry run sees what the CPU run allocates; OOM mid-run leaves nothing behind.
+#include "core/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/layers/linear.h"
+#include "memory/error.h"
+#include "memory/fault_injecting_provider.h"
+#include "tests/core/exec_testutil.h"
+
+namespace memfit {
+namespace {
+
+using testing::activation_bytes_now;
+using testing::Batch;
+using testing::bytes_of;
+using testing::Rig;
+
+// 6 blocks, small enough to run every schedule in milliseconds.
+ModelSpec six_blocks(ModelSpec::Kind kind = ModelSpec::Kind::kGpt) {
+  ModelSpec s = ModelSpec::preset("gpt-micro");
+  s.kind = kind;
+  s.layers = 6;
+  return s;
+}
+
+// The bits a run leaves: the losses, then every gradient.
+struct Result {
+  std::vector<unsigned char> losses;
+  std::vector<std::vector<unsigned char>> grads;
+};
+
+Result run_once(Executor& ex, Model& m, const Schedule& s, const MicroBatch& mb, float dloss) {
+  LayerContext& ctx = ex.context();
+  m.zero_grad(ctx);
+  Act losses = ex.run(s, mb, dloss);
+  ctx.backend.synchronize(ctx.stream);
+  Result r;
+  r.losses = bytes_of(losses->view());
+  for (Parameter* p : m.parameters()) r.grads.push_back(bytes_of(p->grad.view()));
+  return r;
+}
+
+void expect_same_bits(const Result& want, const Result& got, Model& m, const std::string& what) {
+  EXPECT_EQ(want.losses, got.losses) << what << ": losses differ";
+  const auto params = m.parameters();
+  ASSERT_EQ(want.grads.size(), got.grads.size());
+  for (std::size_t i = 0; i < want.grads.size(); ++i) {
+    EXPECT_EQ(want.grads[i], got.grads[i]) << what << ": grad of " << params[i]->name;
+  }
+}
+
+void check_schedules_bit_identical(ModelSpec::Kind kind, DType dt) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(dt);
+  Model m(six_blocks(kind), ctx);
+  m.init(11, ctx);
+  Batch batch(rig, 2, 16, m.spec().vocab, 1);
+  Executor ex(m, ctx);
+  const float dloss = 1.0f / 32;
+  const Result ref = run_once(ex, m, Schedule::none(6), batch.mb, dloss);
+  // A gradient that is all zero would make the comparison vacuous.
+  bool nonzero = false;
+  for (unsigned char c : ref.grads[2]) nonzero = nonzero || c != 0;
+  ASSERT_TRUE(nonzero);
+  for (const char* spec : {"all", "every:2", "every:3", "sqrt", "every:6"}) {
+    const Schedule s = Schedule::parse(spec, 6);
+    expect_same_bits(ref, run_once(ex, m, s, batch.mb, dloss), m, spec);
+    EXPECT_EQ(ex.stats().recomputes, s.recomputed_forwards()) << spec;
+    EXPECT_EQ(ex.stats().backwards, 6) << spec;
+  }
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 12; ++trial) {
+    const Schedule s = testing::random_schedule(6, rng);
+    expect_same_bits(ref, run_once(ex, m, s, batch.mb, dloss), m, s.str());
+    EXPECT_FALSE(m.any_saved());
+  }
+}
+
+TEST(Executor, SchedulesBitIdenticalF32) { check_schedules_bit_identical(ModelSpec::Kind::kGpt, DType::kF32); }
+TEST(Executor, SchedulesBitIdenticalBF16) { check_schedules_bit_identical(ModelSpec::Kind::kGpt, DType::kBF16); }
+TEST(Executor, SchedulesBitIdenticalMlpF16) { check_schedules_bit_identical(ModelSpec::Kind::kMlp, DType::kF16); }
+
+TEST(Executor, UserChainUnderCheckpointing) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kF32);
+  std::vector<std::unique_ptr<Layer>> blocks;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(std::make_unique<Linear>("lin." + std::to_string(i), 32, 32));
+  }
+  Model m(ModelSpec::preset("gpt-micro"), std::move(blocks), ctx);
+  m.init(5, ctx);
+  Batch batch(rig, 2, 16, 64, 2);
+  Executor ex(m, ctx);
+  const Result ref = run_once(ex, m, Schedule::none(4), batch.mb, 0.5f);
+  expect_same_bits(ref, run_once(ex, m, Schedule::all(4), batch.mb, 0.5f), m, "all");
+}
+
+TEST(Executor, StatsHooksAndNothingLeft) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kF32);
+  Model m(six_blocks(), ctx);
+  m.init(1, ctx);
+  Batch batch(rig, 2, 16, 64, 3);
+  Executor ex(m, ctx);
+  std::vector<std::string> calls;
+  ExecutorHooks hooks;
+  hooks.after_block_backward = [&](int i) { calls.push_back("B" + std::to_string(i)); };
+  hooks.after_head_backward = [&] { calls.push_back("head"); };
+  hooks.after_embedding_backward = [&] { calls.push_back("emb"); };
+  Act losses = ex.run(Schedule::every(6, 2), batch.mb, 1.0f, hooks);
+  EXPECT_EQ(calls, (std::vector<std::string>{"head", "B5", "B4", "B3", "B2", "B1", "B0", "emb"}));
+  EXPECT_EQ(ex.stats().forwards, 12);
+  EXPECT_EQ(ex.stats().recomputes, 6);
+  // x[0], x[2], x[4] (checkpoints) and x[5] + x[6] at the head.
+  EXPECT_EQ(ex.stats().max_held_inputs, 4);
+  EXPECT_FALSE(m.any_saved());
+  // Only the returned losses are left.
+  EXPECT_EQ(activation_bytes_now(*rig.alloc),
+            static_cast<std::int64_t>(rig.alloc->round_size(losses->view().nbytes())));
+  const double sum = sum_losses(ctx, losses->view());
+  double want = 0;
+  for (float v : testing::to_host(ctx, losses->view())) want += v;
+  EXPECT_EQ(sum, want);
+  EXPECT_GT(sum, 0.0);
+  losses.reset();
+  EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
+
+  ex.run(Schedule::all(6), batch.mb, 1.0f);
+  EXPECT_EQ(ex.stats().max_held_inputs, 7);  // x[0..6] before the head takes x[6]
+  ex.run(Schedule::none(6), batch.mb, 1.0f);
+  EXPECT_EQ(ex.stats().max_held_inputs, 1);
+  EXPECT_EQ(ex.stats().recomputes, 0);
+  EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
+}
+
+TEST(Executor, ForwardOnlyMatchesRun) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kBF16);
+  Model m(six_blocks(), ctx);
+  m.init(2, ctx);
+  Batch batch(rig, 3, 16, 64, 4);
+  Executor ex(m, ctx);
+  Act a = ex.forward_only(batch.mb);
+  EXPECT_FALSE(m.any_saved());
+  Act b = ex.run(Schedule::every(6, 3), batch.mb, 1.0f);
+  EXPECT_EQ(bytes_of(a->view()), bytes_of(b->view()));
+  a.reset();
+  b.reset();
+  EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
+}
+
+TEST(Executor, BadInputChangesNothing) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kF32);
+  Model m(six_blocks(), ctx);
+  m.init(2, ctx);
+  Batch batch(rig, 2, 16, 64, 4);
+  Executor ex(m, ctx);
+  EXPECT_THROW(ex.run(Schedule::none(5), batch.mb, 1.0f), InvalidArgument);
+  MicroBatch bad = batch.mb;
+  bad.targets.shape = Shape{2, 8};
+  EXPECT_THROW(ex.run(Schedule::none(6), bad, 1.0f), InvalidArgument);
+  // T beyond seq_len: the embedding refuses, nothing is left held.
+  Batch longer(rig, 1, 32, 64, 4);
+  EXPECT_THROW(ex.run(Schedule::none(6), longer.mb, 1.0f), InvalidArgument);
+  EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
+  EXPECT_FALSE(m.any_saved());
+}
+
+// Peak of allocated bytes during one run, above what was allocated before it.
+std::int64_t run_peak(Rig& rig, Executor& ex, const Schedule& s, const MicroBatch& mb) {
+  rig.alloc->reset_peak_stats();
+  const std::int64_t before = rig.alloc->stats().allocated_bytes[kStatAll].current;
+  ex.run(s, mb, 1.0f);
+  return rig.alloc->stats().allocated_bytes[kStatAll].peak - before;
+}
+
+TEST(Executor, CheckpointingLowersThePeak) {
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kF32);
+  ModelSpec s = six_blocks();
+  s.seq_len = 64;  // attention's (T,T) scores make the saved state large against x
+  Model m(s, ctx);
+  m.init(1, ctx);
+  Batch batch(rig, 4, 64, 64, 5);
+  Executor ex(m, ctx);
+  const std::int64_t none = run_peak(rig, ex, Schedule::none(6), batch.mb);
+  const std::int64_t every2 = run_peak(rig, ex, Schedule::every(6, 2), batch.mb);
+  const std::int64_t all = run_peak(rig, ex, Schedule::all(6), batch.mb);
+  std::printf("6 blocks, C=32, B=4, T=64, f32: run peak above the model: none %lld, every:2 "
+              "%lld, all %lld bytes\n",
+              static_cast<long long>(none), static_cast<long long>(every2),
+              static_cast<long long>(all));
+  EXPECT_LT(all, every2);
+  EXPECT_LT(every2, none);
+  EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
+}
+
+// The planner's premise: the meta dry run through the same allocator sees the same bytes.
+void check_meta_matches_cpu(const ModelSpec& spec, DType dt, const char* sched, std::int64_t b) {
+  std::vector<AllocatorStats> stats;
+  for (bool meta : {false, true}) {
+    Rig rig(meta);
+    LayerContext ctx = rig.ctx(dt);
+    Model m(spec, ctx);
+    m.init(1, ctx);
+    Batch batch(rig, b, spec.seq_len, spec.vocab, 6);
+    Executor ex(m, ctx);
+    for (int step = 0; step < 2; ++step) {  // the second step runs on cached segments
+      m.zero_grad(ctx);
+      Act losses = ex.run(Schedule::parse(sched, m.num_blocks()), batch.mb, 1.0f / 64);
+      EXPECT_EQ(sum_losses(ctx, losses->view()) == 0.0, meta);
+    }
+    stats.push_back(rig.alloc->stats());
+  }
+  const AllocatorStats& c = stats[0];
+  const AllocatorStats& mt = stats[1];
+  const std::string what = std::string(sched) + " " + dtype_name(dt);
+  EXPECT_EQ(c.allocated_bytes[kStatAll].peak, mt.allocated_bytes[kStatAll].peak) << what;
+  EXPECT_EQ(c.reserved_bytes[kStatAll].peak, mt.reserved_bytes[kStatAll].peak) << what;
+  EXPECT_EQ(c.allocation[kStatAll].allocated, mt.allocation[kStatAll].allocated) << what;
+  for (std::size_t k = 0; k < kCategoryCount; ++k) {
+    EXPECT_EQ(c.category_bytes[k].peak, mt.category_bytes[k].peak)
+        << what << " category " << category_name(static_cast<Category>(k));
+  }
+}
+
+TEST(Executor, MetaDryRunPredictsTheCpuPeak) {
+  // CpuBackend's GEMM scratch comes from its own pool by default (not the allocator), as the
+  // meta backend allocates none: both runs make exactly the layers' allocations.
+  for (const char* sched : {"none", "all", "every:2"}) {
+    check_meta_matches_cpu(six_blocks(), DType::kF32, sched, 2);
+    check_meta_matches_cpu(six_blocks(), DType::kBF16, sched, 2);
+  }
+  check_meta_matches_cpu(six_blocks(ModelSpec::Kind::kMlp), DType::kF16, "sqrt", 3);
+}
+
+// Attention scores of 1 MiB per block (B=8, 4 heads, T=128, bf16) at little arithmetic: a run
+// needs several 2 MiB segments, so limits can fall between its allocations.
+ModelSpec long_model() {
+  ModelSpec s = six_blocks();
+  s.seq_len = 128;
+  return s;
+}
+
+TEST(Executor, OutOfMemoryMidRunLeavesNothing) {
+  for (bool provider_limit : {false, true}) {
+    HostProvider host;
+    FaultInjectingProvider faulty(host);
+    Rig rig(false, {}, &faulty);
+    LayerContext ctx = rig.ctx(DType::kBF16);
+    Model m(long_model(), ctx);
+    m.init(7, ctx);
+    Batch batch(rig, 8, 128, 64, 8);
+    Executor ex(m, ctx);
+    // A segment of 3 blocks recomputed keeping all needs ~6 MiB at once.
+    const Schedule s = Schedule::every(6, 3);
+    const Result ref = run_once(ex, m, s, batch.mb, 0.25f);
+    std::vector<std::vector<unsigned char>> weights;
+    for (Parameter* p : m.parameters()) {
+      weights.push_back(bytes_of(p->weight.view()));
+      weights.push_back(bytes_of(p->master.view()));
+    }
+    // Limits from the model's own segments upwards, in 1 MiB steps: each run fails at a later
+    // point, until one succeeds.
+    std::vector<std::pair<std::int64_t, std::int64_t>> failed_at;  // (forwards, backwards) done
+    bool succeeded = false;
+    for (std::size_t extra = 0; extra <= (std::size_t{64} << 20); extra += std::size_t{1} << 20) {
+      rig.alloc->empty_cache();
+      const std::size_t limit = faulty.bytes_in_use() + extra;
+      if (provider_limit) {
+        faulty.set_byte_limit(limit);
+      } else {
+        rig.alloc->set_budget(limit);
+      }
+      try {
+        m.zero_grad(ctx);
+        Act losses = ex.run(s, batch.mb, 0.25f);
+        succeeded = true;
+        break;
+      } catch (const OutOfMemory&) {
+        failed_at.emplace_back(ex.stats().forwards, ex.stats().backwards);
+      }
+      EXPECT_EQ(activation_bytes_now(*rig.alloc), 0) << extra;
+      EXPECT_FALSE(m.any_saved());
+      std::size_t k = 0;
+      for (Parameter* p : m.parameters()) {
+        ASSERT_EQ(bytes_of(p->weight.view()), weights[k++]) << p->name;
+        ASSERT_EQ(bytes_of(p->master.view()), weights[k++]) << p->name;
+      }
+    }
+    EXPECT_TRUE(succeeded);
+    // Failures at several points, some of them mid-run (after forwards or in the backward).
+    std::sort(failed_at.begin(), failed_at.end());
+    failed_at.erase(std::unique(failed_at.begin(), failed_at.end()), failed_at.end());
+    EXPECT_GE(failed_at.size(), 3u);
+    ASSERT_FALSE(failed_at.empty());
+    EXPECT_GT(failed_at.back().first, 6) << "no failure in the recomputations";
+    std::printf("%s: OOM at %zu distinct points, the latest after %lld forwards, %lld backwards\n",
+                provider_limit ? "provider limit" : "allocator budget", failed_at.size(),
+                static_cast<long long>(failed_at.back().first),
+                static_cast<long long>(failed_at.back().second));
+    faulty.set_byte_limit(0);
+    rig.alloc->set_budget(0);
+    expect_same_bits(ref, run_once(ex, m, s, batch.mb, 0.25f), m, "after OOM");
+  }
+}
+
+// The figure for the report: gpt-tiny at B=4, activation + temporary peak per schedule, from
+// the meta dry run (which MetaDryRunPredictsTheCpuPeak ties to the CPU run).
+TEST(Executor, GptTinyActivationPeaks) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<std::int64_t> peaks;
+    for (const char* sched : {"none", "every:2", "sqrt", "all"}) {
+      Rig rig(true);
+      LayerContext ctx = rig.ctx(dt);
+      Model m(ModelSpec::preset("gpt-tiny"), ctx);
+      Batch batch(rig, 4, 128, 256, 1);
+      Executor ex(m, ctx);
+      rig.alloc->reset_peak_stats();
+      ex.run(Schedule::parse(sched, 6), batch.mb, 1.0f);
+      const AllocatorStats st = rig.alloc->stats();
+      const std::int64_t act = st.category_bytes[static_cast<int>(Category::kActivation)].peak;
+      const std::int64_t tmp = st.category_bytes[static_cast<int>(Category::kTemporary)].peak;
+      std::printf("gpt-tiny B=4 %s %-8s activation peak %9lld  temporary peak %9lld  "
+                  "allocated peak %9lld\n",
+                  dtype_name(dt), sched, static_cast<long long>(act), static_cast<long long>(tmp),
+                  static_cast<long long>(st.allocated_bytes[kStatAll].peak));
+      peaks.push_back(st.allocated_bytes[kStatAll].peak);
+    }
+    EXPECT_GT(peaks[0], peaks[1]);
+    EXPECT_GT(peaks[1], peaks[3]);
+  }
+}
+
+}  // namespace
+}  // namespace memfit
