@@ -10,7 +10,10 @@
 // bytes of the unique storages saved for backward. The like-for-like memory figure is therefore
 // "sum4" = the peaks of parameter + gradient + optimizer_state + activation on both sides;
 // memfit's peak_allocated (every category, temporaries and GEMM workspace included) and
-// peak_reserved are printed beside it.
+// peak_reserved are printed beside it. PyTorch's bf16 rows time one step without warm-up: on a
+// CPU without AVX512-BF16, torch 1.13's bf16 GEMM is a scalar fallback (~30x slower than f32;
+// `--torch-bf16 off` skips them). Each PyTorch configuration runs just before memfit's rows of
+// the same settings, so a shared machine's load hits both alike.
 //
 // Targets (the training-runtime issue), each printed PASS or FAIL:
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
@@ -22,7 +25,8 @@
 //     peak_allocated and on peak_reserved separately.
 //
 //   ./build/bench/policy_matrix_bench                       # the full matrix (a few minutes)
-//   ./build/bench/policy_matrix_bench --quick               # none/all, 1 timed step, torch f32
+//   ./build/bench/policy_matrix_bench --quick               # f32/bf16 x none/all x offload,
+//                                                           # 1 timed step, PyTorch f32 only
 //   ./build/bench/policy_matrix_bench --dtypes f32 --checkpoints none,every:2 --offload off
 //   options: --steps N --warmup W --threads N --no-torch --torch-script PATH --torch-bf16 on|off
 //            --no-all-policies
@@ -76,8 +80,9 @@ struct Args {
   std::vector<std::string> dtypes = {"f32", "bf16", "f16"};
   std::vector<std::string> checkpoints = {"none", "all", "every:2"};
   std::vector<bool> offloads = {false, true};
-  int steps = 3;
+  int steps = 2;
   int warmup = 1;
+  bool quick = false;
   int threads = 0;
   bool torch = true;
   bool torch_bf16 = true;
@@ -202,47 +207,49 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// PyTorch's rows keyed "dtype/checkpoint"; an n/a row carries its reason in `error`.
-std::map<std::string, Figures> run_torch(const Args& a, int threads) {
-  std::map<std::string, Figures> out;
-  if (!a.torch) return out;
+// Where PyTorch comes from; "" (after printing why) when the anchor is skipped.
+std::string torch_script(const Args& a) {
+  if (!a.torch) return "";
   if (access("/usr/bin/python3", X_OK) != 0) {
     std::printf("PyTorch anchor skipped: /usr/bin/python3 not found\n");
-    return out;
+    return "";
   }
   const std::string script = find_script(a.torch_script);
   if (script.empty()) {
     std::printf("PyTorch anchor skipped: bench/torch_policy_matrix.py not found "
                 "(pass --torch-script)\n");
-    return out;
   }
-  std::vector<std::string> dtypes;
-  for (const auto& d : a.dtypes) {
-    if (d != "bf16" || a.torch_bf16) dtypes.push_back(d);
-  }
-  if (dtypes.empty()) return out;
+  return script;
+}
+
+// PyTorch at one dtype and checkpoint, run just before memfit's rows of the same settings so
+// both see the same machine load. An n/a row carries its reason in `error`; nullopt when the
+// script gave nothing (a message says why).
+std::optional<Figures> run_torch(const std::string& script, const Args& a, int threads,
+                                 const std::string& dtype, const std::string& ckpt,
+                                 std::string* version) {
+  if (script.empty() || (dtype == "bf16" && !a.torch_bf16)) return std::nullopt;
   const std::string cmd = "/usr/bin/python3 '" + script + "' --threads " +
-                          std::to_string(threads) + " --dtypes " + join(dtypes) +
-                          " --checkpoints " + join(a.checkpoints) + " --steps " +
-                          std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
-                          " 2>/dev/null";
-  std::printf("running PyTorch: %s\n", cmd.c_str());
-  std::fflush(stdout);
+                          std::to_string(threads) + " --dtypes " + dtype + " --checkpoints " +
+                          ckpt + " --steps " + std::to_string(a.steps) + " --warmup " +
+                          std::to_string(a.warmup) + " --bf16-steps 1 --bf16-warmup 0 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     std::printf("PyTorch anchor skipped: popen failed\n");
-    return out;
+    return std::nullopt;
   }
-  std::string version;
+  std::optional<Figures> out;
+  std::string log;
   char buf[1 << 14];
   while (std::fgets(buf, sizeof buf, p)) {
-    if (buf[0] != '{') continue;
+    if (buf[0] != '{') {
+      log += buf;
+      continue;
+    }
     try {
       const auto j = nlohmann::json::parse(buf);
       Figures f;
-      const std::string key =
-          j.at("dtype").get<std::string>() + "/" + j.at("checkpoint").get<std::string>();
-      version = j.value("torch", "");
+      *version = j.value("torch", "");
       if (j.at("status") == "ok") {
         f.ok = true;
         f.seconds = j.at("step_seconds_median").get<double>();
@@ -253,17 +260,17 @@ std::map<std::string, Figures> run_torch(const Args& a, int threads) {
       } else {
         f.error = j.value("reason", "n/a");
       }
-      out[key] = f;
+      out = f;
     } catch (const std::exception& e) {
       std::printf("PyTorch output line not understood (%s): %s", e.what(), buf);
     }
   }
   const int rc = pclose(p);
-  if (rc != 0) {
-    std::printf("PyTorch anchor: the script exited with status %d (torch missing? run it by "
-                "hand to see why); %zu rows read\n", rc, out.size());
-  } else {
-    std::printf("PyTorch %s: %zu rows\n", version.c_str(), out.size());
+  if (rc != 0 || !out) {
+    if (log.size() > 2000) log = "..." + log.substr(log.size() - 2000);
+    std::printf("PyTorch anchor (%s, %s) skipped: `%s` exited with %d:\n%s\n", dtype.c_str(),
+                ckpt.c_str(), cmd.c_str(), rc, log.c_str());
+    return std::nullopt;
   }
   return out;
 }
@@ -316,6 +323,8 @@ int main(int argc, char** argv) {
     const std::string s = argv[i];
     const bool has = i + 1 < argc;
     if (s == "--quick") {
+      a.quick = true;
+      a.dtypes = {"f32", "bf16"};
       a.checkpoints = {"none", "all"};
       a.steps = 1;
       a.torch_bf16 = false;  // torch's CPU bf16 GEMM is a scalar fallback without AVX512-BF16
@@ -367,7 +376,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(spec.heads), static_cast<long long>(spec.mlp_ratio),
               static_cast<long long>(kBatch), threads, a.steps, a.warmup);
   if (a.torch && !a.torch_bf16) std::printf("PyTorch bf16 rows skipped (--torch-bf16 off)\n");
-  const std::map<std::string, Figures> torch = run_torch(a, threads);
+  const std::string script = torch_script(a);
 
   std::vector<Config> configs;
   for (const auto& d : a.dtypes) {
@@ -375,6 +384,8 @@ int main(int argc, char** argv) {
       for (bool o : a.offloads) configs.push_back({d, c, o, 0});
     }
   }
+  std::map<std::string, Figures> torch;  // "dtype/checkpoint"
+  std::string version;
   std::printf("\nMiB; step_s median; other = temporary + workspace + input; sum4 = param + grad + "
               "optim + activ (peaks);\ntorch_s / t_act / t_sum4: PyTorch at the same dtype and "
               "checkpoint (no offload); ratios memfit / PyTorch\n");
@@ -385,6 +396,10 @@ int main(int argc, char** argv) {
               "time,mem <= torch");
   std::map<std::string, Figures> res;
   for (const Config& c : configs) {
+    const std::string tk = c.dtype + "/" + c.checkpoint;
+    if (!torch.count(tk)) {
+      if (auto t = run_torch(script, a, threads, c.dtype, c.checkpoint, &version)) torch[tk] = *t;
+    }
     res[c.key()] = run_memfit(c, a, spec, batch);
     const auto t = torch.find(c.dtype + "/" + c.checkpoint);
     print_row(c, res[c.key()], (!c.offload && t != torch.end()) ? &t->second : nullptr);
@@ -393,10 +408,15 @@ int main(int argc, char** argv) {
   const Config ap{"bf16", "all", true, 1};
   if (a.all_policies) {
     std::printf("all policies (micro-batch 1 x 16 accumulated):\n");
-    res[ap.key()] = run_memfit(ap, a, spec, batch);
+    // 16 micro-batches make this row the slowest: one timed step (memory is its target).
+    Args once = a;
+    once.steps = 1;
+    once.warmup = a.quick ? 0 : std::min(a.warmup, 1);
+    res[ap.key()] = run_memfit(ap, once, spec, batch);
     print_row(ap, res[ap.key()], nullptr);
   }
 
+  if (!version.empty()) std::printf("PyTorch %s (bench/torch_policy_matrix.py)\n", version.c_str());
   std::printf("\ntargets\n");
   int time_pass = 0, mem_pass = 0, compared = 0;
   for (const Config& c : configs) {

@@ -52,6 +52,7 @@ import os
 import statistics
 import sys
 import time
+import weakref
 
 import torch
 
@@ -106,6 +107,13 @@ class SavedTensorMeter:
 
         self.Handle = Handle
 
+    def track(self, t):
+        """Counts t's storage while the tensor object lives (outputs autograd does not save,
+        such as a checkpoint's recomputed block output)."""
+        h = self.Handle(t)
+        h.t = None  # hold the count, not the tensor
+        weakref.finalize(t, lambda h=h: None)  # the handle dies (and uncounts) with t
+
     def pack(self, t):
         if t.storage().data_ptr() in self.param_ptrs:
             return t
@@ -130,6 +138,8 @@ def run_config(args, cfg, dtype, ckpt, tokens, targets):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.01)
     meter = SavedTensorMeter(model.parameters())
+    measuring = [False]
+    model.output_hook = lambda x: meter.track(x) if measuring[0] else None
     slow = dtype == "bf16"
     warmup = args.bf16_warmup if slow else args.warmup
     steps = args.bf16_steps if slow else args.steps
@@ -137,9 +147,11 @@ def run_config(args, cfg, dtype, ckpt, tokens, targets):
     def step(measure):
         opt.zero_grad(set_to_none=True)
         if measure:
+            measuring[0] = True
             with meter.hooks():
                 loss, _ = model(tokens, targets)
                 loss.backward()
+            measuring[0] = False
         else:
             loss, _ = model(tokens, targets)
             loss.backward()
