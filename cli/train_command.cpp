@@ -369,6 +369,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a model on a text file on the CPU with memory policies, under a budget");
+  // A repeated option takes its last value, so scripts/demo.sh's defaults can be overridden.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--model", a->model, "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file")
       ->required();
   cmd->add_option("--data", a->data, "a text file; tokens are its bytes (data/corpus.txt is bundled)")

@@ -81,6 +81,7 @@ struct OffloadOptimizer::Impl {
   std::vector<EventHandle> grad_events;  // D2H batches of this step
   std::vector<EventHandle> pending_h2d;  // weight copy-backs not yet known complete
   std::future<double> update;            // delayed update in flight: its AdamW seconds
+  bool update_unlanded = false;          // a delayed update's weights are not copied back yet
   Timing timing;
 
   ~Impl() {
@@ -189,11 +190,16 @@ struct OffloadOptimizer::Impl {
     return seconds_since(t0);
   }
 
-  // Waits for a delayed update's AdamW (not its copy-back); true when one was in flight.
-  bool finish_update() {
-    if (!update.valid()) return false;
-    timing.adamw_s = update.get();  // rethrows what the update threw
-    return true;
+  // Waits for a delayed update's AdamW (not its copy-back).
+  void finish_update() {
+    if (update.valid()) timing.adamw_s = update.get();  // rethrows what the update threw
+  }
+  // Waits for a delayed update and copies its weights back, once.
+  void land_update(LayerContext& ctx) {
+    finish_update();
+    if (!update_unlanded) return;
+    update_unlanded = false;
+    copy_weights_back(ctx);
   }
 };
 
@@ -316,7 +322,7 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   Impl& m = *impl_;
   const AdamWConstants k = adamw_constants(m.options.adamw, m.steps + 1, grad_scale);
   m.timing = Timing{};
-  if (m.options.delayed_update && m.finish_update()) m.copy_weights_back(ctx);
+  m.land_update(ctx);
   m.copy_remaining_grads(ctx);
   const auto t0 = Clock::now();
   m.wait_grads();  // FIFO: the H2D copies queued before them are done too
@@ -327,6 +333,7 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
     // The masters, moments and staging belong to the update until finish_update(); the next
     // gradient copy, optimizer call, state() or flush() waits for it.
     m.update = std::async(std::launch::async, [&m, k] { return m.run_adamw(k); });
+    m.update_unlanded = true;
     return;
   }
   m.timing.adamw_s = m.run_adamw(k);
@@ -339,8 +346,7 @@ void OffloadOptimizer::skip(LayerContext& ctx) {
 }
 
 void OffloadOptimizer::flush(LayerContext& ctx) {
-  Impl& m = *impl_;
-  if (m.finish_update()) m.copy_weights_back(ctx);
+  impl_->land_update(ctx);
 }
 
 std::int64_t OffloadOptimizer::steps() const { return impl_->steps; }
@@ -370,6 +376,7 @@ std::vector<StateTensor> OffloadOptimizer::state() {
 void OffloadOptimizer::state_loaded(LayerContext& ctx) {
   Impl& m = *impl_;
   m.finish_update();  // obsolete now: its copy-back is dropped
+  m.update_unlanded = false;
   m.wait_h2d();
   m.drop_grads(ctx);
   for (const Impl::Slot& s : m.slots) {

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -262,7 +263,10 @@ StepResult Trainer::step(const Batch& batch) {
 double Trainer::evaluate(const Batch& batch) {
   check_batch(batch, model_.spec());
   if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
-  const std::vector<std::int64_t> sizes = micro_sizes(options_, batch.batch);
+  // Pieces no larger than a training micro-batch; any batch size works (no split into K).
+  std::int64_t piece = options_.micro_batch > 0 ? options_.micro_batch : batch.batch;
+  if (options_.accum > 0) piece = std::max<std::int64_t>(1, batch.batch / options_.accum);
+  const std::vector<std::int64_t> sizes = micro_batch_split(batch.batch, piece);
   Executor ex(model_, ctx_);
   double sum = 0;
   std::int64_t row0 = 0;

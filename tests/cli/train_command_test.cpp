@@ -158,7 +158,7 @@ TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
       {base_args(1) + " --dtype f8", "f8"},
       {base_args(1) + " --budget 12XB", "12XB"},
       {base_args(1) + " --seq-len 64", "--seq-len"},
-      {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt-tiny"},
+      {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt5"},
       {"train --model gpt-micro --data " + kCorpus + " --steps 1", "vocab"},
       {base_args(1) + " --resume " + tmp("nothing.mfstate"), "nothing.mfstate"},
   };
@@ -169,6 +169,42 @@ TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
   }
   std::remove(empty.c_str());
   std::remove(tiny.c_str());
+}
+
+
+// The example programs (built by the default target, as scripts/test.sh does) run and check
+// themselves: custom_layer exits 1 unless checkpointing left the losses bit-identical and the
+// loss fell.
+ProgramRun run_example(const std::string& name, const std::string& args) {
+  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
+  const std::string bin = std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/examples/example_" + name;
+  if (::access(bin.c_str(), X_OK) != 0) return {-1, bin + " is not built (build all targets)"};
+  FILE* p = popen((bin + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Examples, RunAndCheckThemselves) {
+  ProgramRun r = run_example("custom_layer", kCorpus + " 6");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("losses identical with and without checkpointing: yes"),
+            std::string::npos)
+      << r.output;
+  r = run_example("custom_loop", kCorpus + " 3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step   3"), std::string::npos) << r.output;
+  const std::string state = tmp("train_gpt.mfstate");
+  r = run_example("train_gpt", kCorpus + " 1 " + state);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_example("train_gpt", kCorpus + " 1 " + state);  // resumes from the file it wrote
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step   2"), std::string::npos) << r.output;
+  std::remove(state.c_str());
 }
 
 }  // namespace

@@ -136,13 +136,13 @@ TEST(Trainer, F16OverflowSkipsTheStepHalvesTheScaleAndLeavesWeights) {
     ASSERT_TRUE(t.scaler().enabled());
     const Batch b = corpus().sequential(4, 32, 0);
     // A loss scale this large overflows the f16 logits' gradient: inf/NaN gradients.
-    t.scaler().set_state({1e30, 7});
+    t.scaler().set_state({std::ldexp(1.0, 100), 7});  // exact in float and double
     const Snapshot before = snapshot(t);
     const StepResult s = t.step(b);
     EXPECT_TRUE(s.skipped);
-    EXPECT_EQ(s.loss_scale, 1e30);
+    EXPECT_EQ(s.loss_scale, std::ldexp(1.0, 100));
     EXPECT_TRUE(std::isfinite(s.loss));
-    EXPECT_EQ(t.scaler().state().scale, 5e29);
+    EXPECT_EQ(t.scaler().state().scale, std::ldexp(1.0, 99));
     EXPECT_EQ(t.scaler().state().growth_tracker, 0);
     EXPECT_EQ(t.steps(), 0);
     EXPECT_EQ(t.steps_attempted(), 1);
@@ -323,8 +323,8 @@ TEST(Trainer, OutOfMemoryDuringAStepChangesNothing) {
     SCOPED_TRACE(offload ? "offload" : "device adamw");
     TrainerOptions o;
     o.offload = offload;
-    o.micro_batch = 8;  // OOMs can land in a later micro-batch, after gradients accumulated
-    const Batch b = corpus().sequential(24, 32, 77);
+    o.micro_batch = 32;  // OOMs can land in a later micro-batch, after gradients accumulated
+    const Batch b = corpus().sequential(64, 32, 77);
     // What one step needs, from an identical trainer.
     std::size_t r0 = 0, peak = 0;
     {
