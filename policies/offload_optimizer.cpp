@@ -217,7 +217,9 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   std::size_t stage_bytes = 0;
   for (Parameter* p : params) {
     if (p == nullptr) bad("a null Parameter in the list");
-    if (m.index.count(p) != 0) continue;  // tied: one Parameter, updated once
+    if (m.index.count(p) != 0) {
+      bad("parameter '" + p->name + "' listed twice; valid: each parameter once (a tied one too)");
+    }
     const Tensor& w = p->weight.view();
     const Tensor& g = p->grad.view();
     const std::int64_t n = p->numel();
@@ -345,9 +347,7 @@ void OffloadOptimizer::skip(LayerContext& ctx) {
   impl_->drop_grads(ctx);
 }
 
-void OffloadOptimizer::flush(LayerContext& ctx) {
-  impl_->land_update(ctx);
-}
+void OffloadOptimizer::flush(LayerContext& ctx) { impl_->land_update(ctx); }
 
 std::int64_t OffloadOptimizer::steps() const { return impl_->steps; }
 

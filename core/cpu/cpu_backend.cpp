@@ -1,6 +1,7 @@
 // CPU elementwise ops: FP32 math over 4096-element chunks, widened from and rounded back to
 // each tensor's dtype with memfit::convert; OpenMP across chunks once a tensor is large
-// enough for threads to pay off.
+// enough for threads to pay off. At the end: every op's dispatch, inline or to the stream's
+// worker (cpu/worker_streams.h).
 #include "core/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -10,6 +11,9 @@
 #include <cstring>
 #include <utility>
 #include <vector>
+
+#include "memory/caching_allocator.h"
+#include "memory/size.h"
 
 namespace memfit {
 namespace {
@@ -161,7 +165,22 @@ void CpuBackend::submit(StreamId stream, F&& op) {
 
 void CpuBackend::do_gemm(StreamId s, const GemmDesc& d, const Tensor& a, const Tensor& b,
                          const Tensor& c) {
-  submit(s, [this, s, d, a, b, c] { run_gemm(s, d, a, b, c); });
+  const std::size_t floats =
+      streams_.runs_inline(s) || workspace_ == nullptr ? 0 : cpu::gemm_scratch_floats(d, a, b, c);
+  if (floats == 0) {
+    submit(s, [this, s, d, a, b, c] { run_gemm(s, d, a, b, c); });
+    return;
+  }
+  // Workspace scratch for a worker is taken here, on the caller's thread, PyTorch's way for
+  // memory used on another stream: allocated on the default stream, recorded on s, freed at
+  // once. The allocator then reuses or releases it only after s has passed the GEMM, and the
+  // worker never calls into the allocator: a caller holding the allocator's lock while it
+  // waits for s (empty_cache, an OOM retry) cannot deadlock against it.
+  Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
+                                  Category::kWorkspace, kDefaultStream, "cpu.gemm.scratch");
+  float* scratch = ws.as<float>();
+  streams_.enqueue(s, [d, a, b, c, scratch] { cpu::gemm(d, a, b, c, scratch); });
+  ws.record_stream(s);
 }
 void CpuBackend::do_fill(StreamId s, const Tensor& x, float value) {
   submit(s, [this, s, x, value] { run_fill(s, x, value); });

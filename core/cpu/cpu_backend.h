@@ -16,15 +16,22 @@
 //   be.wait_event(kDefaultStream, e);         // the caller blocks until the copy is done
 //
 // On a worker stream the tensors' memory must stay alive (and unwritten by the host) until the
-// op has run, as on a GPU. Kernels run with OpenMP from whichever thread runs the stream, so
-// two busy streams share the cores.
+// op has run, as on a GPU. One difference from CUDA: a caching allocator returning a free
+// segment to its provider (empty_cache, release_before_growth) does not wait for workers as
+// cudaFree waits for the device, so memory freed while a worker may still use it must be
+// marked with Block::record_stream(worker stream), which makes the allocator wait for it. A
+// token or target id outside the vocabulary on a worker stream surfaces as InvalidArgument at
+// that stream's next synchronize. Kernels run with OpenMP from whichever thread runs the
+// stream, so two busy streams share the cores.
 // GEMM goes through OpenBLAS's cblas_sgemm with FP32 accumulation. f16/bf16 operands are
 // widened (exactly) to f32 in scratch, and a non-f32 C is computed in f32 scratch (holding
 // the widened old C when beta != 0) and rounded once to its dtype. Scratch per call is at most
 // one A, one B and one C matrix of f32 (none when all three are f32). It comes from
 //   - the caching allocator given to set_workspace_allocator(), as Category::kWorkspace blocks
 //     on the op's stream, tagged "cpu.gemm.scratch", so it counts against the budget like a
-//     device's workspace would; or, when none is set (the default),
+//     device's workspace would (for a worker stream: taken by the calling thread on the default
+//     stream, recorded on the worker's stream and freed at once, so workers never call into
+//     the allocator); or, when none is set (the default),
 //   - a pool of host buffers the backend keeps for reuse (cpu/scratch_pool.h), outside any
 //     budget; scratch_bytes() reports it and release_scratch() frees the idle part.
 // Elementwise ops work in 4096-element f32 chunks on the stack, with OpenMP across chunks

@@ -64,7 +64,10 @@ void WorkerStreams::run(Stream* s) {
     {
       std::lock_guard<std::mutex> lock(s->mu);
       ++s->completed;
-      if (failed && !s->error) s->error = failed;
+      // Handed over (or dropped) under the lock: the thread that collects the error then owns
+      // the last reference, and the worker never touches the exception again.
+      if (failed && !s->error) s->error = std::move(failed);
+      failed = nullptr;
     }
     s->done_cv.notify_all();
   }

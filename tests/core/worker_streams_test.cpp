@@ -330,8 +330,8 @@ TEST(CpuWorkerStreams, ConcurrentGemmsShareTheScratchPool) {
 }
 
 TEST(CpuWorkerStreams, WorkspaceAllocatorFromAWorker) {
-  // GEMM scratch from a caching allocator built on the backend's own events, allocated on the
-  // worker's stream from the worker thread.
+  // GEMM scratch from a caching allocator built on the backend's own events: taken by the
+  // caller, recorded on the worker's stream, reused only after the worker passed the GEMM.
   CpuBackend be({.worker_streams = true});
   HostProvider host;
   CachingAllocator alloc(host, {}, &be.stream_sync());
@@ -346,6 +346,9 @@ TEST(CpuWorkerStreams, WorkspaceAllocatorFromAWorker) {
   GemmDesc g;
   g.m = g.n = g.k = d;
   for (int i = 0; i < 10; ++i) be.gemm(s, g, a.t(), b.t(), c.t());
+  // empty_cache waits, under the allocator's lock, for the events of scratch still in use on
+  // the worker; the worker must not need that lock to finish.
+  alloc.empty_cache();
   be.synchronize(s);
   // Each GEMM took its scratch from the allocator (2 widened operands), as workspace.
   EXPECT_GE(alloc.stats().allocation[kStatAll].allocated, 10);

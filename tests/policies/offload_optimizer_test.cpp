@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/device_adamw.h"
 #include "memory/error.h"
 #include "memory/pinned_host_provider.h"
 #include "policies/loss_scaler.h"
@@ -150,6 +151,52 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16, DType::kF16), ::testing::Bool(),
                        ::testing::Values(Ready::kNone, Ready::kPartial, Ready::kAll,
                                          Ready::kRepeated)));
+
+// The bit-exact target itself: DeviceAdamW and OffloadOptimizer on identical parameters.
+TEST(OffloadOptimizer, BitEqualToDeviceAdamW) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    CpuBackend be({.worker_streams = true});
+    PinnedHostProvider pinned;
+    // DeviceAdamW takes no empty parameter (an empty master has no address to tell it by).
+    std::vector<ParamSpec> specs;
+    for (const ParamSpec& s : kSpecs) {
+      if (s.shape.numel() > 0) specs.push_back(s);
+    }
+    ParamSet on_device(be, dt, specs), offloaded(be, dt, specs);
+    LayerContext cd = on_device.ctx(), co = offloaded.ctx();
+    DeviceAdamW dev(on_device.list(), adam(), cd);
+    OffloadOptions o;
+    o.adamw = adam();
+    OffloadOptimizer off(offloaded.list(), o, co, pinned);
+    for (int t = 1; t <= 4; ++t) {
+      const double gs = 1.0 / (t == 2 ? 4096 : 1);
+      on_device.set_step_grads(t);
+      offloaded.set_step_grads(t);
+      off.grads_ready(co, offloaded.list());
+      dev.step(cd, gs);
+      off.step(co, gs);
+      be.synchronize(kDefaultStream);
+      ASSERT_EQ(dev.steps(), off.steps());
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        EXPECT_EQ(on_device.weight_bytes(i), offloaded.weight_bytes(i))
+            << dtype_name(dt) << " step " << t << " " << specs[i].name;
+      }
+      // Same tensors by name (DeviceAdamW calls an f32 master "weight/<name>").
+      std::vector<StateTensor> sd = dev.state(), so = off.state();
+      for (const StateTensor& d : sd) {
+        std::string name = d.name;
+        if (name.rfind("weight/", 0) == 0) name = "master/" + name.substr(7);
+        bool found = false;
+        for (const StateTensor& x : so) {
+          if (x.name != name) continue;
+          found = true;
+          EXPECT_EQ(bytes_of(d.tensor), bytes_of(x.tensor)) << dtype_name(dt) << " " << name;
+        }
+        EXPECT_TRUE(found) << name;
+      }
+    }
+  }
+}
 
 TEST(OffloadOptimizer, InfSkipsStepHalvesScaleLeavesEverythingUnchanged) {
   for (bool workers : {false, true}) {
@@ -315,8 +362,9 @@ TEST(OffloadOptimizer, BadArguments) {
     EXPECT_TRUE(ps[i].master_on_device() || ps[i].numel() == 0);
 
   std::vector<Parameter*> dup = ps.list();
-  dup.push_back(dup[0]);  // a tied parameter listed twice is updated once
-  OffloadOptimizer opt(dup, {}, ctx, pinned);
+  dup.push_back(dup[0]);  // as DeviceAdamW: a tied parameter is listed once
+  EXPECT_THROW(OffloadOptimizer(dup, {}, ctx, pinned), InvalidArgument);
+  OffloadOptimizer opt(ps.list(), {}, ctx, pinned);
   EXPECT_EQ(opt.state().size(), 3 * ps.size());
   ParamSet other(be, DType::kBF16, {{"stranger", {4}}});
   EXPECT_THROW(opt.grads_ready(ctx, other.list()), InvalidArgument);
