@@ -15,6 +15,7 @@
 // `--torch-bf16 off` skips them). Each PyTorch configuration runs just before memfit's rows of
 // the same settings, so a shared machine's load hits both alike.
 //
+// Column "ofl": optimizer offload.
 // Targets (the training-runtime issue), each printed PASS or FAIL:
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
 //     step time <= PyTorch's and memfit's sum4 <= PyTorch's;
@@ -216,8 +217,9 @@ std::string torch_script(const Args& a) {
   }
   const std::string script = find_script(a.torch_script);
   if (script.empty()) {
-    std::printf("PyTorch anchor skipped: bench/torch_policy_matrix.py not found "
-                "(pass --torch-script)\n");
+    std::printf(
+        "PyTorch anchor skipped: bench/torch_policy_matrix.py not found "
+        "(pass --torch-script)\n");
   }
   return script;
 }
@@ -229,10 +231,10 @@ std::optional<Figures> run_torch(const std::string& script, const Args& a, int t
                                  const std::string& dtype, const std::string& ckpt,
                                  std::string* version) {
   if (script.empty() || (dtype == "bf16" && !a.torch_bf16)) return std::nullopt;
-  const std::string cmd = "/usr/bin/python3 '" + script + "' --threads " +
-                          std::to_string(threads) + " --dtypes " + dtype + " --checkpoints " +
-                          ckpt + " --steps " + std::to_string(a.steps) + " --warmup " +
-                          std::to_string(a.warmup) + " --bf16-steps 1 --bf16-warmup 0 2>&1";
+  const std::string cmd = "/usr/bin/python3 '" + script + "' --threads " + std::to_string(threads) +
+                          " --dtypes " + dtype + " --checkpoints " + ckpt + " --steps " +
+                          std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
+                          " --bf16-steps 1 --bf16-warmup 0 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
     std::printf("PyTorch anchor skipped: popen failed\n");
@@ -288,8 +290,8 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
   }
   std::printf("%-5s %-8s %-3s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
               c.dtype.c_str(), c.checkpoint.c_str(), c.offload ? "on" : "off", m.seconds, m.loss,
-              cat(Category::kParameter), cat(Category::kGradient),
-              cat(Category::kOptimizerState), cat(Category::kActivation),
+              cat(Category::kParameter), cat(Category::kGradient), cat(Category::kOptimizerState),
+              cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
                   cat(Category::kUnknown),
               mib(m.sum4()), mib(m.allocated), mib(m.reserved));
@@ -298,7 +300,7 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
   } else if (!t->ok) {
     std::printf(" | torch n/a: %s\n", t->error.c_str());
   } else {
-    std::printf(" | %7.3f %7.1f %7.1f | %5.2fx %5.2fx %s %s\n", t->seconds, mib(t->act()),
+    std::printf(" | %7.3f %7.1f %7.1f | %5.2fx %6.3fx %s %s\n", t->seconds, mib(t->act()),
                 mib(t->sum4()), m.seconds / t->seconds,
                 static_cast<double>(m.sum4()) / static_cast<double>(t->sum4()),
                 verdict(m.seconds <= t->seconds), verdict(m.sum4() <= t->sum4()));
@@ -368,13 +370,14 @@ int main(int argc, char** argv) {
 
   const ModelSpec spec = bench_spec();
   const Batch batch = make_batch(spec);
-  std::printf("policy matrix: GPT vocab %lld, seq_len %lld, layers %lld, hidden %lld, heads %lld, "
-              "mlp_ratio %lld, tied; batch %lld; %d threads; median of %d steps after %d "
-              "warm-up\n",
-              static_cast<long long>(spec.vocab), static_cast<long long>(spec.seq_len),
-              static_cast<long long>(spec.layers), static_cast<long long>(spec.hidden),
-              static_cast<long long>(spec.heads), static_cast<long long>(spec.mlp_ratio),
-              static_cast<long long>(kBatch), threads, a.steps, a.warmup);
+  std::printf(
+      "policy matrix: GPT vocab %lld, seq_len %lld, layers %lld, hidden %lld, heads %lld, "
+      "mlp_ratio %lld, tied; batch %lld; %d threads; median of %d steps after %d "
+      "warm-up\n",
+      static_cast<long long>(spec.vocab), static_cast<long long>(spec.seq_len),
+      static_cast<long long>(spec.layers), static_cast<long long>(spec.hidden),
+      static_cast<long long>(spec.heads), static_cast<long long>(spec.mlp_ratio),
+      static_cast<long long>(kBatch), threads, a.steps, a.warmup);
   if (a.torch && !a.torch_bf16) std::printf("PyTorch bf16 rows skipped (--torch-bf16 off)\n");
   const std::string script = torch_script(a);
 
@@ -386,14 +389,15 @@ int main(int argc, char** argv) {
   }
   std::map<std::string, Figures> torch;  // "dtype/checkpoint"
   std::string version;
-  std::printf("\nMiB; step_s median; other = temporary + workspace + input; sum4 = param + grad + "
-              "optim + activ (peaks);\ntorch_s / t_act / t_sum4: PyTorch at the same dtype and "
-              "checkpoint (no offload); ratios memfit / PyTorch\n");
-  std::printf("%-5s %-8s %-3s %7s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
-              "%6s %s\n",
-              "dtype", "ckpt", "off", "step_s", "loss", "param", "grad", "optim", "activ",
-              "other", "sum4", "alloc", "reserv", "torch_s", "t_act", "t_sum4", "time", "sum4",
-              "time,mem <= torch");
+  std::printf(
+      "\nMiB; step_s median; other = temporary + workspace + input; sum4 = param + grad + "
+      "optim + activ (peaks);\ntorch_s / t_act / t_sum4: PyTorch at the same dtype and "
+      "checkpoint (no offload); ratios memfit / PyTorch\n");
+  std::printf(
+      "%-5s %-8s %-3s %7s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
+      "%7s %s\n",
+      "dtype", "ckpt", "ofl", "step_s", "loss", "param", "grad", "optim", "activ", "other", "sum4",
+      "alloc", "reserv", "torch_s", "t_act", "t_sum4", "time", "sum4", "time,mem <= torch");
   std::map<std::string, Figures> res;
   for (const Config& c : configs) {
     const std::string tk = c.dtype + "/" + c.checkpoint;
@@ -428,10 +432,11 @@ int main(int argc, char** argv) {
     mem_pass += m.sum4() <= t->second.sum4();
   }
   if (compared) {
-    std::printf("1. equal settings, memfit <= PyTorch: step time %d/%d rows %s, sum4 %d/%d rows "
-                "%s\n",
-                time_pass, compared, verdict(time_pass == compared), mem_pass, compared,
-                verdict(mem_pass == compared));
+    std::printf(
+        "1. equal settings, memfit <= PyTorch: step time %d/%d rows %s, sum4 %d/%d rows "
+        "%s\n",
+        time_pass, compared, verdict(time_pass == compared), mem_pass, compared,
+        verdict(mem_pass == compared));
   } else {
     std::printf("1. equal settings: no PyTorch rows to compare\n");
   }
@@ -460,14 +465,15 @@ int main(int argc, char** argv) {
   const auto plain = res.find(Config{"f32", "none", false, 0}.key());
   const auto all = res.find(ap.key());
   if (a.all_policies && plain != res.end() && plain->second.ok && all->second.ok) {
-    const double ra = static_cast<double>(plain->second.allocated) /
-                      static_cast<double>(all->second.allocated);
-    const double rr = static_cast<double>(plain->second.reserved) /
-                      static_cast<double>(all->second.reserved);
-    std::printf("3. all policies vs plain f32 at batch 16: peak allocated %.1f -> %.1f MiB "
-                "(%.1fx less) %s; peak reserved %.1f -> %.1f MiB (%.1fx less) %s (target >= 20x)\n",
-                mib(plain->second.allocated), mib(all->second.allocated), ra, verdict(ra >= 20),
-                mib(plain->second.reserved), mib(all->second.reserved), rr, verdict(rr >= 20));
+    const double ra =
+        static_cast<double>(plain->second.allocated) / static_cast<double>(all->second.allocated);
+    const double rr =
+        static_cast<double>(plain->second.reserved) / static_cast<double>(all->second.reserved);
+    std::printf(
+        "3. all policies vs plain f32 at batch 16: peak allocated %.1f -> %.1f MiB "
+        "(%.1fx less) %s; peak reserved %.1f -> %.1f MiB (%.1fx less) %s (target >= 20x)\n",
+        mib(plain->second.allocated), mib(all->second.allocated), ra, verdict(ra >= 20),
+        mib(plain->second.reserved), mib(all->second.reserved), rr, verdict(rr >= 20));
   } else if (a.all_policies) {
     std::printf("3. all policies: needs the f32/none/off row (and both rows without errors)\n");
   }
