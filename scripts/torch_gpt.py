@@ -124,6 +124,9 @@ class TorchGpt:
             raise ValueError(f"autocast '{autocast}': valid are None, 'f32', 'bf16' (CPU)")
         self.autocast = autocast == "bf16"
         self.use_reentrant = use_reentrant
+        # Called with each block's output as it is made (a forward, or a checkpoint's
+        # recomputation): lets a memory meter see outputs autograd does not save.
+        self.output_hook = None
 
     def parameters(self):
         return list(self.params.values())
@@ -160,12 +163,15 @@ class TorchGpt:
         x = x + self._attn(self._ln(x, f"h.{i}.ln1"), i)
         return x + self._mlp(self._ln(x, f"h.{i}.ln2"), i)
 
+    def _run_blocks(self, x, blocks):
+        for i in blocks:
+            x = self.block(x, i)
+            if self.output_hook is not None:
+                self.output_hook(x)
+        return x
+
     def _segment_fn(self, blocks):
-        def run(x):
-            for i in blocks:
-                x = self.block(x, i)
-            return x
-        return run
+        return lambda x: self._run_blocks(x, blocks)
 
     def _body(self, tokens):
         p, cfg = self.params, self.cfg
@@ -174,8 +180,7 @@ class TorchGpt:
             raise ValueError(f"sequence length {T} > seq_len {cfg.seq_len}")
         x = F.embedding(tokens, p["wte"]) + p["wpe"][:T]
         if self.segments is None:
-            for i in range(cfg.layers):
-                x = self.block(x, i)
+            x = self._run_blocks(x, range(cfg.layers))
         else:
             for seg in self.segments:
                 x = tcp.checkpoint(self._segment_fn(seg), x, use_reentrant=self.use_reentrant)
