@@ -123,7 +123,8 @@ class CostModel {
                       std::int64_t accum, const DeviceSpec& device) const;
 
   // Parameters per second of this host's CPU AdamW (core/cpu/adamw.h, all cores, f32
-  // gradients, a bf16 copy-out), timed on 1M parameters once per process. Thread-safe.
+  // gradients, a bf16 copy-out), timed on 4M parameters (120 MB of traffic: beyond the
+  // caches, as a real model) once per process; best of 5 after a warm-up. Thread-safe.
   static double cpu_adamw_rate();
 
  private:
