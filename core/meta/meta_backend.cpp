@@ -4,7 +4,10 @@
 #include <climits>
 #include <cstdint>
 
+#include "core/cpu/cpu_backend.h"  // cpu::gemm_scratch_floats: the scratch a dry run mirrors
 #include "core/meta/saturating.h"
+#include "memory/caching_allocator.h"
+#include "memory/size.h"
 
 namespace memfit {
 
@@ -100,8 +103,16 @@ void MetaBackend::count(MetaOp op, std::int64_t read, std::int64_t written, std:
   stats_.host_copy_bytes = sat_add(stats_.host_copy_bytes, host_bytes);
 }
 
-void MetaBackend::do_gemm(StreamId, const GemmDesc& d, const Tensor& a, const Tensor& b,
+void MetaBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                           const Tensor& c) {
+  if (workspace_ != nullptr) {
+    const std::size_t floats = cpu::gemm_scratch_floats(d, a, b, c);
+    if (floats != 0) {
+      // Taken and given back as the CPU backend's run_gemm does around its sgemm call.
+      Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
+                                      Category::kWorkspace, stream, "cpu.gemm.scratch");
+    }
+  }
   // Each distinct matrix is read once (a broadcast operand, stride 0, once for the batch).
   const bool work = d.m > 0 && d.n > 0 && d.batch > 0;
   const std::int64_t mats_a = d.stride_a == 0 ? 1 : d.batch;

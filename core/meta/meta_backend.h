@@ -95,6 +95,14 @@ class MetaBackend final : public cpu::InlineBackend {
   MetaStats stats() const;
   void reset_stats();
 
+  // Mirrors CpuBackend::set_workspace_allocator: each GEMM then allocates (and frees on
+  // return) the f32 scratch the CPU backend would take for it (cpu::gemm_scratch_floats,
+  // Category::kWorkspace, tag "cpu.gemm.scratch"), so a dry run of a CPU run whose scratch
+  // counts against the budget sees the same allocation sequence. nullptr (the default): no
+  // scratch, as a CPU backend using its own pool. A CUDA plan models cuBLASLt's workspace
+  // instead (its own allocation sequence).
+  void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
+
  protected:
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
@@ -148,6 +156,7 @@ class MetaBackend final : public cpu::InlineBackend {
 
   mutable std::mutex mu_;
   MetaStats stats_;
+  CachingAllocator* workspace_ = nullptr;
 };
 
 }  // namespace memfit

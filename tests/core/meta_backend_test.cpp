@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
+#include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "tests/core/backend_testutil.h"
 
@@ -246,3 +247,50 @@ TEST(MetaBackend, FullScaleDryRunTouchesNoMemory) {
 
 }  // namespace
 }  // namespace memfit
+
+// A dry run of a CPU run whose GEMM scratch counts against the budget must see that scratch:
+// the meta backend, given the same workspace allocator role, makes the same allocations.
+TEST(MetaBackend, WorkspaceAllocatorMirrorsCpuGemmScratch) {
+  auto run = [](Backend& be, MemoryProvider& provider, auto set_ws) {
+    CachingAllocator alloc(provider, {}, &be.stream_sync());
+    set_ws(&alloc);
+    const Device dev = be.device();
+    {
+      OwnedTensor a = OwnedTensor::empty(alloc, {64, 96}, DType::kBF16, dev, Category::kActivation);
+      OwnedTensor b = OwnedTensor::empty(alloc, {128, 96}, DType::kF16, dev, Category::kParameter);
+      OwnedTensor c =
+          OwnedTensor::empty(alloc, {64, 128}, DType::kBF16, dev, Category::kActivation);
+      OwnedTensor f = OwnedTensor::empty(alloc, {64, 128}, DType::kF32, dev, Category::kActivation);
+      if (dev != Device::kMeta) {
+        be.fill(kDefaultStream, a, 0.5f);
+        be.fill(kDefaultStream, b, 0.25f);
+      }
+      GemmDesc d;
+      d.m = 64;
+      d.n = 128;
+      d.k = 96;
+      d.trans_b = true;
+      be.gemm(kDefaultStream, d, a, b, c);  // scratch for A, B and C
+      GemmDesc e = d;
+      e.beta = 1.0f;
+      be.gemm(kDefaultStream, e, a, b, f);  // scratch for A and B only
+    }
+    set_ws(nullptr);
+    return alloc.stats();
+  };
+  CpuBackend cpu;
+  HostProvider host;
+  const AllocatorStats sc =
+      run(cpu, host, [&](CachingAllocator* a) { cpu.set_workspace_allocator(a); });
+  MetaBackend meta;
+  NullProvider null;
+  const AllocatorStats sm =
+      run(meta, null, [&](CachingAllocator* a) { meta.set_workspace_allocator(a); });
+  const auto ws = category_index(Category::kWorkspace);
+  EXPECT_GT(sc.category_bytes[ws].allocated, 0);
+  EXPECT_EQ(sm.category_bytes[ws].allocated, sc.category_bytes[ws].allocated);
+  EXPECT_EQ(sm.category_bytes[ws].peak, sc.category_bytes[ws].peak);
+  EXPECT_EQ(sm.allocation[0].allocated, sc.allocation[0].allocated);
+  EXPECT_EQ(sm.allocated_bytes[0].peak, sc.allocated_bytes[0].peak);
+  EXPECT_EQ(sm.reserved_bytes[0].peak, sc.reserved_bytes[0].peak);
+}

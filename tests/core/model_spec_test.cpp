@@ -109,7 +109,7 @@ TEST(ModelSpec, ParameterCounts) {
 }
 
 TEST(ModelSpec, PresetsAndLoad) {
-  EXPECT_EQ(ModelSpec::preset_names().size(), 7u);
+  EXPECT_EQ(ModelSpec::preset_names().size(), 8u);
   EXPECT_EQ(ModelSpec::load("gpt-micro").hidden, 32);
   try {
     ModelSpec::preset("gpt3");
