@@ -39,7 +39,6 @@ namespace memfit {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr std::int16_t kNone = -1;
 constexpr std::size_t kMaxTableBytes = std::size_t{1} << 30;
 
 class Dp {
@@ -53,23 +52,36 @@ class Dp {
   int budget() const { return budget_; }
 
  private:
-  std::size_t row(int s, int t) const {  // segment [s, t) in the triangular table
-    return (static_cast<std::size_t>(t) * (static_cast<std::size_t>(t) - 1) / 2 +
-            static_cast<std::size_t>(s)) *
-           width_;
-  }
+  // Rows of tab_: P(s, t) for 0 <= s < t <= n (triangular), then H(s) for 0 <= s < n.
+  int row(int s, int t) const { return t * (t - 1) / 2 + s; }
+  int hrow(int s) const { return n_ * (n_ + 1) / 2 + s; }
   int units(std::int64_t bytes) const {  // rounded up; anything over the budget is budget + 1
     const std::int64_t u = bytes / unit_ + (bytes % unit_ != 0);
     return static_cast<int>(std::min<std::int64_t>(u, budget_ + 1));
   }
-  // best[m] = min(best[m], cost + inner[m - shift] + left[m]) for m in [lo, budget], recording
-  // `choice` where it improves; inner or left may be null (absent term).
-  void relax(double* best, std::int16_t* how, int lo, double cost, const double* inner, int shift,
-             const double* left, std::int16_t choice) const;
-  void solve_segment(int s, int t);
-  void solve_head(int s);
-  void emit_segment(int s, int t, int m, std::vector<ScheduleOp>& ops) const;
-  void emit_head(int s, int m, std::vector<ScheduleOp>& ops) const;
+  // One way to solve a sub-problem: cost + row inner at m - shift + row left at m, for m >= lo
+  // (inner or left -1: an absent term), where `choice` is s (keep all first) or s' (split).
+  struct Choice {
+    int choice, lo;
+    double cost;
+    int inner, shift, left;
+  };
+  // Calls f(Choice) for every way to solve P(s, t) (head = false) or H(s) (head = true), in a
+  // fixed order: solving takes the minimum over them per m (loops the compiler vectorizes),
+  // reconstruction finds the first that gives that minimum at the one m it follows.
+  template <typename F>
+  void for_each_choice(int s, int t, bool head, F&& f) const;
+  void relax(double* best, const Choice& c) const;
+  const double* at(int r) const { return &tab_[static_cast<std::size_t>(r) * width_]; }
+  double* at(int r) { return &tab_[static_cast<std::size_t>(r) * width_]; }
+  void set_first_finite(int r) {
+    int m = 0;
+    while (m <= budget_ && at(r)[m] == kInf) ++m;
+    first_[static_cast<std::size_t>(r)] = m;
+  }
+  // The choice giving table[m] for P(s, t) / H(s).
+  int chosen(int s, int t, bool head, int m, Choice& out) const;
+  void emit(int s, int t, bool head, int m, std::vector<ScheduleOp>& ops) const;
   void emit_chain(int s, int s2, std::vector<ScheduleOp>& ops) const;
 
   int n_;
@@ -80,8 +92,8 @@ class Dp {
   int head_ = 0;
   std::vector<double> tf_, tb_, tf_prefix_;  // tf_prefix_[k] = sum of tf_[0..k-1]
   double th_ = 0;
-  std::vector<double> p_, h_;                // P and H, budget-major rows
-  std::vector<std::int16_t> pc_, hc_;        // how: kNone, s (keep all first) or s' (split)
+  std::vector<double> tab_;                  // P and H rows of budget + 1 entries
+  std::vector<int> first_;                   // each row's first finite entry (budget + 1: none)
   mutable bool head_emitted_ = false;
 };
 
@@ -92,9 +104,8 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots) : n_(static_cast<int>(
   const std::size_t segments = static_cast<std::size_t>(n_) * (static_cast<std::size_t>(n_) + 1) / 2;
   const std::size_t entries = checked_mul(segments + static_cast<std::size_t>(n_), width_,
                                           "optimal solver table");
-  const std::size_t bytes = checked_mul(entries, sizeof(double) + sizeof(std::int16_t),
-                                        "optimal solver table");
-  if (bytes > kMaxTableBytes || n_ >= std::numeric_limits<std::int16_t>::max()) {
+  const std::size_t bytes = checked_mul(entries, sizeof(double), "optimal solver table");
+  if (bytes > kMaxTableBytes) {
     throw InvalidArgument("checkpoint solver 'optimal': " + std::to_string(n_) + " blocks at " +
                           std::to_string(slots) + " slots need " + format_bytes(bytes) +
                           " of tables; valid: at most " + format_bytes(kMaxTableBytes) +
@@ -124,153 +135,149 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots) : n_(static_cast<int>(
   a_[nn] = units(chain.output_bytes);
   head_ = units(chain.head_bytes);
   th_ = chain.head_time;
-  p_.assign(segments * width_, kInf);
-  pc_.assign(segments * width_, kNone);
-  h_.assign(nn * width_, kInf);
-  hc_.assign(nn * width_, kNone);
+  tab_.assign((segments + nn) * width_, kInf);
+  first_.assign(segments + nn, budget_ + 1);
 }
 
-void Dp::relax(double* best, std::int16_t* how, int lo, double cost, const double* inner,
-               int shift, const double* left, std::int16_t choice) const {
-  if (lo > budget_ || (inner != nullptr && shift > budget_)) return;
-  lo = std::max(lo, 0);
-  if (inner != nullptr) lo = std::max(lo, shift);
-  // Both terms only fall as m grows: when either is +inf at the full budget, nothing fits.
-  if (inner != nullptr && inner[budget_ - shift] == kInf) return;
-  if (left != nullptr && left[budget_] == kInf) return;
-  for (int m = lo; m <= budget_; ++m) {
-    double v = cost;
-    if (inner != nullptr) v += inner[m - shift];
-    if (left != nullptr) v += left[m];
-    if (v < best[m]) {
-      best[m] = v;
-      how[m] = choice;
-    }
-  }
-}
-
-void Dp::solve_segment(int s, int t) {
+template <typename F>
+void Dp::for_each_choice(int s, int t, bool head, F&& f) const {
   const auto us = static_cast<std::size_t>(s);
-  double* best = &p_[row(s, t)];
-  std::int16_t* how = &pc_[row(s, t)];
-  const int g = a_[static_cast<std::size_t>(t)];
+  const auto un = static_cast<std::size_t>(n_);
+  const int g = head ? 0 : a_[static_cast<std::size_t>(t)];  // the gradient held meanwhile
   const int as = a_[us];
   const int a1 = a_[us + 1];
-  // Keep all first.
+  // Keep all first: F(s, all), the rest with K[s] bytes fewer, B(s).
   const int fwd_all = as + g + a1 + wf_[us] + s_[us];
   const int bwd = k_[us] + a1 + as + wb_[us];
   const double t_all = tf_[us] + tb_[us];
   if (s + 1 == t) {
-    relax(best, how, std::max(fwd_all, bwd), t_all, nullptr, 0, nullptr, static_cast<std::int16_t>(s));
-    return;
+    if (head) {  // the head runs after F(n-1, all), beside block n-1's saved state
+      f(Choice{s, std::max({fwd_all, bwd, k_[us] + a_[un] + head_}), t_all + th_, -1, 0, -1});
+    } else {
+      f(Choice{s, std::max(fwd_all, bwd), t_all, -1, 0, -1});
+    }
+  } else {
+    f(Choice{s, std::max(fwd_all, bwd), t_all, head ? hrow(s + 1) : row(s + 1, t), k_[us], -1});
   }
-  relax(best, how, std::max(fwd_all, bwd), t_all, &p_[row(s + 1, t)], k_[us], nullptr,
-        static_cast<std::int16_t>(s));
   // Split at s2: the chain's peak is its largest forward, beside x[s] and the gradient.
   int chain_peak = a1 + wf_[us];
-  for (int s2 = s + 1; s2 < t; ++s2) {
+  for (int s2 = s + 1; s2 < t || (head && s2 == t); ++s2) {
     if (s2 > s + 1) {
       const auto k = static_cast<std::size_t>(s2 - 1);
       chain_peak = std::max(chain_peak, a_[k] + a_[k + 1] + wf_[k]);
     }
     const double cost = tf_prefix_[static_cast<std::size_t>(s2)] - tf_prefix_[us];
-    relax(best, how, as + g + chain_peak, cost, &p_[row(s2, t)], as, &p_[row(s, s2)],
-          static_cast<std::int16_t>(s2));
+    if (s2 < t) {
+      f(Choice{s2, as + g + chain_peak, cost, head ? hrow(s2) : row(s2, t), as, row(s, s2)});
+    } else {  // H only: the chain reaches x[n], the head runs beside x[s], then P(s, n)
+      f(Choice{s2, as + std::max(chain_peak, a_[un] + head_), cost + th_, -1, 0, row(s, n_)});
+    }
   }
 }
 
-void Dp::solve_head(int s) {
-  const auto us = static_cast<std::size_t>(s);
-  const auto un = static_cast<std::size_t>(n_);
-  double* best = &h_[us * width_];
-  std::int16_t* how = &hc_[us * width_];
-  const int as = a_[us];
-  const int a1 = a_[us + 1];
-  const int fwd_all = as + a1 + wf_[us] + s_[us];
-  const int bwd = k_[us] + a1 + as + wb_[us];
-  const double t_all = tf_[us] + tb_[us];
-  if (s + 1 == n_) {
-    const int head = k_[us] + a_[un] + head_;
-    relax(best, how, std::max({fwd_all, bwd, head}), t_all + th_, nullptr, 0, nullptr,
-          static_cast<std::int16_t>(s));
+void Dp::relax(double* best, const Choice& c) const {
+  // Both terms only fall as m grows: start where both are finite.
+  int lo = std::max(c.lo, 0);
+  if (c.inner >= 0) lo = std::max(lo, c.shift + first_[static_cast<std::size_t>(c.inner)]);
+  if (c.left >= 0) lo = std::max(lo, first_[static_cast<std::size_t>(c.left)]);
+  if (lo > budget_) return;
+  const double cost = c.cost;
+  const double* in = c.inner >= 0 ? at(c.inner) : nullptr;
+  const double* left = c.left >= 0 ? at(c.left) : nullptr;
+  const int shift = c.shift;
+  // omp simd: -O2 does not vectorize these on its own; they are the solver's whole cost.
+  if (in != nullptr && left != nullptr) {
+#pragma omp simd
+    for (int m = lo; m <= budget_; ++m) {
+      best[m] = std::min(best[m], cost + in[m - shift] + left[m]);
+    }
+  } else if (in != nullptr) {
+#pragma omp simd
+    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost + in[m - shift]);
+  } else if (left != nullptr) {
+#pragma omp simd
+    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost + left[m]);
   } else {
-    relax(best, how, std::max(fwd_all, bwd), t_all, &h_[(us + 1) * width_], k_[us], nullptr,
-          static_cast<std::int16_t>(s));
-  }
-  int chain_peak = a1 + wf_[us];
-  for (int s2 = s + 1; s2 <= n_; ++s2) {
-    if (s2 > s + 1) {
-      const auto k = static_cast<std::size_t>(s2 - 1);
-      chain_peak = std::max(chain_peak, a_[k] + a_[k + 1] + wf_[k]);
-    }
-    const double cost = tf_prefix_[static_cast<std::size_t>(s2)] - tf_prefix_[us];
-    if (s2 < n_) {
-      relax(best, how, as + chain_peak, cost, &h_[static_cast<std::size_t>(s2) * width_], as,
-            &p_[row(s, s2)], static_cast<std::int16_t>(s2));
-    } else {
-      relax(best, how, as + std::max(chain_peak, a_[un] + head_), cost + th_, nullptr, 0,
-            &p_[row(s, n_)], static_cast<std::int16_t>(s2));
-    }
+#pragma omp simd
+    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost);
   }
 }
 
 double Dp::solve() {
   for (int len = 1; len <= n_; ++len) {
-    for (int s = 0; s + len <= n_; ++s) solve_segment(s, s + len);
+    for (int s = 0; s + len <= n_; ++s) {
+      double* best = at(row(s, s + len));
+      for_each_choice(s, s + len, false, [&](const Choice& c) { relax(best, c); });
+      set_first_finite(row(s, s + len));
+    }
   }
-  for (int s = n_ - 1; s >= 0; --s) solve_head(s);
-  return h_[static_cast<std::size_t>(budget_)];
+  for (int s = n_ - 1; s >= 0; --s) {
+    double* best = at(hrow(s));
+    for_each_choice(s, n_, true, [&](const Choice& c) { relax(best, c); });
+    set_first_finite(hrow(s));
+  }
+  return at(hrow(0))[budget_];
+}
+
+int Dp::chosen(int s, int t, bool head, int m, Choice& out) const {
+  const double target = at(head ? hrow(s) : row(s, t))[m];
+  MEMFIT_CHECK(target < kInf) << "segment [" << s << ", " << t << ") at " << m << " units";
+  int found = -1;
+  for_each_choice(s, t, head, [&](const Choice& c) {
+    if (found >= 0 || m < c.lo || (c.inner >= 0 && m < c.shift)) return;
+    // The same expression as relax(), so the same bits.
+    double v = c.cost;
+    if (c.inner >= 0 && c.left >= 0) {
+      v = c.cost + at(c.inner)[m - c.shift] + at(c.left)[m];
+    } else if (c.inner >= 0) {
+      v = c.cost + at(c.inner)[m - c.shift];
+    } else if (c.left >= 0) {
+      v = c.cost + at(c.left)[m];
+    }
+    if (v == target) {
+      found = c.choice;
+      out = c;
+    }
+  });
+  MEMFIT_CHECK(found >= s) << "no choice reproduces segment [" << s << ", " << t << ")";
+  return found;
 }
 
 void Dp::emit_chain(int s, int s2, std::vector<ScheduleOp>& ops) const {
   ops.push_back(ScheduleOp::forward(s, Keep::kInput, head_emitted_));
-  for (int k = s + 1; k < s2; ++k) ops.push_back(ScheduleOp::forward(k, Keep::kNothing, head_emitted_));
-}
-
-void Dp::emit_segment(int s, int t, int m, std::vector<ScheduleOp>& ops) const {
-  const std::size_t at = row(s, t) + static_cast<std::size_t>(m);
-  const int how = pc_[at];
-  MEMFIT_CHECK(how >= s && p_[at] < kInf);
-  const auto us = static_cast<std::size_t>(s);
-  if (how == s) {
-    ops.push_back(ScheduleOp::forward(s, Keep::kAll, head_emitted_));
-    if (s + 1 < t) emit_segment(s + 1, t, m - k_[us], ops);
-    ops.push_back(ScheduleOp::backward(s));
-    return;
+  for (int k = s + 1; k < s2 && k < n_; ++k) {
+    ops.push_back(ScheduleOp::forward(k, Keep::kNothing, head_emitted_));
   }
-  emit_chain(s, how, ops);
-  emit_segment(how, t, m - a_[us], ops);
-  emit_segment(s, how, m, ops);
 }
 
-void Dp::emit_head(int s, int m, std::vector<ScheduleOp>& ops) const {
-  const std::size_t at = static_cast<std::size_t>(s) * width_ + static_cast<std::size_t>(m);
-  const int how = hc_[at];
-  MEMFIT_CHECK(how >= s && h_[at] < kInf);
+// Forwards after the head are recomputations (Schedule's R).
+void Dp::emit(int s, int t, bool head, int m, std::vector<ScheduleOp>& ops) const {
+  Choice c{};
+  const int how = chosen(s, t, head, m, c);
   const auto us = static_cast<std::size_t>(s);
   if (how == s) {
     ops.push_back(ScheduleOp::forward(s, Keep::kAll, head_emitted_));
-    if (s + 1 < n_) {
-      emit_head(s + 1, m - k_[us], ops);
-    } else {
+    if (s + 1 < t) {
+      emit(s + 1, t, head, m - k_[us], ops);
+    } else if (head) {
       head_emitted_ = true;
     }
     ops.push_back(ScheduleOp::backward(s));
     return;
   }
   emit_chain(s, how, ops);
-  if (how < n_) {
-    emit_head(how, m - a_[us], ops);
+  if (how < t) {
+    emit(how, t, head, m - a_[us], ops);
   } else {
-    head_emitted_ = true;
+    head_emitted_ = true;  // H's split at n: the chain ran the head
   }
-  emit_segment(s, how, m, ops);
+  emit(s, how, false, m, ops);
 }
 
 Schedule Dp::schedule() const {
   std::vector<ScheduleOp> ops;
   head_emitted_ = false;
-  emit_head(0, budget_, ops);
+  emit(0, n_, true, budget_, ops);
   return Schedule("optimal", std::move(ops));
 }
 
