@@ -36,8 +36,8 @@ constexpr double kTargetMs = 200.0;  // issue 4: "the optimal solver on 96 block
 
 Chain gpt_like_chain(int layers, std::uint32_t seed) {
   const std::int64_t b = 8, t = 1024, c = 1600, heads = 25, dt = 2;
-  const std::int64_t x = b * t * c * dt;                // one (B, T, C) activation
-  const std::int64_t scores = b * heads * t * t * dt;   // one (B, heads, T, T) tensor
+  const std::int64_t x = b * t * c * dt;               // one (B, T, C) activation
+  const std::int64_t scores = b * heads * t * t * dt;  // one (B, heads, T, T) tensor
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> vary(0.7, 1.3);
   const auto v = [&](double base) { return static_cast<std::int64_t>(base * vary(rng)); };
@@ -86,8 +86,8 @@ Timing median_ms(int reps, F&& f) {
     const double c0 = thread_cpu_ms();
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                       .count());
+    wall.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     cpu.push_back(thread_cpu_ms() - c0);
   }
   std::sort(cpu.begin(), cpu.end());
@@ -105,19 +105,22 @@ int run(int reps, int slots) {
   SolverResult r;
   const Timing solve = median_ms(reps, [&] { r = solve_checkpoint(ch, mid, "optimal", slots); });
   const Timing dp = median_ms(reps, [&] { (void)optimal_checkpoint_dp(ch, mid, slots); });
-  std::printf("optimal solver, %d blocks, %d slots, limit %.2f GiB: %.1f ms CPU (DP alone %.1f "
-              "ms)  target %.0f ms  ratio %.2f  %s\n",
-              n, slots, static_cast<double>(mid) / (1 << 30), solve.cpu_ms, dp.cpu_ms, kTargetMs,
-              solve.cpu_ms / kTargetMs, solve.cpu_ms <= kTargetMs ? "ok" : "OVER TARGET");
-  std::printf("  wall %.1f ms (DP alone %.1f ms): above CPU when other processes share the "
-              "cores\n",
-              solve.wall_ms, dp.wall_ms);
+  std::printf(
+      "optimal solver, %d blocks, %d slots, limit %.2f GiB: %.1f ms CPU (DP alone %.1f "
+      "ms)  target %.0f ms  ratio %.2f  %s\n",
+      n, slots, static_cast<double>(mid) / (1 << 30), solve.cpu_ms, dp.cpu_ms, kTargetMs,
+      solve.cpu_ms / kTargetMs, solve.cpu_ms <= kTargetMs ? "ok" : "OVER TARGET");
+  std::printf(
+      "  wall %.1f ms (DP alone %.1f ms): above CPU when other processes share the "
+      "cores\n",
+      solve.wall_ms, dp.wall_ms);
   std::printf("  %s\n", r.why.c_str());
 
-  std::printf("\ncompute time relative to none's (none peaks at %.2f GiB, all at %.2f GiB); "
-              "- = does not fit\n",
-              static_cast<double>(none.peak_bytes) / (1 << 30),
-              static_cast<double>(all.peak_bytes) / (1 << 30));
+  std::printf(
+      "\ncompute time relative to none's (none peaks at %.2f GiB, all at %.2f GiB); "
+      "- = does not fit\n",
+      static_cast<double>(none.peak_bytes) / (1 << 30),
+      static_cast<double>(all.peak_bytes) / (1 << 30));
   std::printf("%10s %9s %9s %9s %9s  %s\n", "limit GiB", "optimal", "sqrt", "all", "none",
               "optimal's recomputed forwards");
   const auto cell = [&](const SolverResult& s) {
@@ -127,9 +130,9 @@ int run(int reps, int slots) {
     return std::string(buf);
   };
   for (double f : {0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0}) {
-    const auto limit = static_cast<std::int64_t>(
-        static_cast<double>(all.peak_bytes) +
-        f * static_cast<double>(none.peak_bytes - all.peak_bytes));
+    const auto limit =
+        static_cast<std::int64_t>(static_cast<double>(all.peak_bytes) +
+                                  f * static_cast<double>(none.peak_bytes - all.peak_bytes));
     const SolverResult o = solve_checkpoint(ch, limit, "optimal", slots);
     const SolverResult s = solve_checkpoint(ch, limit, "sqrt", slots);
     const SolverResult a = solve_checkpoint(ch, limit, "all", slots);

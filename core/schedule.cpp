@@ -138,8 +138,9 @@ Schedule Schedule::parse(std::string_view spec, int n) {
   // An op list as str() prints it ("F0:input F1:all ... B0"): a solver's schedule read back
   // from a plan file.
   const std::size_t first = std::min(spec.find_first_not_of(' '), spec.size());
-  if (spec.size() >= first + 2 && (spec[first] == 'F' || spec[first] == 'R' || spec[first] == 'B') &&
-      spec[first + 1] >= '0' && spec[first + 1] <= '9') {
+  if (spec.size() >= first + 2 &&
+      (spec[first] == 'F' || spec[first] == 'R' || spec[first] == 'B') && spec[first + 1] >= '0' &&
+      spec[first + 1] <= '9') {
     return parse_ops(spec, n);
   }
   if (spec == "none") return none(n);

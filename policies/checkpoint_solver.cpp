@@ -147,8 +147,7 @@ SolverResult optimal(const Chain& chain, std::int64_t limit, int slots) {
 
 bool looks_like_op_list(std::string_view s) {
   s.remove_prefix(std::min(s.find_first_not_of(' '), s.size()));
-  return s.size() >= 2 && (s[0] == 'F' || s[0] == 'R' || s[0] == 'B') && s[1] >= '0' &&
-         s[1] <= '9';
+  return s.size() >= 2 && (s[0] == 'F' || s[0] == 'R' || s[0] == 'B') && s[1] >= '0' && s[1] <= '9';
 }
 
 }  // namespace
@@ -185,8 +184,8 @@ SimulateResult simulate(const Chain& chain, const Schedule& schedule) {
     const auto i = static_cast<std::size_t>(op.block);
     const ChainBlock& b = chain.blocks[i];
     if (op.kind == ScheduleOp::Kind::kForward) {
-      const std::int64_t during = in_use() + x_bytes(i + 1) + b.fwd_workspace +
-                                  (op.keep == Keep::kAll ? b.saved_bytes : 0);
+      const std::int64_t during =
+          in_use() + x_bytes(i + 1) + b.fwd_workspace + (op.keep == Keep::kAll ? b.saved_bytes : 0);
       r.peak_bytes = std::max(r.peak_bytes, during);
       r.compute_time += b.fwd_time;
       if (op.keep == Keep::kAll) saved[i] = 1;
@@ -224,8 +223,8 @@ SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit, std::strin
   try {
     return fixed(chain, limit, Schedule::parse(solver, n));
   } catch (const InvalidArgument&) {
-    throw InvalidArgument("checkpoint solver '" + std::string(solver) + "': unknown; valid: " +
-                          kValidSolvers);
+    throw InvalidArgument("checkpoint solver '" + std::string(solver) +
+                          "': unknown; valid: " + kValidSolvers);
   }
 }
 

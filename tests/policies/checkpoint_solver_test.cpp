@@ -136,14 +136,18 @@ class Exhaustive {
            std::uint64_t(s.fresh) << 37;
   }
   static State decode(std::uint64_t k) {
-    return {static_cast<std::uint32_t>(k & 0x7ff), static_cast<std::uint32_t>((k >> 11) & 0x3ff),
-            static_cast<std::uint32_t>((k >> 21) & 0x7ff), static_cast<int>((k >> 32) & 0xf) - 1,
-            ((k >> 36) & 1) != 0, static_cast<int>((k >> 37) & 0xf)};
+    return {static_cast<std::uint32_t>(k & 0x7ff),
+            static_cast<std::uint32_t>((k >> 11) & 0x3ff),
+            static_cast<std::uint32_t>((k >> 21) & 0x7ff),
+            static_cast<int>((k >> 32) & 0xf) - 1,
+            ((k >> 36) & 1) != 0,
+            static_cast<int>((k >> 37) & 0xf)};
   }
   std::int64_t mem(const State& s) const {
     std::int64_t b = s.head ? x(s.nb + 1) : 0;  // the gradient
     for (int k = 0; k <= n_; ++k) {
-      const bool by_block = k < n_ && bit(s.saved, k) && c_.blocks[static_cast<std::size_t>(k)].saves_input;
+      const bool by_block =
+          k < n_ && bit(s.saved, k) && c_.blocks[static_cast<std::size_t>(k)].saves_input;
       if (bit(s.held, k) || by_block) b += x(k);
       if (k < n_ && bit(s.saved, k)) b += c_.blocks[static_cast<std::size_t>(k)].saved_bytes;
     }
@@ -261,8 +265,8 @@ TEST(CheckpointSolver, OptimalMatchesExhaustiveSearch) {
     const double none_time = simulate(c, Schedule::none(n)).compute_time;
     for (std::int64_t limit : limits_for(c, rng)) {
       ++cases;
-      const std::string what = "n=" + std::to_string(n) + " limit=" + std::to_string(limit) +
-                               " chain " + chain_str(c);
+      const std::string what =
+          "n=" + std::to_string(n) + " limit=" + std::to_string(limit) + " chain " + chain_str(c);
       Exhaustive persistent(c, limit, /*persistent=*/true);
       const std::optional<double> best = persistent.min_time();
       const std::optional<DpSolution> dp = optimal_checkpoint_dp(c, limit, 500);
@@ -277,8 +281,8 @@ TEST(CheckpointSolver, OptimalMatchesExhaustiveSearch) {
           if (*lower < *best) {
             ++full_gap;
             worst_gap = std::max(worst_gap, (*best - *lower) / *lower);
-            std::printf("non-persistent schedule %g < %g: %s\n  %s\n", *lower, *best,
-                        what.c_str(), any.path().c_str());
+            std::printf("non-persistent schedule %g < %g: %s\n  %s\n", *lower, *best, what.c_str(),
+                        any.path().c_str());
           }
         }
       }
@@ -293,8 +297,8 @@ TEST(CheckpointSolver, OptimalMatchesExhaustiveSearch) {
       recompute += *best > none_time;
       ASSERT_EQ(dp->unit, 1);
       EXPECT_EQ(dp->budget_units, limit);
-      EXPECT_EQ(dp->compute_time, *best) << what << "\ndp:     " << dp->schedule.str()
-                                         << "\nsearch: " << persistent.path();
+      EXPECT_EQ(dp->compute_time, *best)
+          << what << "\ndp:     " << dp->schedule.str() << "\nsearch: " << persistent.path();
       EXPECT_NO_THROW(dp->schedule.validate(n));
       const SimulateResult sim = simulate(c, dp->schedule);
       EXPECT_LE(sim.peak_bytes, limit) << what << " " << dp->schedule.str();
@@ -310,10 +314,11 @@ TEST(CheckpointSolver, OptimalMatchesExhaustiveSearch) {
   EXPECT_GT(recompute, cases / 5);
   EXPECT_GT(feasible, cases / 2);
   EXPECT_LE(full_gap * 50, full) << "non-persistent schedules should be the rare exception";
-  std::printf("exhaustive comparison: %d cases, %d feasible (%d needing recomputation), %d "
-              "infeasible; against every valid schedule: %d cases, %d better than the DP "
-              "(worst by %.1f%%)\n",
-              cases, feasible, recompute, infeasible, full, full_gap, 100 * worst_gap);
+  std::printf(
+      "exhaustive comparison: %d cases, %d feasible (%d needing recomputation), %d "
+      "infeasible; against every valid schedule: %d cases, %d better than the DP "
+      "(worst by %.1f%%)\n",
+      cases, feasible, recompute, infeasible, full, full_gap, 100 * worst_gap);
 }
 
 // The boundary of the DP's class, pinned: a schedule the unrestricted search found, which
@@ -407,7 +412,7 @@ TEST(CheckpointSolver, ScheduleOpListRoundTrip) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error("F0:all B1", 2, "op 1 (B1)");             // validated for n
+  expect_error("F0:all B1", 2, "op 1 (B1)");  // validated for n
   expect_error("F0:all F1:all B1 B0", 1, "out of range");
   expect_error("F0:all F1:some B1 B0", 2, "token 1 'F1:some'");
   expect_error("F0:all  X1 B0", 2, "'X1' is not an op");
@@ -525,7 +530,8 @@ TEST(CheckpointSolver, Errors) {
           << e.what();
     }
   }
-  EXPECT_EQ(checkpoint_solver_names(), (std::vector<std::string>{"none", "all", "sqrt", "optimal"}));
+  EXPECT_EQ(checkpoint_solver_names(),
+            (std::vector<std::string>{"none", "all", "sqrt", "optimal"}));
   for (const std::string& name : checkpoint_solver_names()) {
     EXPECT_NO_THROW(solve_checkpoint(c, 100, name)) << name;
   }
