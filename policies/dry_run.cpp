@@ -108,6 +108,7 @@ DryRunResult dry_run(const DryRunRequest& q) {
   MetaBackend meta;
   NullProvider null;
   CachingAllocator alloc(null, q.alloc_conf, &meta.stream_sync());
+  if (q.cpu_gemm_scratch) meta.set_workspace_allocator(&alloc);
   LayerContext ctx{meta, alloc, kDefaultStream, q.policy.dtype};
   DryRunResult r;
   bool in_step = false;

@@ -42,6 +42,11 @@ struct DryRunRequest {
   std::int64_t last_micro_batch = 0;  // 0: every micro-batch is micro_batch
   std::int64_t seq_len = 0;           // 0: spec.seq_len
   AllocatorConfig alloc_conf;         // budget included
+  // The CPU backend's GEMM scratch comes from the budgeted allocator (what `memfit train` and
+  // Trainer users on the CPU do: CpuBackend::set_workspace_allocator), so the dry run makes the
+  // same scratch allocations (MetaBackend::set_workspace_allocator). false: a CPU run whose
+  // scratch comes from the backend's own pool, outside the budget.
+  bool cpu_gemm_scratch = true;
 };
 
 struct DryRunResult {

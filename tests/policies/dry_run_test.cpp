@@ -76,6 +76,7 @@ Measured real_step(const Case& c, std::size_t budget) {
   AllocatorConfig conf;
   conf.budget = budget;
   CachingAllocator alloc(host, conf, &be.stream_sync());
+  be.set_workspace_allocator(&alloc);  // as memfit train: scratch under the budget
   LayerContext ctx{be, alloc, kDefaultStream, c.dtype};
   Measured m;
   try {

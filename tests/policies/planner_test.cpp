@@ -105,6 +105,7 @@ TEST(Planner, TheRecommendedPlanTrainsForRealAtThePredictedPeak) {
     AllocatorConfig conf;
     conf.budget = budget;
     CachingAllocator alloc(host, conf, &be.stream_sync());
+    be.set_workspace_allocator(&alloc);  // as memfit train: scratch under the budget
     LayerContext ctx{be, alloc, kDefaultStream, p.dtype};
     Model model(p.model, ctx);
     Trainer trainer(model, ctx, p.trainer_options());
