@@ -65,8 +65,11 @@ struct SimulateResult {
 SimulateResult simulate(const Chain& chain, const Schedule& schedule);
 
 // solver: "none", "all", "sqrt", "every:K" (fixed rules; limit only decides `feasible`) or
-// "optimal" (the DP: the least compute_time whose peak fits `limit`, memory discretized into
-// `slots` units; rounding is conservative, so a returned schedule always fits).
+// "optimal" (the DP: the least compute_time whose peak fits `limit` among persistent schedules,
+// Rotor's class, where a keep-nothing forward only feeds the forward right after it; a
+// schedule outside that class can be slightly faster (policies/checkpoint_dp.cpp has one, and
+// the tests pin it). Memory is discretized into `slots` units, rounding up, so a returned
+// schedule always fits; none/sqrt/all are returned instead when they fit and are faster).
 // InvalidArgument for an unknown solver name (listing the valid ones) or slots < 1.
 SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit,
                               std::string_view solver = "optimal", int slots = 500);

@@ -248,6 +248,9 @@ TEST(MetaBackend, FullScaleDryRunTouchesNoMemory) {
 }  // namespace
 }  // namespace memfit
 
+namespace memfit {
+namespace {
+
 // A dry run of a CPU run whose GEMM scratch counts against the budget must see that scratch:
 // the meta backend, given the same workspace allocator role, makes the same allocations.
 TEST(MetaBackend, WorkspaceAllocatorMirrorsCpuGemmScratch) {
@@ -294,3 +297,6 @@ TEST(MetaBackend, WorkspaceAllocatorMirrorsCpuGemmScratch) {
   EXPECT_EQ(sm.allocated_bytes[0].peak, sc.allocated_bytes[0].peak);
   EXPECT_EQ(sm.reserved_bytes[0].peak, sc.reserved_bytes[0].peak);
 }
+
+}  // namespace
+}  // namespace memfit
