@@ -68,7 +68,7 @@ std::size_t CachingAllocator::Impl::round_size(std::size_t bytes) const {
 void CachingAllocator::Impl::grow_spare() {
   auto b = std::make_unique<BlockNode>();
   PoolSet nursery;
-  nursery.insert(alloc_detail::PoolEntry{0, 0, 0, b.get()});
+  nursery.insert(alloc_detail::PoolEntry{0, 0, 0, 0, b.get()});
   b->handle = nursery.extract(nursery.begin());
   spare.push_back(b.get());
   b.release();
@@ -228,6 +228,7 @@ BlockNode* CachingAllocator::Impl::alloc_segment(std::size_t seg_size, bool is_l
     MEMFIT_CHECK(false) << "provider '" << provider.name() << "' returned " << hex_address(addr)
                         << ", not aligned to its own " << provider.alignment() << " bytes";
   }
+  seg->seq = ++segment_seq;
   seg->base = addr;
   seg->size = seg_size;
   seg->stream = stream;

@@ -46,12 +46,17 @@ enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree, kCached }
 struct BlockNode;
 
 // A pool entry carries its key inline so that tree searches compare without touching the
-// BlockNodes (one cache miss per level saved). Pools order by (stream, size, address);
-// SearchKey finds the smallest fitting block of a stream.
+// BlockNodes (one cache miss per level saved). Pools order by (stream, size, place), where a
+// block's place is (its segment's creation number, its offset in the segment): the order
+// PyTorch gets from addresses, but independent of where the provider put the segments, so
+// the same request sequence makes the same choices over host memory, device memory and a
+// NullProvider's dry run (the planner's prediction rests on that). SearchKey finds the
+// smallest fitting block of a stream.
 struct PoolEntry {
   StreamId stream;
   std::size_t size;
-  std::uintptr_t addr;
+  std::uint64_t segment_seq;
+  std::size_t offset;
   BlockNode* block;
 };
 struct SearchKey {
@@ -63,13 +68,14 @@ struct PoolLess {
   bool operator()(const PoolEntry& a, const PoolEntry& b) const {
     if (a.stream != b.stream) return a.stream < b.stream;
     if (a.size != b.size) return a.size < b.size;
-    return a.addr < b.addr;
+    if (a.segment_seq != b.segment_seq) return a.segment_seq < b.segment_seq;
+    return a.offset < b.offset;
   }
   bool operator()(const PoolEntry& a, const SearchKey& k) const {
     return a.stream != k.stream ? a.stream < k.stream : a.size < k.size;
   }
   bool operator()(const SearchKey& k, const PoolEntry& b) const {
-    // A key sorts before every block of its size (as if its address were 0).
+    // A key sorts before every block of its size (as if its place were the first).
     return k.stream != b.stream ? k.stream < b.stream : k.size <= b.size;
   }
 };
@@ -82,6 +88,7 @@ inline int pool_index(bool is_large, bool persistent) {
 }
 
 struct Segment {
+  std::uint64_t seq = 0;  // creation number: 1, 2, ... (pool order; see PoolEntry)
   std::uintptr_t base = 0;
   std::size_t size = 0;
   StreamId stream = kDefaultStream;
@@ -109,7 +116,10 @@ struct BlockNode {
   PoolSet::node_type handle;          // the set node, held while the block is out of its pool
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
-  PoolEntry entry() { return PoolEntry{stream, size, addr, this}; }
+  PoolEntry entry() const {
+    return PoolEntry{stream, size, segment->seq, addr - segment->base,
+                     const_cast<BlockNode*>(this)};
+  }
   int stat_type() const { return segment->is_large ? kStatLargePool : kStatSmallPool; }
 };
 
@@ -309,6 +319,7 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::size_t reserved = 0;          // == stats.reserved_bytes[kStatAll].current
   std::size_t reserved_high = 0;     // the most ever reserved (reset_peak_stats leaves it)
   std::uint64_t free_seq = 0;
+  std::uint64_t segment_seq = 0;  // segments made so far (Segment::seq)
   enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
   AllocatorStats stats;
 

@@ -200,7 +200,7 @@ void CachingAllocator::Impl::check() const {
               << "unmerged free neighbours at " << hex_address(b->addr);
           MEMFIT_CHECK(b->event_count == 0 && b->requested == 0);
           const PoolSet& pool = pools[seg->pool];
-          auto it = pool.find(alloc_detail::PoolEntry{b->stream, b->size, b->addr, nullptr});
+          auto it = pool.find(b->entry());
           MEMFIT_CHECK(it != pool.end() && it->block == b && b->pool_it == it)
               << "free block " << hex_address(b->addr) << " missing from its pool";
           free_in_pool[seg->pool] += 1;

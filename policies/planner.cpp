@@ -59,7 +59,8 @@ std::size_t zero_saving(const Context& c, DType dt, bool offload) {
   const StaticBytes s = c.cm.static_bytes(dt, offload);
   const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
   double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
-  if (c.o.zero_stage >= 2) saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
+  if (c.o.zero_stage >= 2)
+    saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
   return static_cast<std::size_t>(saved);
 }
 
@@ -85,7 +86,8 @@ class Searcher {
     // fragmentation, the head's transients) and lowers the limit by what it overshot.
     const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
     const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
-    std::int64_t limit = static_cast<std::int64_t>(q.alloc_conf.budget) - st.device_total() - inputs;
+    std::int64_t limit =
+        static_cast<std::int64_t>(q.alloc_conf.budget) - st.device_total() - inputs;
     const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
     for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
       const SolverResult s = solve_checkpoint(chain, limit, "optimal");
@@ -103,7 +105,42 @@ class Searcher {
                         static_cast<std::int64_t>(q.alloc_conf.budget);
       limit -= std::max<std::int64_t>(over, limit / 64 + 1);
     }
+    // The DP's memory model is conservative (the dry run is the truth), so a schedule that
+    // fitted a smaller micro-batch may still fit this one: try the largest such, then all(n).
+    std::vector<Schedule> fallbacks;
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
+      if (it->first < micro && it->second) {
+        fallbacks.push_back(it->second->schedule);
+        break;
+      }
+    }
+    fallbacks.push_back(Schedule::all(static_cast<int>(c_.o.spec.layers)));
+    for (const Schedule& f : fallbacks) {
+      q.schedule = f;
+      const DryRunResult r = run(q);
+      if (r.fits) {
+        if (schedule_out) *schedule_out = q.schedule;
+        return r;
+      }
+    }
     return std::nullopt;
+  }
+
+  // Optimal solver: a micro-batch found largest may have been probed before the schedule of
+  // its predecessor was known; while that schedule fits one more sample, take it.
+  std::int64_t extend_with_own_schedule(std::int64_t lo, std::int64_t cap) {
+    while (combo_.solver == "optimal" && lo < cap) {
+      const std::optional<Found>& f = at(lo);
+      if (!f) break;
+      DryRunRequest q = request(lo + 1, 1, 0);
+      q.alloc_conf.budget = c_.budget + saving_;
+      q.schedule = f->schedule;
+      const DryRunResult r = run(q);
+      if (!r.fits) break;
+      cache_[lo + 1] = Found{r, q.schedule};
+      ++lo;
+    }
+    return lo;
   }
 
   struct Found {
@@ -141,7 +178,9 @@ class Searcher {
       std::size_t p = 0;
       if (fits(hint, &p)) {
         lo_prev = lo, p_prev = p_lo, lo = hint, p_lo = p;
-        if (hint + 1 > cap || !fits(hint + 1, &p)) return hint;  // a twin's answer holds
+        if (hint + 1 > cap || !fits(hint + 1, &p)) {
+          return extend_with_own_schedule(hint, cap);  // a twin's answer holds
+        }
         lo_prev = lo, p_prev = p_lo, lo = hint + 1, p_lo = p;
       } else {
         hi = hint;
@@ -171,7 +210,7 @@ class Searcher {
       // Interpolation that shrank the interval by less than half: bisect next time.
       bisect = hi <= cap && (hi - lo) * 2 > width;
     }
-    return lo;
+    return extend_with_own_schedule(lo, cap);
   }
 
   DryRunResult run(const DryRunRequest& q) {
@@ -256,8 +295,8 @@ std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
     return combo.name() + ": the weights, gradients and optimizer state alone need " +
            gib(double(setup)) + " (budget " + gib(double(c.budget)) + ")";
   }
-  return combo.name() + ": one sample needs " + gib(double(std::max(need, setup))) +
-         " (budget " + gib(double(c.budget)) + ")";
+  return combo.name() + ": one sample needs " + gib(double(std::max(need, setup))) + " (budget " +
+         gib(double(c.budget)) + ")";
 }
 
 // Max-batch mode for one combination.
@@ -335,8 +374,8 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
     return;
   }
-  combo.infeasible = combo.name() + ": no micro-batch up to " + std::to_string(m) +
-                     " fits with its accumulation";
+  combo.infeasible =
+      combo.name() + ": no micro-batch up to " + std::to_string(m) + " fits with its accumulation";
 }
 
 void validate(const PlannerOptions& o, std::int64_t seq_len) {
@@ -348,7 +387,8 @@ void validate(const PlannerOptions& o, std::int64_t seq_len) {
   }
   if (o.ranks < 1) bad("ranks " + std::to_string(o.ranks) + " must be >= 1");
   if (o.zero_stage < 0 || o.zero_stage > 2) {
-    bad("zero_stage " + std::to_string(o.zero_stage) + "; valid: 0, 1 (optimizer state "
+    bad("zero_stage " + std::to_string(o.zero_stage) +
+        "; valid: 0, 1 (optimizer state "
         "sharded), 2 (+ gradients)");
   }
   if (o.global_batch < 0) bad("global batch " + std::to_string(o.global_batch) + " must be >= 0");
@@ -388,8 +428,10 @@ std::optional<std::string> weights_shortfall(const Context& c) {
     }
   }
   if (!best || best->first <= c.budget) return std::nullopt;
-  return "budget " + gib(double(c.budget)) + " is below what the weights need even with every "
-         "policy on: " + gib(double(best->first)) + " for " + c.o.spec.name + " (" +
+  return "budget " + gib(double(c.budget)) +
+         " is below what the weights need even with every "
+         "policy on: " +
+         gib(double(best->first)) + " for " + c.o.spec.name + " (" +
          std::to_string(c.cm.parameter_count()) + " parameters: " + best->second +
          ") before any activation; valid: a budget above that, more ranks with ZeRO, or a "
          "smaller model";
@@ -412,8 +454,8 @@ PlanResult plan(const PlannerOptions& o) {
     throw InvalidArgument("plan: no budget: device '" + o.device.name +
                           "' has no usable memory (memory - context); give a budget");
   }
-  const CostModel cm =
-      o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2) : CostModel::analytic(o.spec, seq_len);
+  const CostModel cm = o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2)
+                                   : CostModel::analytic(o.spec, seq_len);
   const Context c{o, cm, seq_len, budget, static_cast<int>(o.spec.layers)};
   if (const auto msg = weights_shortfall(c)) throw InvalidArgument("plan: " + *msg);
 
@@ -503,19 +545,20 @@ PlanResult plan(const PlannerOptions& o) {
                   gib(double(best.predicted.peak_reserved)).c_str(), gib(double(budget)).c_str(),
                   runner ? "; next: " : "",
                   runner ? (describe(*runner) + " at " +
-                            std::to_string(runner->predicted.step_seconds) + " s").c_str()
+                            std::to_string(runner->predicted.step_seconds) + " s")
+                               .c_str()
                          : "");
   } else {
-    std::snprintf(why, sizeof why,
-                  "largest micro-batch that fits %s: %lld with %s (peak %s, %.0f tokens/s "
-                  "predicted)%s",
-                  gib(double(budget)).c_str(), static_cast<long long>(best.micro_batch),
-                  describe(best).c_str(), gib(double(best.predicted.peak_reserved)).c_str(),
-                  best.predicted.tokens_per_second,
-                  result.candidates.size() > 1 &&
-                          result.candidates[1].micro_batch == best.micro_batch
-                      ? "; ties broken by predicted tokens/s"
-                      : "");
+    std::snprintf(
+        why, sizeof why,
+        "largest micro-batch that fits %s: %lld with %s (peak %s, %.0f tokens/s "
+        "predicted)%s",
+        gib(double(budget)).c_str(), static_cast<long long>(best.micro_batch),
+        describe(best).c_str(), gib(double(best.predicted.peak_reserved)).c_str(),
+        best.predicted.tokens_per_second,
+        result.candidates.size() > 1 && result.candidates[1].micro_batch == best.micro_batch
+            ? "; ties broken by predicted tokens/s"
+            : "");
   }
   best.why = why;
   for (std::size_t i = 1; i < result.candidates.size(); ++i) {
