@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "cli/demo_command.h"
+#include "cli/train_command.h"
 #include "memory/error.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   memfit::cli::add_demo_command(app, exit_code);
+  memfit::cli::add_train_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

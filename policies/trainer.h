@@ -35,8 +35,10 @@
 #include "core/executor.h"
 #include "core/optimizer.h"
 #include "core/rng.h"
+#include "core/text_dataset.h"  // Batch
 #include "memory/category.h"
 #include "policies/loss_scaler.h"
+#include "policies/train_state.h"
 
 namespace memfit {
 
@@ -51,14 +53,6 @@ struct TrainerOptions {
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise
   std::uint64_t seed = 1337;        // model initialization and the trainer's Rng
   bool init_model = true;           // false: keep the model's current weights
-};
-
-// One global batch on the host: tokens and next-token targets, (batch, seq_len) row-major.
-struct Batch {
-  std::int64_t batch = 0;
-  std::int64_t seq_len = 0;
-  std::vector<std::int32_t> tokens;
-  std::vector<std::int32_t> targets;
 };
 
 struct StepResult {
@@ -84,7 +78,8 @@ class Trainer {
   StepResult step(const Batch& batch);
   double evaluate(const Batch& batch);  // mean loss, no gradients, nothing saved
 
-  void save(const std::string& path);  // atomic; policies/train_state.h
+  // Atomic; policies/train_state.h. `o` injects faults for tests.
+  void save(const std::string& path, const SaveOptions& o = {});
   void load(const std::string& path);  // all or nothing
 
   std::int64_t steps() const;  // optimizer updates done (skipped steps not counted)

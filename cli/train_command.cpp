@@ -1,0 +1,415 @@
+#include "cli/train_command.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/meta/meta_backend.h"
+#include "core/model.h"
+#include "core/text_dataset.h"
+#include "memory/alloc_conf.h"
+#include "memory/caching_allocator.h"
+#include "memory/error.h"
+#include "memory/host_provider.h"
+#include "memory/null_provider.h"
+#include "memory/size.h"
+#include "policies/accumulation.h"
+#include "policies/trainer.h"
+
+namespace memfit::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string model;
+  std::string data;
+  std::int64_t steps = 0;
+  std::int64_t batch = 8;
+  std::int64_t micro_batch = 0;
+  std::int64_t accum = 0;
+  std::int64_t seq_len = 0;  // 0: the model's
+  std::string dtype = "f32";
+  std::string checkpoint = "none";
+  bool offload = false;
+  std::string budget;
+  std::uint64_t seed = 1337;
+  double lr = 1e-3;
+  std::string save;
+  std::string resume;
+  std::string summary_json;
+  std::string alloc_conf;
+  bool predict = false;
+};
+
+// Everything that decides a step's memory: what a dry run needs to reproduce it.
+struct Plan {
+  ModelSpec spec;
+  DType dtype = DType::kF32;
+  TrainerOptions trainer;
+  std::int64_t batch = 0;
+  std::int64_t seq_len = 0;
+  AllocatorConfig conf;  // conf.budget: the budget, 0 for none
+
+  std::string describe() const {
+    std::string s = spec.name + ", " + dtype_name(dtype) + ", checkpoint " + trainer.checkpoint +
+                    ", batch " + std::to_string(batch) + " x " + std::to_string(seq_len);
+    if (trainer.micro_batch > 0) s += ", micro-batch " + std::to_string(trainer.micro_batch);
+    if (trainer.accum > 0) s += ", accum " + std::to_string(trainer.accum);
+    if (trainer.offload) s += ", offload";
+    return s;
+  }
+};
+
+struct Peaks {
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+  std::array<std::size_t, kCategoryCount> by_category{};
+
+  void take_max(const StepResult& r) {
+    reserved = std::max(reserved, r.peak_reserved);
+    allocated = std::max(allocated, r.peak_allocated);
+    for (std::size_t c = 0; c < kCategoryCount; ++c) {
+      by_category[c] = std::max(by_category[c], r.peak_by_category[c]);
+    }
+  }
+};
+
+// One step of the plan on the meta backend over a NullProvider, unbudgeted: the real
+// allocator and executor with no arithmetic, so the peak includes rounding and fragmentation.
+Peaks dry_run(const Plan& p) {
+  MetaBackend meta;
+  NullProvider null;
+  AllocatorConfig conf = p.conf;
+  conf.budget = 0;
+  CachingAllocator alloc(null, conf, &meta.stream_sync());
+  LayerContext ctx{meta, alloc, kDefaultStream, p.dtype};
+  Model model(p.spec, ctx);
+  Trainer trainer(model, ctx, p.trainer);
+  Batch b;
+  b.batch = p.batch;
+  b.seq_len = p.seq_len;
+  b.tokens.assign(static_cast<std::size_t>(p.batch * p.seq_len), 0);
+  b.targets = b.tokens;
+  Peaks peaks;
+  peaks.take_max(trainer.step(b));
+  return peaks;
+}
+
+std::string mib_ceil(std::size_t bytes) {
+  return std::to_string((bytes + kMiB - 1) / kMiB) + "MiB";
+}
+
+// The first step did not fit: say what this plan needs and what the usual alternatives would.
+[[noreturn]] void budget_too_small(const Plan& p, const std::string& budget_text,
+                                   const OutOfMemory& oom) {
+  std::string msg = "--budget " + budget_text + " (" + format_bytes(p.conf.budget) +
+                    ") is too small for step one of " + p.describe() + " (" + oom.what() + ")";
+  try {
+    const Peaks need = dry_run(p);
+    msg += "\n  a dry run of this plan reserves " + format_bytes(need.reserved) +
+           " at its peak: give --budget " + mib_ceil(need.reserved) +
+           " or more, or change the plan (dry-run peaks):";
+    struct Alt {
+      std::string label;
+      Plan plan;
+    };
+    std::vector<Alt> alts;
+    auto add = [&](std::string label, auto change) {
+      Plan q = p;
+      change(q);
+      alts.push_back({std::move(label), q});
+    };
+    if (p.trainer.checkpoint != "all")
+      add("--checkpoint all", [](Plan& q) { q.trainer.checkpoint = "all"; });
+    if (p.batch > 1) {
+      const std::int64_t mb = std::max<std::int64_t>(1, p.batch / 4);
+      add("--micro-batch " + std::to_string(mb), [mb](Plan& q) {
+        q.trainer.micro_batch = mb;
+        q.trainer.accum = 0;
+      });
+    }
+    if (p.dtype == DType::kF32) add("--dtype bf16", [](Plan& q) { q.dtype = DType::kBF16; });
+    if (!p.trainer.offload) add("--offload", [](Plan& q) { q.trainer.offload = true; });
+    add("all of these", [&](Plan& q) {
+      q.trainer.checkpoint = "all";
+      q.trainer.micro_batch = 1;
+      q.trainer.accum = 0;
+      if (q.dtype == DType::kF32) q.dtype = DType::kBF16;
+      q.trainer.offload = true;
+    });
+    for (const Alt& a : alts) {
+      const Peaks n = dry_run(a.plan);
+      msg += "\n    " + a.label + ": " + format_bytes(n.reserved) +
+             (n.reserved <= p.conf.budget ? " (fits)" : "");
+    }
+  } catch (const Error& e) {
+    msg += "\n  (the dry run failed too: " + std::string(e.what()) + ")";
+  }
+  throw InvalidArgument(msg);
+}
+
+std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t total,
+                          double tokens_per_s, bool show_scale, bool tty) {
+  char buf[256];
+  std::string bar;
+  if (tty) {
+    constexpr int kWidth = 20;
+    const auto done = static_cast<int>(kWidth * step / std::max<std::int64_t>(1, total));
+    bar = "[" + std::string(static_cast<std::size_t>(done), '#') +
+          std::string(static_cast<std::size_t>(kWidth - done), '.') + "] ";
+  }
+  std::snprintf(buf, sizeof buf,
+                "%sstep %*lld/%lld  loss %.4f  %8.0f tok/s  peak %s reserved, %s allocated",
+                bar.c_str(), static_cast<int>(std::to_string(total).size()),
+                static_cast<long long>(step), static_cast<long long>(total), r.loss, tokens_per_s,
+                format_bytes(r.peak_reserved).c_str(), format_bytes(r.peak_allocated).c_str());
+  std::string s = buf;
+  if (show_scale) s += "  scale " + std::to_string(static_cast<long long>(r.loss_scale));
+  if (r.skipped) s += "  (skipped: inf/NaN gradients)";
+  return s;
+}
+
+nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t c = 0; c < kCategoryCount; ++c)
+    j[category_name(static_cast<Category>(c))] = a[c];
+  return j;
+}
+
+Plan make_plan(const TrainArgs& a) {
+  if (a.steps < 1) throw InvalidArgument("--steps " + std::to_string(a.steps) + " must be >= 1");
+  if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
+  if (a.micro_batch < 0 || a.accum < 0) {
+    throw InvalidArgument("--micro-batch and --accum must be >= 1 when given");
+  }
+  if (a.micro_batch > 0 && a.accum > 0) {
+    throw InvalidArgument("give --micro-batch or --accum, not both");
+  }
+  if (!std::isfinite(a.lr) || a.lr < 0) {
+    throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
+  }
+  Plan p;
+  p.spec = ModelSpec::load(a.model);
+  if (p.spec.vocab < TextDataset::kVocab) {
+    throw InvalidArgument("--model " + a.model + " has vocab " + std::to_string(p.spec.vocab) +
+                          "; byte-level text needs vocab >= " +
+                          std::to_string(TextDataset::kVocab) + " (gpt-tiny has 256)");
+  }
+  p.dtype = parse_dtype(a.dtype);
+  p.batch = a.batch;
+  p.seq_len = a.seq_len > 0 ? a.seq_len : p.spec.seq_len;
+  if (a.seq_len < 0 || p.seq_len > p.spec.seq_len) {
+    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": valid is 1.." +
+                          std::to_string(p.spec.seq_len) + " (the model's seq_len)");
+  }
+  checked_mul(static_cast<std::size_t>(p.batch), static_cast<std::size_t>(p.seq_len),
+              "--batch * seq_len");
+  p.trainer.checkpoint = a.checkpoint;
+  Schedule::parse(a.checkpoint,
+                  static_cast<int>(p.spec.layers));  // the error names the valid specs
+  p.trainer.micro_batch = std::min(a.micro_batch, a.batch);
+  p.trainer.accum = a.accum;
+  if (a.accum > 0) split_batch(a.batch, a.accum);  // says which batch sizes split into K
+  p.trainer.offload = a.offload;
+  p.trainer.adamw.lr = a.lr;
+  p.trainer.seed = a.seed;
+  p.conf = parse_alloc_conf(a.alloc_conf);
+  if (!a.budget.empty()) {
+    p.conf.budget = parse_size(a.budget);
+    if (p.conf.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
+  }
+  return p;
+}
+
+int run_train(const TrainArgs& a) {
+  const Plan p = make_plan(a);
+  const TextDataset data(a.data);
+  data.require_seq_len(p.seq_len);
+
+  std::optional<Peaks> predicted;
+  if (a.predict) predicted = dry_run(p);
+
+  CpuBackend be({.worker_streams = p.trainer.offload});
+  HostProvider host;
+  CachingAllocator alloc(host, p.conf, &be.stream_sync());
+  be.set_workspace_allocator(&alloc);  // GEMM scratch counts against the budget
+  LayerContext ctx{be, alloc, kDefaultStream, p.dtype};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    model = std::make_unique<Model>(p.spec, ctx);
+    trainer = std::make_unique<Trainer>(*model, ctx, p.trainer);
+  } catch (const OutOfMemory& e) {
+    budget_too_small(p, a.budget, e);
+  }
+  if (!a.resume.empty()) trainer->load(a.resume);
+  const std::int64_t start = trainer->steps_attempted();
+
+  std::printf("memfit train: %s (%lld parameters) on %s (%lld bytes)\n", p.describe().c_str(),
+              static_cast<long long>(model->parameter_count()), a.data.c_str(),
+              static_cast<long long>(data.size()));
+  std::printf("  schedule %s, %s, loss scaling %s%s%s\n", trainer->schedule().name().c_str(),
+              trainer->optimizer().name(), trainer->scaler().enabled() ? "on" : "off",
+              p.conf.budget ? (", budget " + format_bytes(p.conf.budget)).c_str() : "",
+              a.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
+  std::fflush(stdout);
+
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  Peaks measured;
+  std::vector<double> losses;
+  std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
+  double seconds = 0, last_scale = 1;
+  for (std::int64_t i = 1; i <= a.steps; ++i) {
+    const Batch b = data.sample(p.batch, p.seq_len, trainer->rng());
+    StepResult r;
+    try {
+      r = trainer->step(b);
+    } catch (const OutOfMemory& e) {
+      if (i > 1) throw;
+      budget_too_small(p, a.budget, e);
+    }
+    measured.take_max(r);
+    losses.push_back(r.loss);
+    skipped += r.skipped ? 1 : 0;
+    tokens += r.tokens;
+    seconds += r.seconds;
+    micro_batches = r.micro_batches;
+    last_scale = r.loss_scale;
+    const std::string line =
+        progress_line(r, start + i, start + a.steps, static_cast<double>(r.tokens) / r.seconds,
+                      trainer->scaler().enabled(), tty);
+    std::printf(tty ? "\r%s\033[K" : "%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  if (tty) std::printf("\n");
+  if (!a.save.empty()) trainer->save(a.save);
+
+  const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;
+  std::printf("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n",
+              losses.front(), losses.back(), static_cast<long long>(a.steps),
+              static_cast<long long>(skipped), tps, seconds);
+  std::printf("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
+              format_bytes(measured.allocated).c_str());
+  if (predicted) {
+    std::printf(
+        "; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
+        format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
+        predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
+  }
+  std::printf("\n  peak by category:%s\n", predicted ? "     measured    predicted" : "");
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    if (measured.by_category[c] == 0 && (!predicted || predicted->by_category[c] == 0)) continue;
+    std::printf("    %-16s %12s", category_name(static_cast<Category>(c)),
+                format_bytes(measured.by_category[c]).c_str());
+    if (predicted) std::printf(" %12s", format_bytes(predicted->by_category[c]).c_str());
+    std::printf("\n");
+  }
+  if (!a.save.empty()) std::printf("  state: %s\n", a.save.c_str());
+
+  if (!a.summary_json.empty()) {
+    nlohmann::json j;
+    j["model"] = p.spec.name;
+    j["parameters"] = model->parameter_count();
+    j["dtype"] = dtype_name(p.dtype);
+    j["checkpoint"] = p.trainer.checkpoint;
+    j["schedule"] = trainer->schedule().name();
+    j["batch"] = p.batch;
+    j["seq_len"] = p.seq_len;
+    j["micro_batch"] = p.trainer.micro_batch;
+    j["accum"] = p.trainer.accum;
+    j["micro_batches"] = micro_batches;
+    j["offload"] = p.trainer.offload;
+    j["optimizer"] = trainer->optimizer().name();
+    j["loss_scaling"] = trainer->scaler().enabled();
+    j["loss_scale"] = last_scale;
+    j["seed"] = a.seed;
+    j["lr"] = a.lr;
+    j["data"] = a.data;
+    j["data_bytes"] = data.size();
+    j["start_step"] = start;
+    j["steps"] = a.steps;
+    j["skipped_steps"] = skipped;
+    j["losses"] = losses;
+    j["first_loss"] = losses.front();
+    j["final_loss"] = losses.back();
+    j["seconds"] = seconds;
+    j["tokens"] = tokens;
+    j["tokens_per_second"] = tps;
+    j["budget_bytes"] = p.conf.budget;
+    j["alloc_conf"] = p.conf.to_string();
+    j["peak_reserved_bytes"] = measured.reserved;
+    j["peak_allocated_bytes"] = measured.allocated;
+    j["peak_by_category"] = by_category_json(measured.by_category);
+    if (predicted) {
+      j["predicted_peak_reserved_bytes"] = predicted->reserved;
+      j["predicted_peak_allocated_bytes"] = predicted->allocated;
+      j["predicted_peak_by_category"] = by_category_json(predicted->by_category);
+    }
+    j["allocator_stats"] = alloc.stats().as_map();
+    if (!a.save.empty()) j["saved_to"] = a.save;
+    if (!a.resume.empty()) j["resumed_from"] = a.resume;
+    std::ofstream f(a.summary_json);
+    if (!f)
+      throw InvalidArgument("--summary-json '" + a.summary_json + "': cannot open for writing");
+    f << j.dump(2) << "\n";
+    if (!f) throw InvalidArgument("--summary-json '" + a.summary_json + "': write failed");
+    std::printf("  summary: %s\n", a.summary_json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Train a model on a text file on the CPU with memory policies, under a budget");
+  // A repeated option takes its last value, so scripts/demo.sh's defaults can be overridden.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--model", a->model,
+                  "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file")
+      ->required();
+  cmd->add_option("--data", a->data,
+                  "a text file; tokens are its bytes (data/corpus.txt is bundled)")
+      ->required();
+  cmd->add_option("--steps", a->steps, "training steps to run")->required();
+  cmd->add_option("--batch", a->batch, "global batch (sequences per step)")->capture_default_str();
+  cmd->add_option("--micro-batch", a->micro_batch, "sequences per micro-batch (accumulated)");
+  cmd->add_option("--accum", a->accum, "or: split the batch into this many micro-batches");
+  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
+  cmd->add_option("--dtype", a->dtype, "weights in use and activations: f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint", a->checkpoint, "none | all | sqrt | every:K")
+      ->capture_default_str();
+  cmd->add_flag("--offload", a->offload,
+                "FP32 masters and Adam moments in pinned host memory, CPU AdamW");
+  cmd->add_option("--budget", a->budget, "allocator budget on the CPU device (96MiB, 1GiB, ...)");
+  cmd->add_option("--seed", a->seed, "initialization and data sampling")->capture_default_str();
+  cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str();
+  cmd->add_option("--save", a->save, "write the training state here at the end (atomic)");
+  cmd->add_option("--resume", a->resume, "continue from a saved training state");
+  cmd->add_option("--summary-json", a->summary_json, "write the summary as JSON here");
+  cmd->add_option("--alloc-conf", a->alloc_conf,
+                  "allocator settings, MEMFIT_ALLOC_CONF syntax (default: the variable)");
+  cmd->add_flag("--predict", a->predict,
+                "dry-run one step on the meta backend first; print its peak beside the measured");
+  cmd->callback([a, &exit_code] {
+    if (a->alloc_conf.empty()) {
+      if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;
+    }
+    exit_code = run_train(*a);
+  });
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,127 @@
+// custom_loop: the pieces the Trainer is made of, used by hand in a loop of your own:
+// Executor + Schedule, LossScaler, gradient accumulation, OffloadOptimizer.
+//
+//   build/examples/example_custom_loop [data/corpus.txt] [steps]
+//
+// f16 weights and activations (so the dynamic loss scaler is on), a batch of 8 split into 3
+// micro-batches (3 + 3 + 2: the loss gradient scale / (B*T) weights the uneven one by its
+// rows), every second block checkpointed, and AdamW offloaded to the CPU: each block's
+// gradients start their copy to the host as soon as that block's backward of the last
+// micro-batch is done, while the remaining backwards run.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/executor.h"
+#include "core/model.h"
+#include "core/rng.h"
+#include "core/schedule.h"
+#include "core/text_dataset.h"
+#include "memory/caching_allocator.h"
+#include "memory/host_provider.h"
+#include "memory/pinned_host_provider.h"
+#include "memory/size.h"
+#include "policies/accumulation.h"
+#include "policies/loss_scaler.h"
+#include "policies/offload_optimizer.h"
+
+using namespace memfit;
+
+// Rows [row0, row0 + rows) of a host batch as int32 tensors on the device. Backend::copy moves
+// floating dtypes, so the ids travel as 4-byte f32 bit patterns (copy never converts).
+struct DeviceRows {
+  Block tokens, targets;
+  MicroBatch mb;
+};
+DeviceRows upload(LayerContext& ctx, const Batch& b, std::int64_t row0, std::int64_t rows) {
+  const std::int64_t n = rows * b.seq_len;
+  const std::size_t bytes = static_cast<std::size_t>(n) * 4;
+  DeviceRows d;
+  d.tokens = ctx.alloc.allocate(bytes, Category::kInput, ctx.stream, "tokens");
+  d.targets = ctx.alloc.allocate(bytes, Category::kInput, ctx.stream, "targets");
+  auto as_f32 = [n](const void* p, Device dev) {
+    return Tensor(const_cast<void*>(p), Shape{n}, DType::kF32, dev);
+  };
+  const std::size_t off = static_cast<std::size_t>(row0 * b.seq_len);
+  ctx.backend.copy(ctx.stream, as_f32(b.tokens.data() + off, Device::kCpu),
+                   as_f32(d.tokens.data(), ctx.device()));
+  ctx.backend.copy(ctx.stream, as_f32(b.targets.data() + off, Device::kCpu),
+                   as_f32(d.targets.data(), ctx.device()));
+  d.mb.tokens = {static_cast<const std::int32_t*>(d.tokens.data()), Shape{rows, b.seq_len},
+                 ctx.device()};
+  d.mb.targets = {static_cast<const std::int32_t*>(d.targets.data()), Shape{rows, b.seq_len},
+                  ctx.device()};
+  return d;
+}
+
+int main(int argc, char** argv) {
+  const std::string path = argc > 1 ? argv[1] : "data/corpus.txt";
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
+  constexpr std::int64_t kBatch = 8, kSeqLen = 64, kAccum = 3;
+
+  CpuBackend be({.worker_streams = true});
+  HostProvider host;
+  CachingAllocator alloc(host, {}, &be.stream_sync());
+  LayerContext ctx{be, alloc, kDefaultStream, DType::kF16};
+
+  ModelSpec spec = ModelSpec::preset("gpt-tiny");
+  spec.layers = 4;
+  spec.hidden = 128;
+  spec.seq_len = kSeqLen;
+  Model model(spec, ctx);
+  model.init(/*seed=*/1, ctx);
+
+  PinnedHostProvider pinned;
+  OffloadOptions oo;
+  oo.adamw.lr = 2e-3;
+  OffloadOptimizer opt(model.parameters(), oo, ctx, pinned);  // masters move to the host
+  LossScaler scaler;                                          // 65536, x2 / 2000 clean steps
+  const Schedule schedule = Schedule::every(model.num_blocks(), 2);
+  Executor ex(model, ctx);
+
+  // What the hooks hand to the optimizer: each stage's parameters, final in the last pass.
+  std::vector<std::vector<Parameter*>> block_params;
+  for (int i = 0; i < model.num_blocks(); ++i) block_params.push_back(model.block_parameters(i));
+  ExecutorHooks last;
+  last.after_block_backward = [&](int i) { opt.grads_ready(ctx, block_params[i]); };
+  last.after_head_backward = [&] { opt.grads_ready(ctx, model.head_parameters()); };
+  last.after_embedding_backward = [&] { opt.grads_ready(ctx, model.embedding_parameters()); };
+
+  const TextDataset data(path);
+  Rng rng(2);
+  const std::vector<std::int64_t> micro = split_batch(kBatch, kAccum);
+  for (int step = 1; step <= steps; ++step) {
+    const Batch b = data.sample(kBatch, kSeqLen, rng);
+    const double scale = scaler.scale();
+    const auto dloss = static_cast<float>(scale / double(kBatch * kSeqLen));
+    model.zero_grad(ctx);
+    double loss = 0;
+    std::int64_t row0 = 0;
+    for (std::size_t m = 0; m < micro.size(); ++m) {
+      DeviceRows d = upload(ctx, b, row0, micro[m]);
+      const Act losses =
+          ex.run(schedule, d.mb, dloss, m + 1 == micro.size() ? last : ExecutorHooks{});
+      loss += sum_losses(ctx, *losses);
+      row0 += micro[m];
+    }
+    const bool overflow = grads_nonfinite(ctx, model.parameters());
+    const bool skip = scaler.update(overflow);
+    if (skip) {
+      opt.skip(ctx);
+    } else {
+      opt.step(ctx, 1.0 / scale);  // unscales the gradients inside the update
+    }
+    const OffloadOptimizer::Timing t = opt.last_timing();
+    std::printf(
+        "step %3d  loss %.4f  scale %-6.0f%s  cpu adamw %.1f ms, waited %.1f ms for grads\n", step,
+        loss / double(kBatch * kSeqLen), scale, skip ? " (skipped)" : "", t.adamw_s * 1e3,
+        t.wait_grads_s * 1e3);
+  }
+  std::printf(
+      "peak allocated %s; pinned host %s (masters and moments)\n",
+      format_bytes(static_cast<std::size_t>(alloc.stats().allocated_bytes[kStatAll].peak)).c_str(),
+      format_bytes(opt.host_bytes()).c_str());
+  return 0;
+}

@@ -1,0 +1,333 @@
+#include "policies/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "core/device_adamw.h"
+#include "memory/error.h"
+#include "memory/size.h"
+#include "policies/accumulation.h"
+#include "policies/offload_optimizer.h"
+
+namespace memfit {
+
+namespace {
+
+// The data Rng must not replay the numbers Model::init drew from the same seed.
+constexpr std::uint64_t kDataSeedSalt = 0xD6E8FEB86659FD93ull;
+
+LossScalerOptions scaler_options(const TrainerOptions& o, DType dtype) {
+  LossScalerOptions s = o.scaler;
+  if (o.scaler_auto) s.enabled = dtype == DType::kF16;
+  return s;
+}
+
+const TrainerOptions& validated(const TrainerOptions& o) {
+  if (o.micro_batch < 0) {
+    throw InvalidArgument("micro-batch " + std::to_string(o.micro_batch) +
+                          " must be >= 1 (or 0: the whole batch at once)");
+  }
+  if (o.accum < 0) {
+    throw InvalidArgument("accumulation count " + std::to_string(o.accum) +
+                          " must be >= 1 (or 0: unused)");
+  }
+  if (o.micro_batch > 0 && o.accum > 0) {
+    throw InvalidArgument(
+        "give a micro-batch size or an accumulation count, not both (micro-batch " +
+        std::to_string(o.micro_batch) + ", accum " + std::to_string(o.accum) + ")");
+  }
+  if (o.delayed_update && !o.offload) {
+    throw InvalidArgument("delayed_update (ZeRO-Offload's delayed parameter update) needs offload");
+  }
+  return o;
+}
+
+// A host int32 array seen as f32 so Backend::copy (floating dtypes only) moves its bits: copy
+// never converts, it moves bytes (memcpy on the CPU, cudaMemcpy on CUDA).
+Tensor bits_view(const std::int32_t* p, std::int64_t n, Device d) {
+  return Tensor(const_cast<std::int32_t*>(p), Shape{n}, DType::kF32, d);
+}
+
+// One micro-batch's tokens and targets on the device (Category::kInput).
+struct DeviceBatch {
+  Block tokens, targets;
+  MicroBatch mb;
+};
+
+DeviceBatch upload(LayerContext& ctx, const Batch& b, std::int64_t row0, std::int64_t rows) {
+  const std::int64_t n = rows * b.seq_len;
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(std::int32_t);
+  const std::size_t off = static_cast<std::size_t>(row0 * b.seq_len);
+  DeviceBatch d;
+  d.tokens = ctx.alloc.allocate(bytes, Category::kInput, ctx.stream, "tokens");
+  d.targets = ctx.alloc.allocate(bytes, Category::kInput, ctx.stream, "targets");
+  const auto* tok = static_cast<const std::int32_t*>(d.tokens.data());
+  const auto* tgt = static_cast<const std::int32_t*>(d.targets.data());
+  ctx.backend.copy(ctx.stream, bits_view(b.tokens.data() + off, n, Device::kCpu),
+                   bits_view(tok, n, ctx.device()));
+  ctx.backend.copy(ctx.stream, bits_view(b.targets.data() + off, n, Device::kCpu),
+                   bits_view(tgt, n, ctx.device()));
+  d.mb.tokens = IndexTensor{tok, Shape{rows, b.seq_len}, ctx.device()};
+  d.mb.targets = IndexTensor{tgt, Shape{rows, b.seq_len}, ctx.device()};
+  return d;
+}
+
+std::string options_json(const TrainerOptions& o, const Schedule& s) {
+  nlohmann::json j;
+  j["checkpoint"] = o.checkpoint;
+  j["schedule"] = s.name();
+  j["micro_batch"] = o.micro_batch;
+  j["accum"] = o.accum;
+  j["offload"] = o.offload;
+  j["delayed_update"] = o.delayed_update;
+  j["adamw"] = {{"lr", o.adamw.lr},
+                {"beta1", o.adamw.beta1},
+                {"beta2", o.adamw.beta2},
+                {"eps", o.adamw.eps},
+                {"weight_decay", o.adamw.weight_decay}};
+  j["seed"] = o.seed;
+  return j.dump();
+}
+
+}  // namespace
+
+struct Trainer::Offload {
+  PinnedHostProvider pinned;
+};
+
+Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
+    : model_(model),
+      ctx_(ctx),
+      options_(validated(options)),
+      schedule_(Schedule::parse(options_.checkpoint, model.num_blocks())),
+      rng_(options_.seed ^ kDataSeedSalt),
+      scaler_(scaler_options(options_, ctx.dtype)) {
+  if (ctx_.dtype != model_.dtype() || ctx_.device() != model_.device()) {
+    throw InvalidArgument(std::string("trainer context (") + dtype_name(ctx_.dtype) + " on " +
+                          device_name(ctx_.device()) + ") does not match the model's (" +
+                          dtype_name(model_.dtype()) + " on " + device_name(model_.device()) + ")");
+  }
+  if (options_.init_model) model_.init(options_.seed, ctx_);
+  if (options_.offload) {
+    offload_ = std::make_unique<Offload>();
+    OffloadOptions o;
+    o.adamw = options_.adamw;
+    o.delayed_update = options_.delayed_update;
+    optimizer_ = std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, offload_->pinned);
+    // The device masters just went to the host; hand their segments back so the reserved
+    // bytes (what a budget limits) show the saving.
+    ctx_.alloc.empty_cache();
+  } else {
+    optimizer_ = std::make_unique<DeviceAdamW>(model_.parameters(), options_.adamw, ctx_);
+  }
+}
+
+Trainer::~Trainer() {
+  if (offload_ && optimizer_) {
+    try {
+      static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+    } catch (...) {  // a destructor must not throw; the weights are being dropped anyway
+    }
+  }
+}
+
+std::int64_t Trainer::steps() const { return optimizer_->steps(); }
+std::int64_t Trainer::steps_attempted() const { return attempted_; }
+
+namespace {
+
+void check_batch(const Batch& b, const ModelSpec& spec) {
+  if (b.batch < 1 || b.seq_len < 1) {
+    throw InvalidArgument("batch (" + std::to_string(b.batch) + " x " + std::to_string(b.seq_len) +
+                          "): both sizes must be >= 1");
+  }
+  if (b.seq_len > spec.seq_len) {
+    throw InvalidArgument("batch sequence length " + std::to_string(b.seq_len) +
+                          " exceeds the model's seq_len " + std::to_string(spec.seq_len));
+  }
+  const std::size_t n = checked_mul(static_cast<std::size_t>(b.batch),
+                                    static_cast<std::size_t>(b.seq_len), "batch * seq_len");
+  if (b.tokens.size() != n || b.targets.size() != n) {
+    throw InvalidArgument("batch of " + std::to_string(b.batch) + " x " +
+                          std::to_string(b.seq_len) + " needs " + std::to_string(n) +
+                          " tokens and targets; it has " + std::to_string(b.tokens.size()) +
+                          " and " + std::to_string(b.targets.size()));
+  }
+}
+
+std::vector<std::int64_t> micro_sizes(const TrainerOptions& o, std::int64_t batch) {
+  if (o.accum > 0) return split_batch(batch, o.accum);
+  if (o.micro_batch > 0) return micro_batch_split(batch, o.micro_batch);
+  return {batch};
+}
+
+}  // namespace
+
+StepResult Trainer::step(const Batch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_batch(batch, model_.spec());
+  const std::vector<std::int64_t> sizes = micro_sizes(options_, batch.batch);
+  const std::int64_t rows = batch.batch * batch.seq_len;
+  const double scale = scaler_.scale();
+  // Every micro-batch's loss gradient is scale / (B*T): the mean over the global batch, so an
+  // uneven last micro-batch is weighted by its row count (policies/accumulation.h).
+  const auto dloss = static_cast<float>(scale / static_cast<double>(rows));
+
+  const std::vector<Parameter*> params = model_.parameters();
+  std::vector<std::vector<Parameter*>> block_params(static_cast<std::size_t>(model_.num_blocks()));
+  for (int i = 0; i < model_.num_blocks(); ++i) block_params[i] = model_.block_parameters(i);
+  const std::vector<Parameter*> head_params = model_.head_parameters();
+  const std::vector<Parameter*> emb_params = model_.embedding_parameters();
+
+  ctx_.alloc.reset_peak_stats();
+  Executor ex(model_, ctx_);
+  bool reported = false;  // grads_ready() was called: the optimizer may hold copies in flight
+  double loss_sum = 0;
+  bool found_inf = false;
+  try {
+    model_.zero_grad(ctx_);
+    std::int64_t row0 = 0;
+    for (std::size_t m = 0; m < sizes.size(); ++m) {
+      DeviceBatch d = upload(ctx_, batch, row0, sizes[m]);
+      ExecutorHooks hooks;
+      if (m + 1 == sizes.size()) {
+        // The last micro-batch: each stage's gradients are final once its backward ran.
+        hooks.after_block_backward = [&](int i) {
+          reported = true;
+          optimizer_->grads_ready(ctx_, block_params[static_cast<std::size_t>(i)]);
+        };
+        hooks.after_head_backward = [&] {
+          reported = true;
+          optimizer_->grads_ready(ctx_, head_params);
+        };
+        hooks.after_embedding_backward = [&] {
+          reported = true;
+          optimizer_->grads_ready(ctx_, emb_params);
+        };
+      }
+      const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
+      loss_sum += sum_losses(ctx_, *losses);
+      row0 += sizes[m];
+    }
+    if (scaler_.enabled()) found_inf = grads_nonfinite(ctx_, params);
+  } catch (...) {
+    // Nothing of the training state changed yet: drop what the optimizer was told, if anything
+    // (skip() leaves parameters, moments and steps as they are), and let the error through.
+    model_.release_saved();
+    if (reported) {
+      try {
+        optimizer_->skip(ctx_);
+      } catch (...) {  // the original error is the one to report
+      }
+    }
+    throw;
+  }
+
+  const LossScalerState before = scaler_.state();
+  const bool skip = scaler_.update(found_inf);
+  try {
+    if (skip) {
+      optimizer_->skip(ctx_);
+    } else {
+      optimizer_->step(ctx_, 1.0 / scale);
+    }
+  } catch (...) {
+    scaler_.set_state(before);
+    throw;
+  }
+  ++attempted_;
+
+  StepResult r;
+  r.step = attempted_;
+  r.loss = loss_sum / static_cast<double>(rows);
+  r.loss_scale = scale;
+  r.skipped = skip;
+  r.tokens = rows;
+  r.micro_batches = static_cast<std::int64_t>(sizes.size());
+  const AllocatorStats s = ctx_.alloc.stats();
+  r.peak_allocated = static_cast<std::size_t>(s.allocated_bytes[kStatAll].peak);
+  r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[kStatAll].peak);
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    r.peak_by_category[c] = static_cast<std::size_t>(s.category_bytes[c].peak);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+double Trainer::evaluate(const Batch& batch) {
+  check_batch(batch, model_.spec());
+  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  // Pieces no larger than a training micro-batch; any batch size works (no split into K).
+  std::int64_t piece = options_.micro_batch > 0 ? options_.micro_batch : batch.batch;
+  if (options_.accum > 0) piece = std::max<std::int64_t>(1, batch.batch / options_.accum);
+  const std::vector<std::int64_t> sizes = micro_batch_split(batch.batch, piece);
+  Executor ex(model_, ctx_);
+  double sum = 0;
+  std::int64_t row0 = 0;
+  for (const std::int64_t rows : sizes) {
+    DeviceBatch d = upload(ctx_, batch, row0, rows);
+    const Act losses = ex.forward_only(d.mb);
+    sum += sum_losses(ctx_, *losses);
+    row0 += rows;
+  }
+  return sum / static_cast<double>(batch.batch * batch.seq_len);
+}
+
+// ---- save / load ------------------------------------------------------------------------------
+
+void Trainer::save(const std::string& path, const SaveOptions& o) {
+  // A delayed update in flight would leave masters a step ahead of the working weights.
+  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  TrainStateMeta meta;
+  meta.model_spec = model_.spec().to_yaml();
+  meta.dtype = dtype_name(ctx_.dtype);
+  meta.optimizer = optimizer_->name();
+  meta.options_json = options_json(options_, schedule_);
+  meta.steps = optimizer_->steps();
+  meta.attempted = attempted_;
+  meta.scaler_enabled = scaler_.enabled();
+  meta.scaler = scaler_.state();
+  meta.rng = rng_.state();
+  // The optimizer's state holds the FP32 values (masters, or f32 weights) and the moments; the
+  // working weights are those rounded (state_loaded() rebuilds them), so they are not saved.
+  write_train_state(path, meta, optimizer_->state(), ctx_.backend, ctx_.stream, o);
+}
+
+void Trainer::load(const std::string& path) {
+  const TrainStateFile f = TrainStateFile::read(path);
+  const TrainStateMeta& m = f.meta();
+  auto refuse = [&](const std::string& what) {
+    throw TrainStateError("training state '" + path + "': " + what);
+  };
+  if (m.model_spec != model_.spec().to_yaml()) {
+    refuse("saved from a different model:\n" + m.model_spec + "this trainer's model is:\n" +
+           model_.spec().to_yaml());
+  }
+  if (m.dtype != dtype_name(ctx_.dtype)) {
+    refuse("saved with compute dtype " + m.dtype + "; this trainer uses " + dtype_name(ctx_.dtype) +
+           " (give the same --dtype)");
+  }
+  if (m.optimizer != optimizer_->name()) {
+    refuse("saved with optimizer " + m.optimizer + "; this trainer uses " + optimizer_->name() +
+           " (give --offload as the saving run did)");
+  }
+  if (m.steps < 0 || m.attempted < m.steps) refuse("step counts are inconsistent");
+  {
+    LossScaler probe(scaler_.options());  // set_state validates; nothing may throw after restore
+    probe.set_state(m.scaler);
+    Rng probe_rng;
+    probe_rng.set_state(m.rng);
+  }
+  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  f.restore(optimizer_->state(), ctx_.backend, ctx_.stream);
+  optimizer_->set_steps(m.steps);
+  optimizer_->state_loaded(ctx_);
+  scaler_.set_state(m.scaler);
+  rng_.set_state(m.rng);
+  attempted_ = m.attempted;
+}
+
+}  // namespace memfit

@@ -1,0 +1,209 @@
+// `memfit train` end to end: runs the built program on a small model and the bundled corpus,
+// checks the JSON summary against what it printed, resume through the CLI, and the errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct ProgramRun {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+std::string memfit_binary() {
+  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
+  return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
+}
+
+ProgramRun run_memfit(const std::string& args) {
+  const std::string cmd = memfit_binary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string tmp(const std::string& name) {
+  return testing::TempDir() + "train_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+const std::string kCorpus = std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt";
+
+// A byte-level GPT small enough for a test: 2 blocks of width 32, windows of 32 bytes.
+std::string model_file() {
+  static const std::string path = [] {
+    const std::string p = tmp("model.yaml");
+    std::ofstream(p) << "model:\n  kind: gpt\n  name: cli-micro\n  vocab: 256\n  seq_len: 32\n"
+                        "  layers: 2\n  hidden: 32\n  heads: 4\n  mlp_ratio: 4\n"
+                        "  tied_head: true\n";
+    return p;
+  }();
+  return path;
+}
+
+std::string base_args(int steps) {
+  return "train --model " + model_file() + " --data " + kCorpus + " --steps " +
+         std::to_string(steps) + " --batch 4 --lr 3e-3";
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << "no summary at " << path;
+  return nlohmann::json::parse(f);
+}
+
+TEST(TrainCommand, SummaryJsonMatchesTheRunAndThePrediction) {
+  const std::string js = tmp("summary.json");
+  const ProgramRun r =
+      run_memfit(base_args(4) + " --dtype bf16 --checkpoint all --predict --summary-json " + js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 4/4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted (dry run)"), std::string::npos) << r.output;
+  const nlohmann::json j = read_json(js);
+  for (const char* key : {"peak_reserved_bytes", "peak_allocated_bytes", "peak_by_category",
+                          "final_loss", "tokens_per_second", "predicted_peak_reserved_bytes",
+                          "predicted_peak_allocated_bytes", "losses"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  const auto reserved = j.at("peak_reserved_bytes").get<std::uint64_t>();
+  const auto allocated = j.at("peak_allocated_bytes").get<std::uint64_t>();
+  EXPECT_GT(allocated, 0u);
+  EXPECT_LE(allocated, reserved);
+  std::uint64_t by_cat_max = 0;
+  for (const auto& [name, v] : j.at("peak_by_category").items()) {
+    by_cat_max = std::max(by_cat_max, v.get<std::uint64_t>());
+  }
+  EXPECT_GT(j.at("peak_by_category").at("activation").get<std::uint64_t>(), 0u);
+  EXPECT_GT(j.at("peak_by_category").at("parameter").get<std::uint64_t>(), 0u);
+  EXPECT_LE(by_cat_max, allocated);
+  EXPECT_EQ(j.at("losses").size(), 4u);
+  EXPECT_EQ(j.at("final_loss").get<double>(), j.at("losses").back().get<double>());
+  EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
+  EXPECT_GT(j.at("tokens_per_second").get<double>(), 0.0);
+  EXPECT_EQ(j.at("tokens").get<std::int64_t>(), 4 * 4 * 32);
+  // The prediction: the same allocations minus the CPU backend's GEMM scratch (bf16 operands
+  // are widened in allocator-backed workspace that the meta backend never needs).
+  const auto pred = j.at("predicted_peak_allocated_bytes").get<std::uint64_t>();
+  EXPECT_GT(pred, 0u);
+  EXPECT_LE(pred, allocated);
+  EXPECT_EQ(j.at("predicted_peak_by_category").at("parameter"),
+            j.at("peak_by_category").at("parameter"));
+  EXPECT_EQ(j.at("predicted_peak_by_category").at("optimizer_state"),
+            j.at("peak_by_category").at("optimizer_state"));
+  std::remove(js.c_str());
+}
+
+TEST(TrainCommand, SaveThenResumeContinuesExactly) {
+  const std::string state = tmp("run.mfstate");
+  const std::string full = tmp("full.json"), part = tmp("part.json"), rest = tmp("rest.json");
+  ASSERT_EQ(run_memfit(base_args(5) + " --offload --summary-json " + full).exit_code, 0);
+  ASSERT_EQ(
+      run_memfit(base_args(3) + " --offload --save " + state + " --summary-json " + part).exit_code,
+      0);
+  const ProgramRun r =
+      run_memfit(base_args(2) + " --offload --resume " + state + " --summary-json " + rest);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed at step 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 5/5"), std::string::npos) << r.output;
+  const auto jf = read_json(full), jr = read_json(rest);
+  EXPECT_EQ(jr.at("start_step").get<int>(), 3);
+  // JSON doubles round-trip exactly, so the losses compare bit for bit.
+  ASSERT_EQ(jr.at("losses").size(), 2u);
+  EXPECT_EQ(jr.at("losses")[0].get<double>(), jf.at("losses")[3].get<double>());
+  EXPECT_EQ(jr.at("losses")[1].get<double>(), jf.at("losses")[4].get<double>());
+  // Resuming with another dtype is refused by name.
+  const ProgramRun bad = run_memfit(base_args(1) + " --offload --dtype f16 --resume " + state);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("dtype"), std::string::npos) << bad.output;
+  for (const auto& p : {state, full, part, rest}) std::remove(p.c_str());
+}
+
+TEST(TrainCommand, BudgetTooSmallSaysWhatWouldFit) {
+  const ProgramRun r = run_memfit(base_args(1) + " --budget 1MiB");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("too small"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MiB or more"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--checkpoint all"), std::string::npos) << r.output;
+}
+
+TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
+  const std::string empty = tmp("empty.txt");
+  std::ofstream(empty).flush();
+  const std::string tiny = tmp("tiny.txt");
+  std::ofstream(tiny) << "too short";
+  struct Case {
+    std::string args, expect;
+  };
+  const Case cases[] = {
+      {base_args(0), "--steps"},
+      {"train --model " + model_file() + " --data " + tmp("missing.txt") + " --steps 1",
+       "missing.txt"},
+      {"train --model " + model_file() + " --data " + empty + " --steps 1", "empty"},
+      {"train --model " + model_file() + " --data " + tiny + " --steps 1", "33"},
+      {base_args(1) + " --accum 3", "3"},  // batch 4 cannot split into 3 micro-batches
+      {base_args(1) + " --checkpoint every:0", "every:K"},
+      {base_args(1) + " --dtype f8", "f8"},
+      {base_args(1) + " --budget 12XB", "12XB"},
+      {base_args(1) + " --seq-len 64", "--seq-len"},
+      {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt5"},
+      {"train --model gpt-micro --data " + kCorpus + " --steps 1", "vocab"},
+      {base_args(1) + " --resume " + tmp("nothing.mfstate"), "nothing.mfstate"},
+  };
+  for (const Case& c : cases) {
+    const ProgramRun r = run_memfit(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+  std::remove(empty.c_str());
+  std::remove(tiny.c_str());
+}
+
+// The example programs (built by the default target, as scripts/test.sh does) run and check
+// themselves: custom_layer exits 1 unless checkpointing left the losses bit-identical and the
+// loss fell.
+ProgramRun run_example(const std::string& name, const std::string& args) {
+  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
+  const std::string bin =
+      std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/examples/example_" + name;
+  if (::access(bin.c_str(), X_OK) != 0) return {-1, bin + " is not built (build all targets)"};
+  FILE* p = popen((bin + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Examples, RunAndCheckThemselves) {
+  ProgramRun r = run_example("custom_layer", kCorpus + " 6");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("losses identical with and without checkpointing: yes"),
+            std::string::npos)
+      << r.output;
+  r = run_example("custom_loop", kCorpus + " 3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step   3"), std::string::npos) << r.output;
+  const std::string state = tmp("train_gpt.mfstate");
+  r = run_example("train_gpt", kCorpus + " 1 " + state);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_example("train_gpt", kCorpus + " 1 " + state);  // resumes from the file it wrote
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step   2"), std::string::npos) << r.output;
+  std::remove(state.c_str());
+}
+
+}  // namespace
