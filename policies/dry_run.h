@@ -12,6 +12,11 @@
 // token/target inputs (Category::kInput), min(accum, 2) micro-batches plus an uneven last one
 // when there is one, the optimizer update. Peaks are the allocator's over all of it. An
 // OutOfMemory under the budget is caught: fits = false, with the request that failed.
+// As in Trainer::step, the peaks are reset once the model and optimizer are built, so they are
+// the step's (what StepResult reports); setup_peak_reserved is the construction's own peak
+// (with offload it holds the device masters until the optimizer moves them), and fits needs
+// both under the budget. gemm_flops and bytes_moved cover all `accum` micro-batches (the
+// repeated ones counted from the first) and the update.
 // Runs in about a millisecond per block on this machine (gpt2-xl: 48 blocks).
 #pragma once
 
@@ -43,7 +48,9 @@ struct DryRunResult {
   std::size_t peak_reserved = 0;
   std::size_t peak_allocated = 0;
   std::array<std::size_t, kCategoryCount> peak_by_category{};
+  std::size_t setup_peak_reserved = 0;  // building the model and optimizer, before the step
   std::size_t failed_request = 0;  // when !fits: the allocation that did not fit
+  std::string failure;             // when !fits: the OutOfMemory message
   double gemm_flops = 0;           // the meta backend's counts for the step
   double bytes_moved = 0;
 };

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "memory/alloc_conf.h"
 #include "policies/device_spec.h"
 #include "policies/plan.h"
 
@@ -48,12 +49,15 @@ struct PlannerOptions {
   std::vector<bool> offload{false, true};
   std::int64_t max_micro_batch = 1 << 16;
   bool calibrate = false;          // CostModel::calibrate instead of analytic
+  AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)
+  int threads = 0;                 // combinations searched in parallel; 0: the CPU count
 };
 
 struct PlanResult {
   std::vector<Plan> candidates;  // one per feasible combination, best first
   std::vector<std::string> infeasible;  // "f32 none offload=off: one sample needs 81.2 GiB"
   Plan recommended;
+  std::int64_t dry_runs = 0;  // how many the search took (benchmarks report it)
 };
 
 PlanResult plan(const PlannerOptions& options);

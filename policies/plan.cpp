@@ -1,0 +1,393 @@
+#include "policies/plan.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/schedule.h"
+#include "memory/error.h"
+#include "memory/size.h"
+
+namespace memfit {
+
+namespace {
+
+constexpr const char* kValidKeys =
+    "model, device, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
+    "activation_dtype, checkpoint, offload, delayed_update, ranks, zero_stage, predicted, why";
+constexpr const char* kValidPredicted =
+    "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, step_seconds, "
+    "tokens_per_second";
+
+std::string at(const std::string& source, const YAML::Mark& m) {
+  if (m.is_null()) return source + ": ";
+  return source + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1) + ": ";
+}
+
+[[noreturn]] void fail(const std::string& source, const YAML::Node& n, const std::string& key,
+                       const std::string& what) {
+  throw ConfigError(at(source, n.Mark()) + "plan." + key + ": " + what);
+}
+
+std::string scalar(const std::string& src, const YAML::Node& n, const std::string& key) {
+  if (!n.IsScalar()) fail(src, n, key, "expected a single value");
+  return n.Scalar();
+}
+
+std::int64_t integer(const std::string& src, const YAML::Node& n, const std::string& key,
+                     std::int64_t lo, std::int64_t hi) {
+  const std::string s = scalar(src, n, key);
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size()) fail(src, n, key, "'" + s + "' is not an integer");
+  if (v < lo || v > hi) {
+    fail(src, n, key,
+         std::to_string(v) + " is out of range; valid: " + std::to_string(lo) + " to " +
+             std::to_string(hi));
+  }
+  return v;
+}
+
+// Bytes: a plain integer or a size with units (24GiB).
+std::size_t bytes(const std::string& src, const YAML::Node& n, const std::string& key) {
+  const std::string s = scalar(src, n, key);
+  try {
+    return parse_size(s);
+  } catch (const Error& e) {
+    fail(src, n, key, e.what());
+  }
+}
+
+double number(const std::string& src, const YAML::Node& n, const std::string& key) {
+  const std::string s = scalar(src, n, key);
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size() || !std::isfinite(v) || v < 0) {
+    fail(src, n, key, "'" + s + "' is not a finite number >= 0");
+  }
+  return v;
+}
+
+bool boolean(const std::string& src, const YAML::Node& n, const std::string& key) {
+  const std::string s = scalar(src, n, key);
+  if (s == "true") return true;
+  if (s == "false") return false;
+  fail(src, n, key, "'" + s + "': valid: true, false");
+}
+
+// The plan's `model:` map read by ModelSpec itself, so its errors and rules are the same. For a
+// block-style YAML document every other top-level entry is blanked out, keeping line numbers;
+// otherwise (JSON, flow style) the map is re-emitted and its errors point at the model key.
+ModelSpec read_model(std::string_view text, const std::string& src, const YAML::Node& model,
+                     bool block_style) {
+  if (!model.IsMap()) fail(src, model, "model", "expected a map (kind, vocab, seq_len, ...)");
+  if (block_style) {
+    std::string kept;
+    bool in_model = false;
+    std::istringstream in{std::string(text)};
+    for (std::string line; std::getline(in, line);) {
+      const bool top = !line.empty() && line[0] != ' ' && line[0] != '\t' && line[0] != '#';
+      if (top) in_model = line.rfind("model:", 0) == 0;
+      kept += (in_model ? line : std::string()) + "\n";
+    }
+    try {
+      return ModelSpec::from_yaml_string(kept, src);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const YAML::Exception&) {  // not the shape assumed: fall back below
+    }
+  }
+  YAML::Emitter out;
+  out << YAML::Flow << YAML::BeginMap << YAML::Key << "model" << YAML::Value << model
+      << YAML::EndMap;
+  return ModelSpec::from_yaml_string(out.c_str(), at(src, model.Mark()) + "model");
+}
+
+Plan parse(std::string_view text, const std::string& src, bool block_style) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(at(src, e.mark) + "malformed plan: " + e.msg);
+  }
+  if (!root.IsMap()) {
+    throw ConfigError(src + ": a plan is one map; valid keys: " + std::string(kValidKeys));
+  }
+  Plan p;
+  std::set<std::string> seen;
+  YAML::Node micro_node, global_node, accum_node, delayed_node, offload_node, seq_node;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    seen.insert(key);
+    if (key == "model") {
+      p.model = read_model(text, src, v, block_style);
+    } else if (key == "device") {
+      p.device = scalar(src, v, key);
+      if (p.device.empty()) fail(src, v, key, "empty; valid: a device preset name or file");
+    } else if (key == "budget_bytes") {
+      p.budget = bytes(src, v, key);
+    } else if (key == "seq_len") {
+      p.seq_len = integer(src, v, key, 0, std::numeric_limits<std::int32_t>::max());
+      seq_node = v;
+    } else if (key == "global_batch") {
+      p.global_batch = integer(src, v, key, 0, std::int64_t{1} << 40);
+      global_node = v;
+    } else if (key == "micro_batch") {
+      p.micro_batch = integer(src, v, key, 1, std::int64_t{1} << 40);
+      micro_node = v;
+    } else if (key == "accum_steps") {
+      p.accum_steps = integer(src, v, key, 1, std::int64_t{1} << 40);
+      accum_node = v;
+    } else if (key == "activation_dtype") {
+      const std::string s = scalar(src, v, key);
+      if (s != "f32" && s != "f16" && s != "bf16") fail(src, v, key, "'" + s + "'; valid: f32, f16, bf16");
+      p.dtype = parse_dtype(s);
+    } else if (key == "checkpoint") {
+      p.checkpoint = scalar(src, v, key);
+    } else if (key == "offload") {
+      p.offload = boolean(src, v, key);
+      offload_node = v;
+    } else if (key == "delayed_update") {
+      p.delayed_update = boolean(src, v, key);
+      delayed_node = v;
+    } else if (key == "ranks") {
+      p.ranks = static_cast<int>(integer(src, v, key, 1, 1 << 20));
+    } else if (key == "zero_stage") {
+      p.zero_stage = static_cast<int>(integer(src, v, key, 0, 2));
+    } else if (key == "predicted") {
+      if (!v.IsMap()) fail(src, v, key, "expected a map (" + std::string(kValidPredicted) + ")");
+      for (const auto& pk : v) {
+        const std::string k = pk.first.as<std::string>();
+        const YAML::Node& pv = pk.second;
+        const std::string full = "predicted." + k;
+        if (k == "peak_reserved_bytes") {
+          p.predicted.peak_reserved = bytes(src, pv, full);
+        } else if (k == "peak_allocated_bytes") {
+          p.predicted.peak_allocated = bytes(src, pv, full);
+        } else if (k == "step_seconds") {
+          p.predicted.step_seconds = number(src, pv, full);
+        } else if (k == "tokens_per_second") {
+          p.predicted.tokens_per_second = number(src, pv, full);
+        } else if (k == "peak_by_category") {
+          if (!pv.IsMap()) fail(src, pv, full, "expected a map of category: bytes");
+          for (const auto& ck : pv) {
+            const std::string c = ck.first.as<std::string>();
+            Category cat{};
+            try {
+              cat = parse_category(c);
+            } catch (const Error& e) {
+              fail(src, ck.first, full + "." + c, e.what());
+            }
+            p.predicted.peak_by_category[category_index(cat)] =
+                bytes(src, ck.second, full + "." + c);
+          }
+        } else {
+          fail(src, pk.first, full, "unknown key; valid: " + std::string(kValidPredicted));
+        }
+      }
+    } else if (key == "why") {
+      p.why = scalar(src, v, key);
+    } else {
+      fail(src, kv.first, key, "unknown key; valid: " + std::string(kValidKeys));
+    }
+  }
+  for (const char* required : {"model", "micro_batch", "activation_dtype", "checkpoint"}) {
+    if (!seen.count(required)) {
+      throw ConfigError(src + ": plan." + required + ": missing; a plan needs model, micro_batch, "
+                        "activation_dtype and checkpoint (valid keys: " + kValidKeys + ")");
+    }
+  }
+  // Cross-checks, each pointing at the key that contradicts the others.
+  if (p.seq_len > p.model.seq_len) {
+    fail(src, seq_node, "seq_len",
+         std::to_string(p.seq_len) + " exceeds the model's seq_len " +
+             std::to_string(p.model.seq_len) + "; valid: 1 to " + std::to_string(p.model.seq_len) +
+             " (0: the model's)");
+  }
+  const std::int64_t lo = (p.accum_steps - 1) * p.micro_batch + 1;
+  const std::int64_t hi = p.accum_steps * p.micro_batch;
+  if (p.global_batch == 0) p.global_batch = hi;
+  if (p.global_batch < lo || p.global_batch > hi) {
+    const YAML::Node& n = global_node.IsDefined() ? global_node : accum_node;
+    fail(src, n, "global_batch",
+         std::to_string(p.global_batch) + " is not reached by " + std::to_string(p.accum_steps) +
+             " micro-batches of " + std::to_string(p.micro_batch) + "; valid: " +
+             std::to_string(lo) + " to " + std::to_string(hi) +
+             " (the last micro-batch may be smaller)");
+  }
+  if (p.delayed_update && !p.offload) {
+    fail(src, delayed_node, "delayed_update", "true needs offload: true (it delays the CPU update)");
+  }
+  try {
+    (void)Schedule::parse(p.checkpoint, static_cast<int>(p.model.layers));
+  } catch (const InvalidArgument& e) {
+    fail(src, root["checkpoint"], "checkpoint", e.what());
+  }
+  return p;
+}
+
+nlohmann::ordered_json to_json_value(const Plan& p) {
+  nlohmann::ordered_json j;
+  const YAML::Node m = YAML::Load(p.model.to_yaml())["model"];
+  nlohmann::ordered_json model;
+  for (const auto& kv : m) {
+    const std::string k = kv.first.as<std::string>();
+    if (k == "kind" || k == "name") {
+      model[k] = kv.second.as<std::string>();
+    } else if (k == "tied_head") {
+      model[k] = kv.second.as<bool>();
+    } else if (k == "ln_eps") {
+      model[k] = kv.second.as<double>();
+    } else {
+      model[k] = kv.second.as<std::int64_t>();
+    }
+  }
+  j["model"] = model;
+  j["device"] = p.device;
+  j["budget_bytes"] = p.budget;
+  j["seq_len"] = p.seq_len;
+  j["global_batch"] = p.global_batch;
+  j["micro_batch"] = p.micro_batch;
+  j["accum_steps"] = p.accum_steps;
+  j["activation_dtype"] = dtype_name(p.dtype);
+  j["checkpoint"] = p.checkpoint;
+  j["offload"] = p.offload;
+  j["delayed_update"] = p.delayed_update;
+  j["ranks"] = p.ranks;
+  j["zero_stage"] = p.zero_stage;
+  nlohmann::ordered_json pred;
+  pred["peak_reserved_bytes"] = p.predicted.peak_reserved;
+  pred["peak_allocated_bytes"] = p.predicted.peak_allocated;
+  nlohmann::ordered_json cats = nlohmann::ordered_json::object();
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    if (p.predicted.peak_by_category[c] == 0) continue;
+    cats[category_name(static_cast<Category>(c))] = p.predicted.peak_by_category[c];
+  }
+  pred["peak_by_category"] = cats;
+  pred["step_seconds"] = p.predicted.step_seconds;
+  pred["tokens_per_second"] = p.predicted.tokens_per_second;
+  j["predicted"] = pred;
+  j["why"] = p.why;
+  return j;
+}
+
+bool is_json_path(const std::string& path) {
+  const std::string ext = std::filesystem::path(path).extension().string();
+  if (ext == ".json") return true;
+  if (ext == ".yaml" || ext == ".yml") return false;
+  throw InvalidArgument("plan file '" + path + "': unknown extension '" + ext +
+                        "'; valid: .yaml, .yml, .json");
+}
+
+}  // namespace
+
+TrainerOptions Plan::trainer_options() const {
+  TrainerOptions o;
+  o.checkpoint = checkpoint;
+  // micro_batch_split(global_batch, micro_batch) gives accum_steps micro-batches, the last one
+  // taking what is left: exactly this plan.
+  o.micro_batch = micro_batch;
+  o.accum = 0;
+  o.offload = offload;
+  o.delayed_update = delayed_update;
+  return o;
+}
+
+std::string Plan::to_json() const { return to_json_value(*this).dump(2) + "\n"; }
+
+std::string Plan::to_yaml() const {
+  // The JSON value in block style: one writer for both formats, so they cannot drift.
+  const nlohmann::ordered_json j = to_json_value(*this);
+  std::function<void(YAML::Emitter&, const nlohmann::ordered_json&)> emit =
+      [&](YAML::Emitter& out, const nlohmann::ordered_json& v) {
+        if (v.is_object()) {
+          out << YAML::BeginMap;
+          for (auto it = v.begin(); it != v.end(); ++it) {
+            out << YAML::Key << it.key() << YAML::Value;
+            emit(out, it.value());
+          }
+          out << YAML::EndMap;
+        } else if (v.is_string()) {
+          out << YAML::DoubleQuoted << v.get<std::string>();
+        } else if (v.is_boolean()) {
+          out << (v.get<bool>() ? "true" : "false");
+        } else if (v.is_number_float()) {
+          char buf[40];
+          std::snprintf(buf, sizeof buf, "%.17g", v.get<double>());
+          out << buf;
+        } else {
+          out << v.dump();
+        }
+      };
+  YAML::Emitter out;
+  emit(out, j);
+  return std::string(out.c_str()) + "\n";
+}
+
+Plan Plan::from_yaml_string(std::string_view text, std::string_view source) {
+  return parse(text, std::string(source), /*block_style=*/true);
+}
+
+Plan Plan::from_json_string(std::string_view text, std::string_view source) {
+  const std::string src(source);
+  try {
+    (void)nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ConfigError(src + ": malformed JSON plan: " + e.what());
+  }
+  // JSON is YAML's flow style: the same reader gives line numbers for every key.
+  return parse(text, src, /*block_style=*/false);
+}
+
+Plan Plan::load(const std::string& path) {
+  const bool json = is_json_path(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open the plan file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json ? from_json_string(ss.str(), path) : from_yaml_string(ss.str(), path);
+}
+
+void Plan::save(const std::string& path) const {
+  const std::string text = is_json_path(path) ? to_json() : to_yaml();
+  // Written beside the target and renamed over it: a reader sees the old file or the new one.
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw ConfigError(path + ": cannot write the plan (" + tmp + ")");
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw ConfigError(path + ": writing the plan failed");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw ConfigError(path + ": cannot replace the plan file: " + ec.message());
+  }
+}
+
+}  // namespace memfit

@@ -1,0 +1,530 @@
+#include "policies/planner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "memory/check.h"
+#include "memory/error.h"
+#include "memory/size.h"
+#include "policies/checkpoint_solver.h"
+#include "policies/cost_model.h"
+#include "policies/dry_run.h"
+
+namespace memfit {
+
+namespace {
+
+// One (dtype, solver, offload) combination and what the search found for it.
+struct Combo {
+  DType dtype = DType::kF32;
+  std::string solver;
+  bool offload = false;
+  // Results.
+  std::int64_t max_micro = 0;  // 0: nothing fits
+  std::optional<Plan> plan;
+  std::string infeasible;
+  std::int64_t dry_runs = 0;
+
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " " + solver + " offload=" + (offload ? "on" : "off");
+  }
+};
+
+struct Context {
+  const PlannerOptions& o;
+  const CostModel& cm;
+  std::int64_t seq_len = 0;
+  std::size_t budget = 0;
+  int n = 0;  // blocks
+};
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(std::size_t{1} << 30));
+  return buf;
+}
+
+// Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
+// device optimizer state (stage >= 1) and of the gradients (stage 2). The dry run simulates one
+// rank holding everything; this is subtracted from its peak (and added to its budget).
+std::size_t zero_saving(const Context& c, DType dt, bool offload) {
+  if (c.o.ranks <= 1 || c.o.zero_stage == 0) return 0;
+  const StaticBytes s = c.cm.static_bytes(dt, offload);
+  const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
+  double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
+  if (c.o.zero_stage >= 2) saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
+  return static_cast<std::size_t>(saved);
+}
+
+class Searcher {
+ public:
+  Searcher(const Context& c, Combo& combo)
+      : c_(c), combo_(combo), saving_(zero_saving(c, combo.dtype, combo.offload)) {}
+
+  // A dry run of `micro` (accum micro-batches, an uneven last one) under the budget, with the
+  // schedule this combination gives at that micro-batch; nullopt when no schedule fits.
+  std::optional<DryRunResult> probe(std::int64_t micro, std::int64_t accum, std::int64_t last,
+                                    Schedule* schedule_out) {
+    DryRunRequest q = request(micro, accum, last);
+    q.alloc_conf.budget = c_.budget + saving_;
+    if (combo_.solver != "optimal") {
+      q.schedule = fixed_schedule();
+      const DryRunResult r = run(q);
+      if (schedule_out) *schedule_out = q.schedule;
+      return r;
+    }
+    // Optimal: the DP's limit is what the chain may use: the budget less the static bytes and
+    // the micro-batch's inputs; the dry run confirms with every other byte (rounding,
+    // fragmentation, the head's transients) and lowers the limit by what it overshot.
+    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
+    const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
+    std::int64_t limit = static_cast<std::int64_t>(q.alloc_conf.budget) - st.device_total() - inputs;
+    const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
+    for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
+      const SolverResult s = solve_checkpoint(chain, limit, "optimal");
+      if (!s.feasible) return std::nullopt;
+      q.schedule = s.schedule;
+      const DryRunResult r = run(q);
+      if (r.fits) {
+        if (schedule_out) *schedule_out = q.schedule;
+        return r;
+      }
+      DryRunRequest free_q = q;
+      free_q.alloc_conf.budget = 0;
+      const DryRunResult u = run(free_q);
+      const auto over = static_cast<std::int64_t>(u.peak_reserved) -
+                        static_cast<std::int64_t>(q.alloc_conf.budget);
+      limit -= std::max<std::int64_t>(over, limit / 64 + 1);
+    }
+    return std::nullopt;
+  }
+
+  struct Found {
+    DryRunResult r;
+    Schedule schedule;
+  };
+  // probe(micro) in one micro-batch, remembered: the search and the final plan share it.
+  const std::optional<Found>& at(std::int64_t micro) {
+    auto it = cache_.find(micro);
+    if (it == cache_.end()) {
+      Schedule s;
+      const std::optional<DryRunResult> r = probe(micro, 1, 0, &s);
+      std::optional<Found> f;
+      if (r && r->fits) f = Found{*r, s};
+      it = cache_.emplace(micro, std::move(f)).first;
+    }
+    return it->second;
+  }
+
+  bool fits(std::int64_t micro, std::size_t* peak) {
+    const std::optional<Found>& f = at(micro);
+    if (peak && f) *peak = f->r.peak_reserved;
+    return f.has_value();
+  }
+
+  // The largest micro-batch whose dry run fits, up to `cap`: exponential steps from a hint,
+  // then interpolation on the measured peaks, falling back to bisection when it stalls.
+  std::int64_t max_micro(std::int64_t cap, std::int64_t hint) {
+    std::size_t p_lo = 0;
+    if (!fits(1, &p_lo)) return 0;
+    std::int64_t lo = 1, hi = cap + 1;  // fits(lo), !fits(hi) (hi = cap + 1: unknown)
+    std::int64_t lo_prev = 0;
+    std::size_t p_prev = 0;
+    if (hint > 1 && hint <= cap) {
+      std::size_t p = 0;
+      if (fits(hint, &p)) {
+        lo_prev = lo, p_prev = p_lo, lo = hint, p_lo = p;
+        if (hint + 1 > cap || !fits(hint + 1, &p)) return hint;  // a twin's answer holds
+        lo_prev = lo, p_prev = p_lo, lo = hint + 1, p_lo = p;
+      } else {
+        hi = hint;
+      }
+    }
+    bool bisect = false;
+    while (hi - lo > 1) {
+      std::int64_t next;
+      if (bisect || lo_prev == 0 || p_lo <= p_prev) {
+        // Without two points (or a slope) grow geometrically until something fails.
+        next = hi > cap ? std::min(cap, lo * 2) : lo + (hi - lo) / 2;
+        if (hi <= cap) bisect = false;
+      } else {
+        const double slope = double(p_lo - p_prev) / double(lo - lo_prev);
+        const double room = double(c_.budget + saving_) - double(p_lo);
+        next = lo + static_cast<std::int64_t>(std::floor(std::max(0.0, room) / slope));
+        next = std::clamp<std::int64_t>(next, lo + 1, std::min(hi - 1, cap));
+      }
+      if (next <= lo) break;
+      const std::int64_t width = hi - lo;
+      std::size_t p = 0;
+      if (fits(next, &p)) {
+        lo_prev = lo, p_prev = p_lo, lo = next, p_lo = p;
+      } else {
+        hi = next;
+      }
+      // Interpolation that shrank the interval by less than half: bisect next time.
+      bisect = hi <= cap && (hi - lo) * 2 > width;
+    }
+    return lo;
+  }
+
+  DryRunResult run(const DryRunRequest& q) {
+    ++combo_.dry_runs;
+    return dry_run(q);
+  }
+
+  DryRunRequest request(std::int64_t micro, std::int64_t accum, std::int64_t last) const {
+    DryRunRequest q;
+    q.spec = c_.o.spec;
+    q.policy = Policy{combo_.dtype, combo_.solver, combo_.offload};
+    q.micro_batch = micro;
+    q.accum = accum;
+    q.last_micro_batch = last;
+    q.seq_len = c_.seq_len;
+    q.alloc_conf = c_.o.alloc_conf;
+    return q;
+  }
+
+  const Schedule& fixed_schedule() {
+    if (!fixed_) fixed_ = Schedule::parse(combo_.solver, c_.n);
+    return *fixed_;
+  }
+
+  std::size_t saving() const { return saving_; }
+
+ private:
+  const Context& c_;
+  Combo& combo_;
+  std::size_t saving_;
+  std::optional<Schedule> fixed_;
+  std::map<std::int64_t, std::optional<Found>> cache_;
+};
+
+Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const DryRunResult& r,
+               std::size_t saving, std::int64_t micro, std::int64_t accum, std::int64_t global) {
+  Plan p;
+  p.model = c.o.spec;
+  p.device = c.o.device.name;
+  p.budget = c.budget;
+  p.seq_len = c.seq_len;
+  p.micro_batch = micro;
+  p.accum_steps = accum;
+  p.global_batch = global;
+  p.dtype = combo.dtype;
+  p.checkpoint = combo.solver == "optimal" ? s.str() : combo.solver;
+  p.offload = combo.offload;
+  p.ranks = c.o.ranks;
+  p.zero_stage = c.o.ranks > 1 ? c.o.zero_stage : 0;
+  p.predicted.peak_reserved = r.peak_reserved - std::min(r.peak_reserved, saving);
+  p.predicted.peak_allocated = r.peak_allocated - std::min(r.peak_allocated, saving);
+  p.predicted.peak_by_category = r.peak_by_category;
+  if (saving > 0) {
+    // Per rank: the sharded categories hold 1/N (ZeRO); the dry run held them whole.
+    const double keep = 1.0 / double(c.o.ranks);
+    for (Category cat : {Category::kOptimizerState, Category::kGradient}) {
+      if (cat == Category::kGradient && c.o.zero_stage < 2) continue;
+      auto& b = p.predicted.peak_by_category[category_index(cat)];
+      b = static_cast<std::size_t>(double(b) * keep);
+    }
+  }
+  const Policy pol{combo.dtype, combo.solver, combo.offload};
+  p.predicted.step_seconds = c.cm.step_seconds(pol, s, micro, accum, c.o.device);
+  const double tokens = double(global) * double(c.seq_len);
+  p.predicted.tokens_per_second =
+      p.predicted.step_seconds > 0 ? tokens / p.predicted.step_seconds : 0;
+  return p;
+}
+
+std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
+  DryRunRequest q = s.request(1, 1, 0);
+  q.alloc_conf.budget = 0;
+  if (combo.solver == "optimal") {
+    q.schedule = Schedule::all(c.n);  // the least memory a per-block rule reaches
+  } else {
+    q.schedule = s.fixed_schedule();
+  }
+  const DryRunResult u = s.run(q);
+  const std::size_t need = u.peak_reserved - std::min(u.peak_reserved, s.saving());
+  const std::size_t setup = u.setup_peak_reserved - std::min(u.setup_peak_reserved, s.saving());
+  if (setup > c.budget) {
+    return combo.name() + ": the weights, gradients and optimizer state alone need " +
+           gib(double(setup)) + " (budget " + gib(double(c.budget)) + ")";
+  }
+  return combo.name() + ": one sample needs " + gib(double(std::max(need, setup))) +
+         " (budget " + gib(double(c.budget)) + ")";
+}
+
+// Max-batch mode for one combination.
+void search_max(const Context& c, Combo& combo, std::int64_t hint) {
+  Searcher s(c, combo);
+  const std::int64_t m = s.max_micro(c.o.max_micro_batch, hint);
+  combo.max_micro = m;
+  if (m == 0) {
+    combo.infeasible = infeasible_reason(c, combo, s);
+    return;
+  }
+  const auto& f = s.at(m);
+  MEMFIT_CHECK(f.has_value());
+  combo.plan = make_plan(c, combo, f->schedule, f->r, s.saving(), m, 1, m * c.o.ranks);
+}
+
+// Throughput mode for one combination: the micro-batch (up to the largest that fits) that
+// reaches the per-rank batch fastest, confirmed by a dry run with its accumulation.
+void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
+  Searcher s(c, combo);
+  const std::int64_t per_rank = c.o.global_batch / c.o.ranks;
+  const std::int64_t m = s.max_micro(std::min(c.o.max_micro_batch, per_rank), hint);
+  combo.max_micro = m;
+  if (m == 0) {
+    combo.infeasible = infeasible_reason(c, combo, s);
+    return;
+  }
+  // Candidate micro-batches: every one when few, else powers of two, the largest, and the
+  // sizes that split the batch into k even-ish parts. The optimal solver re-solves per size,
+  // so it gets the short list.
+  std::vector<std::int64_t> cand;
+  const bool optimal = combo.solver == "optimal";
+  if (!optimal && m <= 512) {
+    for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
+  } else {
+    for (std::int64_t b = 1; b <= m; b *= 2) cand.push_back(b);
+    const std::int64_t parts = optimal ? 8 : 512;
+    for (std::int64_t k = 1; k <= parts; ++k) {
+      const std::int64_t b = (per_rank + k - 1) / k;
+      if (b <= m) cand.push_back(b);
+    }
+    cand.push_back(m);
+    std::sort(cand.begin(), cand.end());
+    cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  }
+  struct Timed {
+    double seconds;
+    std::int64_t micro;
+  };
+  std::vector<Timed> timed;
+  const Policy pol{combo.dtype, combo.solver, combo.offload};
+  for (std::int64_t b : cand) {
+    const std::int64_t accum = (per_rank + b - 1) / b;
+    Schedule sched;
+    if (optimal) {
+      const auto& f = s.at(b);
+      if (!f) continue;
+      sched = f->schedule;
+    } else {
+      sched = s.fixed_schedule();
+    }
+    timed.push_back({c.cm.step_seconds(pol, sched, b, accum, c.o.device), b});
+  }
+  std::sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) {
+    return a.seconds != b.seconds ? a.seconds < b.seconds : a.micro > b.micro;
+  });
+  // The best few confirmed with their real accumulation (an uneven last micro-batch included).
+  for (std::size_t i = 0; i < timed.size() && i < 4; ++i) {
+    const std::int64_t b = timed[i].micro;
+    const std::int64_t accum = (per_rank + b - 1) / b;
+    const std::int64_t last = per_rank - (accum - 1) * b;
+    Schedule sched;
+    const std::optional<DryRunResult> r = s.probe(b, accum, last == b ? 0 : last, &sched);
+    if (!r || !r->fits) continue;
+    combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
+    return;
+  }
+  combo.infeasible = combo.name() + ": no micro-batch up to " + std::to_string(m) +
+                     " fits with its accumulation";
+}
+
+void validate(const PlannerOptions& o, std::int64_t seq_len) {
+  o.spec.validate();
+  auto bad = [](const std::string& what) { throw InvalidArgument("plan: " + what); };
+  if (seq_len < 1 || seq_len > o.spec.seq_len) {
+    bad("seq_len " + std::to_string(seq_len) + " is above the model's maximum " +
+        std::to_string(o.spec.seq_len) + "; valid: 1 to " + std::to_string(o.spec.seq_len));
+  }
+  if (o.ranks < 1) bad("ranks " + std::to_string(o.ranks) + " must be >= 1");
+  if (o.zero_stage < 0 || o.zero_stage > 2) {
+    bad("zero_stage " + std::to_string(o.zero_stage) + "; valid: 0, 1 (optimizer state "
+        "sharded), 2 (+ gradients)");
+  }
+  if (o.global_batch < 0) bad("global batch " + std::to_string(o.global_batch) + " must be >= 0");
+  if (o.global_batch > 0 && o.global_batch % o.ranks != 0) {
+    bad("a global batch of " + std::to_string(o.global_batch) + " cannot be split over " +
+        std::to_string(o.ranks) + " ranks; valid: a multiple of " + std::to_string(o.ranks));
+  }
+  if (o.max_micro_batch < 1) bad("max_micro_batch must be >= 1");
+  if (o.dtypes.empty() || o.solvers.empty() || o.offload.empty()) {
+    bad("at least one dtype, one checkpoint solver and one offload setting are needed");
+  }
+  for (const std::string& s : o.solvers) {
+    if (s == "optimal") continue;
+    try {
+      (void)Schedule::parse(s, static_cast<int>(o.spec.layers));
+    } catch (const InvalidArgument& e) {
+      bad("checkpoint solver '" + s + "': " + e.what() + " (or optimal)");
+    }
+  }
+  if (o.threads < 0) bad("threads must be >= 0");
+}
+
+// The least the parameters, gradients and optimizer state need on one rank with every policy
+// the options allow, and for what; nullopt when the budget covers it.
+std::optional<std::string> weights_shortfall(const Context& c) {
+  std::optional<std::pair<std::size_t, std::string>> best;
+  for (DType dt : c.o.dtypes) {
+    for (bool off : c.o.offload) {
+      const StaticBytes s = c.cm.static_bytes(dt, off);
+      const std::size_t need = static_cast<std::size_t>(s.device_total()) -
+                               std::min<std::size_t>(s.device_total(), zero_saving(c, dt, off));
+      if (best && best->first <= need) continue;
+      auto b = [&](Category k) { return gib(double(s.device[category_index(k)])); };
+      best = {need, std::string(dtype_name(dt)) + " weights " + b(Category::kParameter) +
+                        ", f32 gradients " + b(Category::kGradient) + ", optimizer state " +
+                        b(Category::kOptimizerState) + (off ? " (offloaded: on the host)" : "")};
+    }
+  }
+  if (!best || best->first <= c.budget) return std::nullopt;
+  return "budget " + gib(double(c.budget)) + " is below what the weights need even with every "
+         "policy on: " + gib(double(best->first)) + " for " + c.o.spec.name + " (" +
+         std::to_string(c.cm.parameter_count()) + " parameters: " + best->second +
+         ") before any activation; valid: a budget above that, more ranks with ZeRO, or a "
+         "smaller model";
+}
+
+std::string describe(const Plan& p) {
+  std::string s = std::string(dtype_name(p.dtype)) + " activations, checkpoint " +
+                  (p.checkpoint.size() > 24 ? "optimal" : p.checkpoint) +
+                  (p.offload ? ", optimizer offloaded" : "");
+  return s;
+}
+
+}  // namespace
+
+PlanResult plan(const PlannerOptions& o) {
+  const std::int64_t seq_len = o.seq_len > 0 ? o.seq_len : o.spec.seq_len;
+  validate(o, seq_len);
+  const std::size_t budget = o.budget > 0 ? o.budget : o.device.usable_bytes();
+  if (budget == 0) {
+    throw InvalidArgument("plan: no budget: device '" + o.device.name +
+                          "' has no usable memory (memory - context); give a budget");
+  }
+  const CostModel cm =
+      o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2) : CostModel::analytic(o.spec, seq_len);
+  const Context c{o, cm, seq_len, budget, static_cast<int>(o.spec.layers)};
+  if (const auto msg = weights_shortfall(c)) throw InvalidArgument("plan: " + *msg);
+
+  std::vector<Combo> combos;
+  for (bool off : o.offload) {
+    for (const std::string& solver : o.solvers) {
+      for (DType dt : o.dtypes) combos.push_back({dt, solver, off});
+    }
+  }
+  // f16 and bf16 allocate the same bytes: a twin searched second starts from the first's
+  // answer (two dry runs when it holds). Twins are adjacent, so each thread takes a pair.
+  std::vector<std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < combos.size(); ++i) {
+    if (!groups.empty() && combos[i].dtype != DType::kF32) {
+      const Combo& prev = combos[groups.back().back()];
+      if (prev.dtype != DType::kF32 && prev.solver == combos[i].solver &&
+          prev.offload == combos[i].offload) {
+        groups.back().push_back(i);
+        continue;
+      }
+    }
+    groups.push_back({i});
+  }
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto worker = [&] {
+    for (std::size_t g; (g = next.fetch_add(1)) < groups.size();) {
+      try {
+        std::int64_t hint = 0;
+        for (std::size_t i : groups[g]) {
+          if (o.global_batch > 0) {
+            search_throughput(c, combos[i], hint);
+          } else {
+            search_max(c, combos[i], hint);
+          }
+          hint = combos[i].max_micro;
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t nthreads =
+      std::min<std::size_t>(groups.size(), o.threads > 0 ? unsigned(o.threads) : hw);
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < nthreads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+
+  PlanResult result;
+  for (Combo& cb : combos) {
+    result.dry_runs += cb.dry_runs;
+    if (cb.plan) {
+      result.candidates.push_back(*cb.plan);
+    } else {
+      result.infeasible.push_back(cb.infeasible);
+    }
+  }
+  if (result.candidates.empty()) {
+    std::string msg = "plan: nothing fits in " + gib(double(budget)) + " for " + o.spec.name +
+                      " at seq_len " + std::to_string(seq_len) + ":";
+    for (const std::string& s : result.infeasible) msg += "\n  " + s;
+    msg += "\nvalid: a larger budget, a shorter seq_len, or a smaller model";
+    throw InvalidArgument(msg);
+  }
+  const bool throughput = o.global_batch > 0;
+  std::stable_sort(result.candidates.begin(), result.candidates.end(),
+                   [&](const Plan& a, const Plan& b) {
+                     if (throughput) return a.predicted.step_seconds < b.predicted.step_seconds;
+                     if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+                     return a.predicted.tokens_per_second > b.predicted.tokens_per_second;
+                   });
+  Plan& best = result.candidates.front();
+  char why[512];
+  if (throughput) {
+    const Plan* runner = result.candidates.size() > 1 ? &result.candidates[1] : nullptr;
+    std::snprintf(why, sizeof why,
+                  "fastest to a global batch of %lld: %.3g s per step (%.0f tokens/s) with "
+                  "micro-batch %lld x %lld accumulation, %s, peak %s of %s%s%s",
+                  static_cast<long long>(o.global_batch), best.predicted.step_seconds,
+                  best.predicted.tokens_per_second, static_cast<long long>(best.micro_batch),
+                  static_cast<long long>(best.accum_steps), describe(best).c_str(),
+                  gib(double(best.predicted.peak_reserved)).c_str(), gib(double(budget)).c_str(),
+                  runner ? "; next: " : "",
+                  runner ? (describe(*runner) + " at " +
+                            std::to_string(runner->predicted.step_seconds) + " s").c_str()
+                         : "");
+  } else {
+    std::snprintf(why, sizeof why,
+                  "largest micro-batch that fits %s: %lld with %s (peak %s, %.0f tokens/s "
+                  "predicted)%s",
+                  gib(double(budget)).c_str(), static_cast<long long>(best.micro_batch),
+                  describe(best).c_str(), gib(double(best.predicted.peak_reserved)).c_str(),
+                  best.predicted.tokens_per_second,
+                  result.candidates.size() > 1 &&
+                          result.candidates[1].micro_batch == best.micro_batch
+                      ? "; ties broken by predicted tokens/s"
+                      : "");
+  }
+  best.why = why;
+  for (std::size_t i = 1; i < result.candidates.size(); ++i) {
+    Plan& p = result.candidates[i];
+    p.why = throughput ? "predicted " + std::to_string(p.predicted.step_seconds) + " s per step"
+                       : "largest micro-batch for " + describe(p);
+  }
+  result.recommended = best;
+  return result;
+}
+
+}  // namespace memfit

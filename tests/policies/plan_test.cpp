@@ -1,0 +1,202 @@
+// Plan: YAML and JSON round trips, what Trainer gets from it, atomic saves, and errors that
+// name the file, the line and the key.
+#include "policies/plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "memory/error.h"
+
+namespace memfit {
+namespace {
+
+Plan sample_plan() {
+  Plan p;
+  p.model = ModelSpec::preset("gpt-tiny");
+  p.model.ln_eps = 3e-6f;
+  p.device = "h100-80g";
+  p.budget = std::size_t{24} << 30;
+  p.seq_len = 96;
+  p.micro_batch = 7;
+  p.accum_steps = 5;
+  p.global_batch = 31;  // uneven: 4 x 7 + 3
+  p.dtype = DType::kBF16;
+  p.checkpoint = "every:2";
+  p.offload = true;
+  p.delayed_update = true;
+  p.ranks = 4;
+  p.zero_stage = 2;
+  p.predicted.peak_reserved = 123456789012ull;
+  p.predicted.peak_allocated = 98765;
+  p.predicted.peak_by_category[category_index(Category::kActivation)] = 4242;
+  p.predicted.peak_by_category[category_index(Category::kGradient)] = 77;
+  p.predicted.step_seconds = 0.1234567890123;
+  p.predicted.tokens_per_second = 25123.5;
+  p.why = "largest micro-batch: \"quoted\" and: colons";
+  return p;
+}
+
+void expect_equal(const Plan& a, const Plan& b) {
+  EXPECT_EQ(a.model.to_yaml(), b.model.to_yaml());
+  EXPECT_EQ(a.model.ln_eps, b.model.ln_eps);
+  EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.budget, b.budget);
+  EXPECT_EQ(a.seq_len, b.seq_len);
+  EXPECT_EQ(a.global_batch, b.global_batch);
+  EXPECT_EQ(a.micro_batch, b.micro_batch);
+  EXPECT_EQ(a.accum_steps, b.accum_steps);
+  EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.checkpoint, b.checkpoint);
+  EXPECT_EQ(a.offload, b.offload);
+  EXPECT_EQ(a.delayed_update, b.delayed_update);
+  EXPECT_EQ(a.ranks, b.ranks);
+  EXPECT_EQ(a.zero_stage, b.zero_stage);
+  EXPECT_EQ(a.predicted.peak_reserved, b.predicted.peak_reserved);
+  EXPECT_EQ(a.predicted.peak_allocated, b.predicted.peak_allocated);
+  EXPECT_EQ(a.predicted.peak_by_category, b.predicted.peak_by_category);
+  EXPECT_EQ(a.predicted.step_seconds, b.predicted.step_seconds);  // bit-exact: %.17g
+  EXPECT_EQ(a.predicted.tokens_per_second, b.predicted.tokens_per_second);
+  EXPECT_EQ(a.why, b.why);
+}
+
+TEST(Plan, YamlAndJsonRoundTripEveryField) {
+  const Plan p = sample_plan();
+  const std::string y = p.to_yaml();
+  expect_equal(p, Plan::from_yaml_string(y));
+  const std::string j = p.to_json();
+  expect_equal(p, Plan::from_json_string(j));
+  // The keys the CLI's consumers read.
+  for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch",
+                        "accum_steps", "peak_reserved_bytes", "step_seconds"}) {
+    EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
+    EXPECT_NE(y.find(std::string(k) + ":"), std::string::npos) << k;
+  }
+}
+
+TEST(Plan, TrainerOptionsGiveTheSameMicroBatchesAsThePlan) {
+  const Plan p = sample_plan();
+  const TrainerOptions o = p.trainer_options();
+  EXPECT_EQ(o.checkpoint, "every:2");
+  EXPECT_EQ(o.micro_batch, 7);
+  EXPECT_EQ(o.accum, 0);
+  EXPECT_TRUE(o.offload);
+  EXPECT_TRUE(o.delayed_update);
+  // micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
+  EXPECT_EQ((p.global_batch + o.micro_batch - 1) / o.micro_batch, p.accum_steps);
+}
+
+TEST(Plan, MissingGlobalBatchIsMicroTimesAccum) {
+  const Plan p = Plan::from_yaml_string(
+      "model: {kind: gpt, vocab: 64, seq_len: 16, layers: 2, hidden: 32, heads: 4}\n"
+      "micro_batch: 3\naccum_steps: 4\nactivation_dtype: f16\ncheckpoint: all\n");
+  EXPECT_EQ(p.global_batch, 12);
+  EXPECT_EQ(p.dtype, DType::kF16);
+  EXPECT_FALSE(p.offload);
+}
+
+std::string temp_dir() {
+  const std::string d = std::filesystem::temp_directory_path().string() + "/memfit_plan_test_" +
+                        std::to_string(::getpid());
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(Plan, SaveIsAtomicAndLoadPicksTheFormatByExtension) {
+  const std::string dir = temp_dir();
+  const Plan p = sample_plan();
+  for (const char* name : {"plan.yaml", "plan.yml", "plan.json"}) {
+    const std::string path = dir + "/" + name;
+    p.save(path);
+    expect_equal(p, Plan::load(path));
+    // Overwrite: no temp file is left beside it.
+    Plan q = p;
+    q.micro_batch = 8;
+    q.global_batch = 36;
+    q.save(path);
+    EXPECT_EQ(Plan::load(path).micro_batch, 8);
+  }
+  std::size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 3u);
+  EXPECT_THROW(p.save(dir + "/plan.txt"), InvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/plan.txt"));
+  // A directory that does not exist: an error and nothing written.
+  EXPECT_THROW(p.save(dir + "/missing/plan.yaml"), ConfigError);
+  EXPECT_THROW((void)Plan::load(dir + "/absent.yaml"), ConfigError);
+  std::filesystem::remove_all(dir);
+}
+
+void expect_error(const std::string& text, const std::string& needle, bool json = false) {
+  try {
+    (void)(json ? Plan::from_json_string(text, "p.json") : Plan::from_yaml_string(text, "p.yaml"));
+    ADD_FAILURE() << "no error for:\n" << text;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nexpected: " << needle;
+  }
+}
+
+const char* kModel =
+    "model:\n  kind: gpt\n  vocab: 64\n  seq_len: 16\n  layers: 2\n  hidden: 32\n  heads: 4\n";
+
+TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
+  const std::string m = kModel;  // 7 lines
+  const std::string ok = "micro_batch: 2\nactivation_dtype: bf16\ncheckpoint: none\n";
+  EXPECT_NO_THROW((void)Plan::from_yaml_string(m + ok));
+  expect_error(m + ok + "micro_btch: 3\n", "p.yaml:11:1: plan.micro_btch: unknown key; valid:");
+  expect_error(m + "micro_batch: 0\nactivation_dtype: bf16\ncheckpoint: none\n",
+               "p.yaml:8:14: plan.micro_batch: 0 is out of range; valid: 1 to");
+  expect_error(m + "micro_batch: 2\nactivation_dtype: f8\ncheckpoint: none\n",
+               "p.yaml:9:19: plan.activation_dtype: 'f8'; valid: f32, f16, bf16");
+  expect_error(m + "micro_batch: 2\nactivation_dtype: f32\ncheckpoint: every:0\n",
+               "p.yaml:10:13: plan.checkpoint:");
+  expect_error(m + ok + "offload: maybe\n", "p.yaml:11:10: plan.offload: 'maybe'; valid: true");
+  expect_error(m + ok + "delayed_update: true\n", "plan.delayed_update: true needs offload");
+  expect_error(m + ok + "seq_len: 17\n", "p.yaml:11:10: plan.seq_len: 17 exceeds the model's");
+  expect_error(m + ok + "accum_steps: 3\nglobal_batch: 7\n",
+               "p.yaml:12:15: plan.global_batch: 7 is not reached by 3 micro-batches of 2; "
+               "valid: 5 to 6");
+  expect_error(m + ok + "budget_bytes: 12 parsecs\n", "p.yaml:11:15: plan.budget_bytes:");
+  expect_error(m + ok + "predicted:\n  peak_by_category:\n    weights: 3\n",
+               "p.yaml:13:5: plan.predicted.peak_by_category.weights:");
+  expect_error(m + ok + "predicted: {step_seconds: -1}\n",
+               "plan.predicted.step_seconds: '-1' is not a finite number >= 0");
+  expect_error(m + ok + "zero_stage: 3\n", "plan.zero_stage: 3 is out of range; valid: 0 to 2");
+  // Errors inside the model map keep the plan file's line numbers.
+  std::string bad_model = m;
+  bad_model.replace(bad_model.find("heads: 4"), 8, "heads: 5");
+  expect_error(bad_model + ok, "p.yaml:7:");
+  expect_error(ok, "plan.model: missing");
+  expect_error(m + ok + "why: [a, b]\n", "plan.why: expected a single value");
+  expect_error("micro_batch: [1,\n", "p.yaml:2:1: malformed plan:");
+  expect_error("- 1\n- 2\n", "p.yaml: a plan is one map");
+}
+
+TEST(Plan, JsonErrorsNameTheLineAndKeyToo) {
+  Plan p = sample_plan();
+  std::string j = p.to_json();
+  const std::string key = "\"micro_batch\": 7";
+  ASSERT_NE(j.find(key), std::string::npos) << j;
+  std::string bad = j;
+  bad.replace(bad.find(key), key.size(), "\"micro_batch\": \"seven\"");
+  const int line = 1 + static_cast<int>(std::count(j.begin(), j.begin() + j.find(key), '\n'));
+  expect_error(bad, "p.json:" + std::to_string(line) + ":", true);
+  expect_error(bad, "plan.micro_batch: 'seven' is not an integer", true);
+  expect_error("{\"micro_batch\": 1,", "p.json: malformed JSON plan", true);
+  std::string bad_heads = j;
+  bad_heads.replace(bad_heads.find("\"heads\": 8"), 10, "\"heads\": 7");
+  expect_error(bad_heads, "model.heads", true);
+}
+
+}  // namespace
+}  // namespace memfit
