@@ -336,7 +336,9 @@ struct Preset {
 };
 
 // GPT-2 sizes from the GPT-2 paper (Radford et al. 2019, table 2) and the released configs
-// (n_ctx 1024, vocab 50257).
+// (n_ctx 1024, vocab 50257). gpt3-6.7b: Brown et al. 2020 ("Language Models are Few-Shot
+// Learners"), table 2.1: 32 layers, d_model 4096, 32 heads, context 2048, GPT-2's vocabulary
+// and architecture (6.66e9 parameters here with the head tied to the embedding).
 constexpr Preset kPresets[] = {
     {"gpt-tiny", ModelSpec::Kind::kGpt, 256, 128, 6, 256, 8, 4},
     {"gpt-micro", ModelSpec::Kind::kGpt, 64, 16, 2, 32, 4, 4},
@@ -344,6 +346,7 @@ constexpr Preset kPresets[] = {
     {"gpt2-medium", ModelSpec::Kind::kGpt, 50257, 1024, 24, 1024, 16, 4},
     {"gpt2-large", ModelSpec::Kind::kGpt, 50257, 1024, 36, 1280, 20, 4},
     {"gpt2-xl", ModelSpec::Kind::kGpt, 50257, 1024, 48, 1600, 25, 4},
+    {"gpt3-6.7b", ModelSpec::Kind::kGpt, 50257, 2048, 32, 4096, 32, 4},
     {"mlp-tiny", ModelSpec::Kind::kMlp, 256, 128, 6, 256, 8, 4},
 };
 

@@ -5,23 +5,54 @@
 //   LayerCost b = cm.block(3, DType::kBF16);               // per sample
 //   StaticBytes s = cm.static_bytes(DType::kBF16, /*offload=*/false);
 //   Chain c = cm.chain(/*micro_batch=*/8, DType::kBF16, device);  // for checkpoint_solver.h
-//   double t = cm.step_seconds(policy, micro_batch, accum, device);
+//   double t = cm.step_seconds(policy, Schedule::all(cm.num_blocks()), 8, /*accum=*/4, device);
 //
 // Analytic: from Layer::cost() of the real layers (built once on the meta backend, so the
 // figures are those of the code that runs) plus the static bytes of each policy, per
 // parameter:
-//                         weights  grads  masters  moments  device total  (+ host)
+//                         weights  grads  masters  moments  device total  (+ host, pinned)
 //   f32                      4       4       -        8          16
 //   f16/bf16                 2       4       4        8          18
-//   f16/bf16 + offload       2       4     (host)   (host)        6       (+ 12 pinned + staging)
-//   f32 + offload            4       4     (host)   (host)        8       (+ 12 pinned)
+//   f16/bf16 + offload       2       4     (host)   (host)        6       (+ 12 + 4 grad staging
+//                                                                          + 2 weight staging)
+//   f32 + offload            4       4     (host)   (host)        8       (+ 12 + 4 grad staging)
+// (masters and moments are Category::kOptimizerState; an f32 weight is its own master. Host
+// bytes are OffloadOptimizer's slab, 64-byte-aligned regions; static_bytes() gives it exactly.)
 // Beside DeepSpeed (ZeRO paper: 2 + 2 + 12 = 16 bytes for mixed-precision Adam, 16-20 with
 // FP32 gradient buffers) and Megatron-LM (18: FP32 gradient accumulation buffers): memfit
 // accumulates gradients in FP32 (4, not 2) and keeps no low-precision gradient copy, so its
 // mixed-precision figure is Megatron's 18. (Per-rank ZeRO-1/2 division: planner.h.)
-// Measured (calibrate()): runs one step per block on a backend at two batch sizes, reads the
-// allocator's per-block peaks and times, and fits per-sample terms (bytes = a + b * B), which
-// then replace the analytic ones.
+// Activations, per block of a GPT, beside Megatron-LM's per-layer sbh(34 + 5as/h) bytes
+// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+// section 4.1; 16-bit, one layer, no parallelism; s tokens, b samples, h hidden, a heads):
+//   Megatron term                         bytes     memfit (what the layers save)       bytes
+//   LayerNorm 1 input                     2sbh      block input x (ln1 holds it)        2sbh
+//   QKV projection input                  2sbh      ln1 output (qkv holds it)           2sbh
+//   Q, K for QK^T                         4sbh      qkvr: q, k, v split into heads      6sbh
+//   V for attention over values           2sbh        (one tensor, counted here)
+//   softmax output                        2as^2b    att (softmax output)                2as^2b
+//   softmax dropout mask                  as^2b     - (no dropout)                      0
+//   dropout output (attention over V)     2as^2b    - (att itself is used)              0
+//   output projection input               2sbh      merged heads (proj holds it)        2sbh
+//   attention dropout mask                sbh       - (no dropout)                      0
+//   LayerNorm 2 input                     2sbh      x1, the middle residual stream      2sbh
+//   MLP first linear input                2sbh      ln2 output (fc holds it)            2sbh
+//   GeLU input                            8sbh      fc output                           8sbh
+//   second linear input                   8sbh      GELU output                         8sbh
+//   MLP dropout mask                      sbh       - (no dropout)                      0
+//   -                                               LayerNorm mean + rstd, f32, x2      16sb
+//   total                  34sbh + 5as^2b           32sbh + 2as^2b + 16sb
+// memfit = Megatron - 2sbh (the two sbh dropout masks) - 3as^2b (the attention dropout's mask
+// and output) + 16sb (LayerNorm statistics, which Megatron leaves out as small). In f32 every
+// sbh and as^2b term doubles; the statistics stay f32. tests/policies/cost_model_test.cpp
+// checks this term by term against the layers' cost() and the calibrated measurement.
+// Measured (calibrate()): runs each block's forward (save = true) and backward individually
+// on the CPU backend at micro-batches b1 < b2 in every dtype, reads the allocator's
+// activation bytes between blocks and the peaks within them, times them, and fits
+// bytes = a + b * B per block; the per-sample figures (saved, output, workspace) are the
+// slopes b. Times are fitted the same way and stored as flops at the `cpu` device preset's
+// rate for that dtype (forward_flops = seconds per sample x DeviceSpec::preset("cpu").flops),
+// so a device's time is the CPU's scaled by the flops ratio.
 // Thread-safe after construction (const methods only).
 #pragma once
 
@@ -53,9 +84,12 @@ struct Policy {
 
 class CostModel {
  public:
+  // InvalidArgument unless 1 <= seq_len <= spec.seq_len; ConfigError for an invalid spec.
   static CostModel analytic(const ModelSpec& spec, std::int64_t seq_len);
-  // Fits per-sample bytes and seconds from real steps on `backend` (the CPU backend on this
-  // machine) at micro-batches b1 < b2; seconds scale to `device` by flops ratio.
+  // Fits per-sample bytes and seconds from real blocks on the CPU backend at micro-batches
+  // 1 <= b1 < b2 (see above); seconds scale to a device by flops ratio. Takes about
+  // 3 x (1 + b1 + b2) samples' forward and backward (one warm-up sample per dtype)
+  // on this machine's CPU.
   static CostModel calibrate(const ModelSpec& spec, std::int64_t seq_len, std::int64_t b1,
                              std::int64_t b2);
 
@@ -77,8 +111,20 @@ class CostModel {
   // backward (flops / rate, bytes / bandwidth, whichever is larger per op class) + optimizer
   // (device AdamW: 28 B/param over bandwidth; offload: gradient and weight transfers over
   // host_link, overlapped with backward as far as it goes, CPU AdamW at device.cpu_adamw).
+  // Per op (embedding, each schedule op, head): max(B x flops / device.flops(dt),
+  // bytes / mem_bandwidth) with bytes = B x (input + saved + output) + the weights it reads
+  // (backward: twice the activations, plus 8 B/param of FP32 gradient read-modify-write).
+  // Offload: the D2H gradient copies (4 B/param) overlap the last micro-batch's backward
+  // except those of block 0 and the embedding, which finish last; CPU AdamW (no overlap:
+  // delayed_update off) at device.cpu_adamw or, when 0, cpu_adamw_rate(); the H2D weight
+  // copies (dt bytes/param) before the next forward. InvalidArgument for micro_batch or
+  // accum < 1, a schedule invalid for num_blocks(), or a device rate <= 0.
   double step_seconds(const Policy& p, const Schedule& schedule, std::int64_t micro_batch,
                       std::int64_t accum, const DeviceSpec& device) const;
+
+  // Parameters per second of this host's CPU AdamW (core/cpu/adamw.h, all cores, f32
+  // gradients, a bf16 copy-out), timed on 1M parameters once per process. Thread-safe.
+  static double cpu_adamw_rate();
 
  private:
   ModelSpec spec_;
@@ -88,6 +134,11 @@ class CostModel {
   std::array<LayerCost, 3> embedding_{}, head_{};
   std::int64_t params_ = 0;
   std::int64_t embedding_params_ = 0;
+  // Per block and dtype, the transient peaks beyond what stays (core/layers/layer_util.h's
+  // PeakExcess: {forward, backward}, per sample), for the chain's fwd/bwd workspaces.
+  std::vector<std::array<std::array<std::int64_t, 2>, 3>> block_excess_;
+  std::vector<std::int64_t> block_params_;  // parameters of each block
+  std::int64_t head_read_params_ = 0;       // parameters the head reads (a tied wte included)
 };
 
 }  // namespace memfit

@@ -1,0 +1,290 @@
+// CostModel, analytic side: per-block costs read from the real layers built on the meta
+// backend, static bytes per policy, the checkpoint chain and the step-time model.
+// calibrate() and cpu_adamw_rate() are in cost_model_calibrate.cpp.
+#include "policies/cost_model.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cpu/adamw.h"
+#include "core/layers/transformer_block.h"
+#include "core/meta/meta_backend.h"
+#include "core/model.h"
+#include "memory/caching_allocator.h"
+#include "memory/error.h"
+#include "memory/null_provider.h"
+#include "policies/cost_model_util.h"
+
+namespace memfit {
+
+namespace costmodel {
+
+std::int64_t mul(std::int64_t a, std::int64_t b, const char* what) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    throw InvalidArgument(std::string("CostModel: ") + what + " overflows int64 (" +
+                          std::to_string(a) + " x " + std::to_string(b) +
+                          "); valid: a smaller micro-batch or model");
+  }
+  return r;
+}
+
+void check_seq_len(const ModelSpec& spec, std::int64_t seq_len) {
+  spec.validate();
+  if (seq_len < 1 || seq_len > spec.seq_len) {
+    throw InvalidArgument("CostModel: seq_len " + std::to_string(seq_len) + " for model '" +
+                          spec.name + "'; valid: 1 to " + std::to_string(spec.seq_len) +
+                          " (the model's maximum sequence length)");
+  }
+}
+
+void read_structure(Model& m, std::vector<std::int64_t>& block_params,
+                    std::int64_t& embedding_params, std::int64_t& head_read_params,
+                    std::int64_t& params) {
+  params = m.parameter_count();
+  embedding_params = 0;
+  for (Parameter* p : m.embedding_parameters()) embedding_params += p->numel();
+  block_params.assign(static_cast<std::size_t>(m.num_blocks()), 0);
+  for (int i = 0; i < m.num_blocks(); ++i) {
+    for (Parameter* p : m.block_parameters(i))
+      block_params[static_cast<std::size_t>(i)] += p->numel();
+  }
+  head_read_params = 0;
+  for (Parameter* p : m.head().parameters()) head_read_params += p->numel();  // tied wte too
+}
+
+std::array<std::int64_t, 2> excess_of(Layer& block, std::int64_t seq_len, DType dt) {
+  if (auto* t = dynamic_cast<TransformerBlock*>(&block)) {
+    const PeakExcess e = t->peaks(seq_len, dt);
+    return {e.forward, e.backward};
+  }
+  if (auto* t = dynamic_cast<MLPBlock*>(&block)) {
+    const PeakExcess e = t->peaks(seq_len, dt);
+    return {e.forward, e.backward};
+  }
+  const std::int64_t w = block.cost(seq_len, dt).workspace_bytes;  // a user's block: one figure
+  return {w, w};
+}
+
+}  // namespace costmodel
+
+namespace {
+
+using costmodel::mul;
+
+std::size_t dt_index(DType dt) { return static_cast<std::size_t>(dt); }
+
+constexpr DType kDTypes[3] = {DType::kF32, DType::kF16, DType::kBF16};
+
+std::int64_t align64(std::int64_t n) { return (n + 63) / 64 * 64; }
+
+void check_rates(const DeviceSpec& d, DType dt) {
+  const auto bad = [&](const char* what, double v) {
+    throw InvalidArgument("CostModel: device '" + d.name + "' has " + what + " = " +
+                          std::to_string(v) + "; valid: > 0 (DeviceSpec::load a preset or file)");
+  };
+  if (!(d.flops(dt) > 0))
+    bad(dt == DType::kF32   ? "flops_f32"
+        : dt == DType::kF16 ? "flops_f16"
+                            : "flops_bf16",
+        d.flops(dt));
+  if (!(d.mem_bandwidth > 0)) bad("mem_bandwidth", d.mem_bandwidth);
+  if (!(d.host_link > 0)) bad("host_link", d.host_link);
+}
+
+// One op's seconds: whichever of compute and memory traffic takes longer.
+double op_seconds(double flops, double bytes, DType dt, const DeviceSpec& d) {
+  return std::max(flops / d.flops(dt), bytes / d.mem_bandwidth);
+}
+
+}  // namespace
+
+std::int64_t StaticBytes::device_total() const {
+  std::int64_t t = 0;
+  for (std::int64_t b : device) t += b;
+  return t;
+}
+
+CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len) {
+  costmodel::check_seq_len(spec, seq_len);
+  CostModel cm;
+  cm.spec_ = spec;
+  cm.seq_len_ = seq_len;
+  // The real model on the meta backend: parameters get NullProvider addresses, nothing is
+  // touched. Layer::cost() takes the dtype, so one model (built in f32) answers for all three.
+  MetaBackend meta;
+  NullProvider null;
+  CachingAllocator alloc(null, {}, &meta.stream_sync());
+  LayerContext ctx{meta, alloc, kDefaultStream, DType::kF32};
+  Model m(spec, ctx);
+  costmodel::read_structure(m, cm.block_params_, cm.embedding_params_, cm.head_read_params_,
+                            cm.params_);
+  const std::size_t n = static_cast<std::size_t>(m.num_blocks());
+  cm.blocks_.resize(n);
+  cm.block_excess_.resize(n);
+  for (DType dt : kDTypes) {
+    const std::size_t d = dt_index(dt);
+    cm.embedding_[d] = m.embedding_cost(seq_len, dt);
+    cm.head_[d] = m.head_cost(seq_len, dt);
+    for (std::size_t i = 0; i < n; ++i) {
+      cm.blocks_[i][d] = m.block_cost(static_cast<int>(i), seq_len, dt);
+      cm.block_excess_[i][d] = costmodel::excess_of(m.block(static_cast<int>(i)), seq_len, dt);
+    }
+  }
+  return cm;
+}
+
+std::int64_t CostModel::parameter_count() const { return params_; }
+int CostModel::num_blocks() const { return static_cast<int>(blocks_.size()); }
+LayerCost CostModel::embedding(DType dt) const { return embedding_[dt_index(dt)]; }
+LayerCost CostModel::head(DType dt) const { return head_[dt_index(dt)]; }
+
+LayerCost CostModel::block(int i, DType dt) const {
+  if (i < 0 || i >= num_blocks()) {
+    throw InvalidArgument("CostModel::block(" + std::to_string(i) + "): valid: 0 to " +
+                          std::to_string(num_blocks() - 1));
+  }
+  return blocks_[static_cast<std::size_t>(i)][dt_index(dt)];
+}
+
+StaticBytes CostModel::static_bytes(DType dt, bool offload) const {
+  // As allocate_parameter, DeviceAdamW and OffloadOptimizer allocate them (element bytes; the
+  // allocator's rounding is the dry run's business).
+  const std::int64_t n = params_;
+  const bool mixed = dt != DType::kF32;
+  StaticBytes s;
+  s.device[static_cast<std::size_t>(Category::kParameter)] =
+      mul(n, static_cast<std::int64_t>(dtype_size(dt)), "weight bytes");
+  s.device[static_cast<std::size_t>(Category::kGradient)] = mul(n, 4, "gradient bytes");
+  if (!offload) {
+    // DeviceAdamW's two moments, plus the FP32 masters when the weights are not f32.
+    s.device[static_cast<std::size_t>(Category::kOptimizerState)] =
+        mul(n, mixed ? 12 : 8, "optimizer state bytes");
+  } else {
+    // OffloadOptimizer's pinned slab: master, exp_avg, exp_avg_sq, gradient staging (f32,
+    // each region 64-byte aligned), then weight staging in the compute dtype when not f32.
+    s.host_pinned = mul(align64(mul(n, 4, "host bytes")), 4, "host bytes");
+    if (mixed)
+      s.host_pinned += align64(mul(n, static_cast<std::int64_t>(dtype_size(dt)), "host bytes"));
+  }
+  return s;
+}
+
+Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& device) const {
+  if (micro_batch < 1) {
+    throw InvalidArgument("CostModel::chain: micro_batch " + std::to_string(micro_batch) +
+                          "; valid: >= 1");
+  }
+  check_rates(device, dt);
+  const std::size_t d = dt_index(dt);
+  const std::int64_t b = micro_batch;
+  const double wbytes = static_cast<double>(dtype_size(dt));
+  Chain c;
+  std::int64_t in = embedding_[d].output_bytes;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const LayerCost& k = blocks_[i][d];
+    ChainBlock cb;
+    cb.input_bytes = mul(b, in, "block input bytes");
+    cb.saved_bytes = mul(b, k.saved_bytes, "saved bytes");
+    cb.saves_input = k.saves_input;
+    cb.fwd_workspace = mul(b, std::max<std::int64_t>(block_excess_[i][d][0], 0), "workspace");
+    cb.bwd_workspace = mul(b, std::max<std::int64_t>(block_excess_[i][d][1], 0), "workspace");
+    const double act =
+        static_cast<double>(b) * static_cast<double>(in + k.saved_bytes + k.output_bytes);
+    const double p = static_cast<double>(block_params_[i]);
+    cb.fwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.forward_flops),
+                             act + p * wbytes, dt, device);
+    cb.bwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.backward_flops),
+                             2 * act + p * (wbytes + 8), dt, device);
+    c.blocks.push_back(cb);
+    in = k.output_bytes;
+  }
+  c.output_bytes = mul(b, in, "output bytes");
+  const LayerCost& h = head_[d];
+  c.head_bytes = mul(b, h.saved_bytes + h.output_bytes + h.workspace_bytes, "head bytes");
+  const double hact =
+      static_cast<double>(b) * static_cast<double>(in + h.saved_bytes + h.output_bytes);
+  const double hp = static_cast<double>(head_read_params_);
+  c.head_time = op_seconds(static_cast<double>(b) * static_cast<double>(h.forward_flops),
+                           hact + hp * wbytes, dt, device) +
+                op_seconds(static_cast<double>(b) * static_cast<double>(h.backward_flops),
+                           2 * hact + hp * (wbytes + 8), dt, device);
+  return c;
+}
+
+double CostModel::step_seconds(const Policy& p, const Schedule& schedule, std::int64_t micro_batch,
+                               std::int64_t accum, const DeviceSpec& device) const {
+  if (accum < 1) {
+    throw InvalidArgument("CostModel::step_seconds: accum " + std::to_string(accum) +
+                          "; valid: >= 1");
+  }
+  schedule.validate(num_blocks());
+  const DType dt = p.dtype;
+  const Chain c = chain(micro_batch, dt, device);  // checks micro_batch and the rates
+  const std::size_t d = dt_index(dt);
+  const double b = static_cast<double>(micro_batch);
+  const double wbytes = static_cast<double>(dtype_size(dt));
+
+  // Embedding: a gather (forward); backward reads dx and adds into the FP32 gradient rows of
+  // the tokens seen (at most B*T of wte's) and wpe's first T rows. No GEMMs.
+  const double emb_out = b * static_cast<double>(embedding_[d].output_bytes);
+  const double rows =
+      std::min(static_cast<double>(spec_.vocab), b * static_cast<double>(seq_len_)) +
+      static_cast<double>(seq_len_);
+  const double emb_fwd = op_seconds(0, emb_out, dt, device);
+  const double emb_bwd =
+      op_seconds(0, emb_out + 8.0 * rows * static_cast<double>(spec_.hidden), dt, device);
+
+  // One micro-batch in the executor's order, noting when each stage's gradients are final:
+  // the head's own after its backward, block i's after Backward(i), the embedding's (a tied
+  // wte included) after the embedding's backward, the last of all.
+  const double n = static_cast<double>(params_);
+  const double head_own = static_cast<double>(params_ - embedding_params_ - [&] {
+    std::int64_t s = 0;
+    for (std::int64_t x : block_params_) s += x;
+    return s;
+  }());
+  std::vector<std::pair<double, double>> ready;  // (time, parameters) in the last micro-batch
+  double t = emb_fwd;
+  bool head_done = false;
+  for (const ScheduleOp& op : schedule.ops()) {
+    const ChainBlock& cb = c.blocks[static_cast<std::size_t>(op.block)];
+    if (op.kind == ScheduleOp::Kind::kForward) {
+      t += cb.fwd_time;
+      if (!head_done && op.block == num_blocks() - 1) {
+        t += c.head_time;  // forward and backward: the head runs as soon as x[n] is held
+        head_done = true;
+        ready.emplace_back(t, head_own);
+      }
+    } else {
+      t += cb.bwd_time;
+      ready.emplace_back(t, static_cast<double>(block_params_[static_cast<std::size_t>(op.block)]));
+    }
+  }
+  t += emb_bwd;
+  ready.emplace_back(t, static_cast<double>(embedding_params_));
+  const double micro = t;
+  double total = static_cast<double>(accum) * micro;
+
+  if (!p.offload) {
+    const double per_param =
+        static_cast<double>(adamw_bytes_per_element(DType::kF32, dt != DType::kF32, dt));
+    total += n * per_param / device.mem_bandwidth;
+  } else {
+    // D2H copies of 4 B/param on one copy stream, FIFO, each starting when its gradients are
+    // final; what runs past the end of the backward is exposed.
+    double copy_end = 0;
+    for (const auto& [when, params] : ready) {
+      copy_end = std::max(copy_end, when) + 4.0 * params / device.host_link;
+    }
+    const double exposed = std::max(0.0, copy_end - micro);
+    const double rate = device.cpu_adamw > 0 ? device.cpu_adamw : cpu_adamw_rate();
+    const double h2d = n * wbytes / device.host_link;
+    total += exposed + n / rate + h2d;
+  }
+  return total;
+}
+
+}  // namespace memfit
