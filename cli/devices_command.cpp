@@ -50,7 +50,12 @@ int run_devices(const std::string& format) {
   std::printf("\nmodels:");
   for (const std::string& m : ModelSpec::preset_names()) {
     const ModelSpec s = ModelSpec::preset(m);
-    std::printf(" %s (%.1fM)", m.c_str(), static_cast<double>(s.parameter_count()) / 1e6);
+    const double n = static_cast<double>(s.parameter_count());
+    if (n < 1e6) {
+      std::printf(" %s (%.0fK)", m.c_str(), n / 1e3);
+    } else {
+      std::printf(" %s (%.1fM)", m.c_str(), n / 1e6);
+    }
   }
   std::printf("\nA YAML file of the same keys (--format yaml prints them) can replace a preset.\n");
   return 0;

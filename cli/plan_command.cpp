@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/model_spec.h"
+#include "memory/alloc_conf.h"
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -29,6 +31,7 @@ struct PlanArgs {
   std::string format = "table";
   std::string out;
   std::int64_t top = 0;
+  std::string alloc_conf;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -174,6 +177,8 @@ PlannerOptions planner_options(const PlanArgs& a) {
   o.ranks = a.ranks;
   o.zero_stage = a.zero;
   o.calibrate = a.calibrate;
+  // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
+  o.alloc_conf = parse_alloc_conf(a.alloc_conf);
   return o;
 }
 
@@ -299,7 +304,15 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--out", a->out, "write the recommended plan here (.yaml/.yml or .json)");
   cmd->add_option("--top", a->top, "table rows to show (0: all)")->capture_default_str();
-  cmd->callback([a, &exit_code] { exit_code = run_plan(*a); });
+  cmd->add_option("--alloc-conf", a->alloc_conf,
+                  "allocator settings for the dry runs, MEMFIT_ALLOC_CONF syntax (default: the "
+                  "variable)");
+  cmd->callback([a, &exit_code] {
+    if (a->alloc_conf.empty()) {
+      if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;
+    }
+    exit_code = run_plan(*a);
+  });
 }
 
 }  // namespace memfit::cli

@@ -125,7 +125,14 @@ TEST(PlanCommand, TableShowsEveryCandidateAndTheRecommendationWithWhy) {
   const ProgramRun r = run_memfit("plan --model gpt-tiny --device cpu --budget 64MiB --top 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "recommended: ")) << r.output;
-  EXPECT_TRUE(contains(r.output, "why: " + j.at("recommended").at("why").get<std::string>()))
+  // Times (and so the why's tokens/s) vary from run to run where the CPU AdamW rate is
+  // measured; what fits does not.
+  const auto& rec = j.at("recommended");
+  EXPECT_TRUE(contains(r.output, "why: largest micro-batch that fits")) << r.output;
+  EXPECT_TRUE(contains(r.output, "recommended: " + rec.at("activation_dtype").get<std::string>() +
+                                     ", checkpoint " + rec.at("solver").get<std::string>()))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "micro-batch " + std::to_string(rec.at("micro_batch").get<int>())))
       << r.output;
   // One table row per candidate: its dtype, solver and micro-batch on one line.
   std::istringstream lines(r.output);
@@ -233,7 +240,7 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
   const Case cases[] = {
       {"--model gpt2 --device h900", {"h900", "h100-80g", "a100-40g", "t4-16g"}},
       {"--model gpt5 --device h100-80g", {"gpt5", "gpt2-medium", "gpt2-xl"}},
-      {"--model gpt2 --device " + bad_yaml, {bad_yaml, "line 4", "context"}},
+      {"--model gpt2 --device " + bad_yaml, {bad_yaml + ":4:", "context", "lots"}},
       {"--model " + bad_model + " --device h100-80g", {bad_model, "heads"}},
       {"--model gpt2-xl --device t4-16g --budget 1GiB", {"1.00 GiB"}},
       {"--model gpt2 --device h100-80g --seq-len 2048", {"2048", "1024"}},
@@ -308,10 +315,16 @@ TEST(TrainPlanning, BudgetAlonePlansThenTrainsWithThePlan) {
   EXPECT_EQ(j.at("predicted_peak_reserved_bytes"), p.at("predicted_peak_reserved_bytes"));
   EXPECT_GT(measured, 0u);
   EXPECT_EQ(j.at("losses").size(), 2u);
-  // The same budget planned by `memfit plan` gives the same plan.
-  const nlohmann::json planned =
-      plan_json("--model " + model_file() + " --device cpu --budget 24MiB");
-  EXPECT_EQ(planned.at("recommended"), p);
+  // The same budget planned by `memfit plan` gives the same plan (times aside: the CPU AdamW
+  // rate is measured each run).
+  nlohmann::json planned =
+      plan_json("--model " + model_file() + " --device cpu --budget 24MiB").at("recommended");
+  nlohmann::json trained = p;
+  for (const char* k : {"predicted_step_seconds", "predicted_tokens_per_second", "why"}) {
+    planned.erase(k);
+    trained.erase(k);
+  }
+  EXPECT_EQ(planned, trained);
   std::remove(js.c_str());
 }
 
@@ -353,7 +366,7 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
 TEST(TrainPlanning, BudgetTooSmallForAnyPlanIsAClearError) {
   const ProgramRun r = run_memfit(train_args(1) + " --budget 64KiB");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "64.00 KiB")) << r.output;
+  EXPECT_TRUE(contains(r.output, "weights need")) << r.output;
 }
 
 }  // namespace
