@@ -18,10 +18,15 @@
 //   f32 + offload            4       4     (host)   (host)        8       (+ 12 + 4 grad staging)
 // (masters and moments are Category::kOptimizerState; an f32 weight is its own master. Host
 // bytes are OffloadOptimizer's slab, 64-byte-aligned regions; static_bytes() gives it exactly.)
-// Beside DeepSpeed (ZeRO paper: 2 + 2 + 12 = 16 bytes for mixed-precision Adam, 16-20 with
-// FP32 gradient buffers) and Megatron-LM (18: FP32 gradient accumulation buffers): memfit
-// accumulates gradients in FP32 (4, not 2) and keeps no low-precision gradient copy, so its
-// mixed-precision figure is Megatron's 18. (Per-rank ZeRO-1/2 division: planner.h.)
+// Beside DeepSpeed (ZeRO paper, Rajbhandari et al. 2019, section 3.1: 2 + 2 + 12 = 16 bytes
+// for mixed-precision Adam with 16-bit gradients; the 16-20 usually quoted for DeepSpeed runs
+// up to 20 with an FP32 gradient copy beside the 16-bit one) and Megatron-LM (Megatron Core's distributed-optimizer guide: 20 for
+// 16-bit params with 16-bit grads plus an FP32 main-grad copy, 18 with FP32 grads, 16 all
+// FP32): memfit accumulates gradients in FP32 (4, not 2) and keeps no low-precision gradient
+// copy, so its mixed-precision figure is Megatron's 18 and its f32 figure everybody's 16.
+// With ZeRO-1 over d ranks, Megatron's 18 becomes 6 + 12/d; ZeRO-2 also divides the 4 B of
+// gradients (planner.h does that arithmetic). Offload is ZeRO-Offload's split: the device keeps
+// 2 + 4, the host the 12 of the optimizer state plus staging.
 // Activations, per block of a GPT, beside Megatron-LM's per-layer sbh(34 + 5as/h) bytes
 // (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 // section 4.1; 16-bit, one layer, no parallelism; s tokens, b samples, h hidden, a heads):
@@ -123,7 +128,8 @@ class CostModel {
                       std::int64_t accum, const DeviceSpec& device) const;
 
   // Parameters per second of this host's CPU AdamW (core/cpu/adamw.h, all cores, f32
-  // gradients, a bf16 copy-out), timed on 1M parameters once per process. Thread-safe.
+  // gradients, a bf16 copy-out), timed on 4M parameters (120 MB of traffic: beyond the
+  // caches, as a real model) once per process; best of 5 after a warm-up. Thread-safe.
   static double cpu_adamw_rate();
 
  private:

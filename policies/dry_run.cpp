@@ -1,6 +1,7 @@
 #include "policies/dry_run.h"
 
 #include <algorithm>
+#include <array>
 #include <utility>
 #include <vector>
 
@@ -101,13 +102,8 @@ DryRunResult dry_run(const DryRunRequest& q) {
       q.schedule.ops().empty() ? Schedule::parse(q.policy.checkpoint, n) : q.schedule;
   schedule.validate(n);
 
-  // The micro-batches run: two full ones reach the allocator's steady state (the second finds
-  // the first's cached segments), then the uneven last one when there is one.
   const bool uneven = q.last_micro_batch > 0 && q.last_micro_batch < q.micro_batch;
   const std::int64_t full = q.accum - (uneven ? 1 : 0);
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(std::min<std::int64_t>(full, 2)),
-                                  q.micro_batch);
-  if (uneven) sizes.push_back(q.last_micro_batch);
 
   MetaBackend meta;
   NullProvider null;
@@ -142,20 +138,45 @@ DryRunResult dry_run(const DryRunRequest& q) {
     model.zero_grad(ctx);
     Work before = work_of(meta.stats());
     Work total = before;
-    for (std::size_t m = 0; m < sizes.size(); ++m) {
+    auto micro_batch = [&](std::int64_t rows) {
       {
-        DeviceBatch d = upload(ctx, host, sizes[m], seq_len);
+        DeviceBatch d = upload(ctx, host, rows, seq_len);
         const Act losses = ex.run(schedule, d.mb, dloss);
         (void)sum_losses(ctx, *losses);
       }
       const Work now = work_of(meta.stats());
       const Work one = now - before;
       before = now;
-      // Micro-batches not run repeat the first one's work exactly.
-      const bool first_full = m == 0 && sizes[0] == q.micro_batch;
-      const double times = first_full ? static_cast<double>(full - (full >= 2 ? 1 : 0)) : 1.0;
+      return one;
+    };
+    // Full micro-batches until two in a row take no segment from the provider, return none and
+    // leave the allocator's counters where the previous one left them: the rest repeat them.
+    // One is not enough: the small-block free cache and a tight budget's release-and-retry
+    // can change the next micro-batch's layout (the proof test caught a third micro-batch that
+    // ran out of memory where the second fitted).
+    int quiet = 0;
+    std::array<std::int64_t, 5> last_sig{};
+    for (std::int64_t m = 0; m < full; ++m) {
+      const std::int64_t calls = null.num_allocs() + null.num_frees();
+      const Work one = micro_batch(q.micro_batch);
+      const AllocatorStats st = alloc.stats();
+      const std::array<std::int64_t, 5> sig{
+          st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
+          st.active_bytes[kStatAll].current, st.inactive_split_bytes[kStatAll].current,
+          st.num_alloc_retries};
+      const bool no_calls = null.num_allocs() + null.num_frees() == calls;
+      quiet = no_calls && (quiet == 0 || sig == last_sig) ? quiet + 1 : 0;
+      last_sig = sig;
+      const bool settled = quiet >= 2;
+      const double times = settled ? static_cast<double>(full - m) : 1.0;
       total.gemm_flops += one.gemm_flops * times;
       total.bytes += one.bytes * times;
+      if (settled) break;
+    }
+    if (uneven) {
+      const Work one = micro_batch(q.last_micro_batch);
+      total.gemm_flops += one.gemm_flops;
+      total.bytes += one.bytes;
     }
     // The loss scaler's inf/NaN check (f16): on a real device one tiny temporary block.
     if (q.policy.dtype == DType::kF16) {

@@ -9,8 +9,9 @@
 // What runs: the model's parameters (compute dtype, FP32 masters when mixed, FP32 gradients),
 // the optimizer's device state (DeviceAdamW's moments; with offload the masters are released
 // and nothing else stays on the device: the host side is not simulated), then the step: the
-// token/target inputs (Category::kInput), min(accum, 2) micro-batches plus an uneven last one
-// when there is one, the optimizer update. Peaks are the allocator's over all of it. An
+// token/target inputs (Category::kInput), full micro-batches until one leaves the allocator as
+// it found it (no segment taken or returned: the rest would repeat it; usually two, more under a
+// tight budget), an uneven last one when there is one, the optimizer update. Peaks are the allocator's over all of it. An
 // OutOfMemory under the budget is caught: fits = false, with the request that failed.
 // As in Trainer::step, the peaks are reset once the model and optimizer are built, so they are
 // the step's (what StepResult reports); setup_peak_reserved is the construction's own peak

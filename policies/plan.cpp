@@ -91,7 +91,7 @@ bool boolean(const std::string& src, const YAML::Node& n, const std::string& key
   const std::string s = scalar(src, n, key);
   if (s == "true") return true;
   if (s == "false") return false;
-  fail(src, n, key, "'" + s + "': valid: true, false");
+  fail(src, n, key, "'" + s + "'; valid: true, false");
 }
 
 // The plan's `model:` map read by ModelSpec itself, so its errors and rules are the same. For a
@@ -140,7 +140,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     const YAML::Node& v = kv.second;
     seen.insert(key);
     if (key == "model") {
-      p.model = read_model(text, src, v, block_style);
+      p.model = read_model(text, src, v, block_style && kv.first.Mark().column == 0);
     } else if (key == "device") {
       p.device = scalar(src, v, key);
       if (p.device.empty()) fail(src, v, key, "empty; valid: a device preset name or file");

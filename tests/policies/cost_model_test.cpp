@@ -262,15 +262,22 @@ TEST(CostModel, ChainScalesPerSampleFiguresByTheMicroBatch) {
       EXPECT_EQ(c4.blocks[i].fwd_workspace, 4 * c1.blocks[i].fwd_workspace);
       EXPECT_EQ(std::max(c1.blocks[i].fwd_workspace, c1.blocks[i].bwd_workspace),
                 k.workspace_bytes);
-      // Compute-bound at these sizes on an H100: time is flops over the dtype's rate, and a
-      // backward is twice a forward.
-      EXPECT_DOUBLE_EQ(c4.blocks[i].fwd_time, 4.0 * k.forward_flops / dev.flops(dt));
-      EXPECT_DOUBLE_EQ(c4.blocks[i].bwd_time, 2 * c4.blocks[i].fwd_time);
+      // Never faster than the flops at the dtype's rate; in f32 (67 TFLOP/s, no tensor
+      // cores) gpt2's blocks are compute-bound, so exactly that, and a backward is twice a
+      // forward. (In bf16 at 989 TFLOP/s the backward's attention traffic already decides.)
+      EXPECT_GE(c4.blocks[i].fwd_time, 4.0 * k.forward_flops / dev.flops(dt));
+      EXPECT_GE(c4.blocks[i].bwd_time, 4.0 * k.backward_flops / dev.flops(dt));
+      if (dt == DType::kF32) {
+        EXPECT_DOUBLE_EQ(c4.blocks[i].fwd_time, 4.0 * k.forward_flops / dev.flops(dt));
+        EXPECT_DOUBLE_EQ(c4.blocks[i].bwd_time, 2 * c4.blocks[i].fwd_time);
+      }
     }
     EXPECT_EQ(c4.output_bytes, 4 * cm.block(11, dt).output_bytes);
     const LayerCost h = cm.head(dt);
     EXPECT_EQ(c4.head_bytes, 4 * (h.saved_bytes + h.output_bytes + h.workspace_bytes));
-    EXPECT_GT(c4.head_time, 3.9 * c1.head_time);
+    // The head reads the whole (tied) wte whatever the batch, so its time is not linear in it.
+    EXPECT_GE(c4.head_time, 4.0 * (h.forward_flops + h.backward_flops) / dev.flops(dt));
+    EXPECT_GT(c4.head_time, c1.head_time);
   }
   // Bandwidth-bound where flops are cheap: on a device with absurd flops, memory decides
   // (activations in and out, saved state, the weights read).
@@ -345,7 +352,7 @@ TEST(CostModel, CpuAdamWRateIsMeasuredOnce) {
 TEST(CostModelCalibrate, MeasuredPerSampleBytesEqualTheAnalyticOnes) {
   const ModelSpec spec = ModelSpec::preset("gpt-micro");
   const CostModel an = CostModel::analytic(spec, spec.seq_len);
-  const CostModel cal = CostModel::calibrate(spec, spec.seq_len, 4, 8);
+  const CostModel cal = CostModel::calibrate(spec, spec.seq_len, 8, 16);
   EXPECT_TRUE(cal.measured());
   EXPECT_EQ(cal.parameter_count(), an.parameter_count());
   ASSERT_EQ(cal.num_blocks(), an.num_blocks());
@@ -353,8 +360,8 @@ TEST(CostModelCalibrate, MeasuredPerSampleBytesEqualTheAnalyticOnes) {
     SCOPED_TRACE(dtype_name(dt));
     for (int i = 0; i < an.num_blocks(); ++i) {
       const LayerCost a = an.block(i, dt), m = cal.block(i, dt);
-      // The allocator rounds each tensor to 512 bytes; at micro-batches 4 and 8 gpt-micro's
-      // tensors are multiples of it, so the slopes are exact up to 2%.
+      // The allocator rounds each tensor to 512 bytes; at micro-batches 8 and 16 gpt-micro's
+      // tensors (the f32 statistics included) are multiples of it: the slopes are exact then.
       EXPECT_NEAR(static_cast<double>(m.saved_bytes), static_cast<double>(a.saved_bytes),
                   0.02 * static_cast<double>(a.saved_bytes));
       EXPECT_EQ(m.output_bytes, a.output_bytes);

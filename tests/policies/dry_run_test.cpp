@@ -160,6 +160,7 @@ TEST(DryRun, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot) {
       {{micro, DType::kBF16, "all", true, 1, 1, 0, 0}, 40},
       {{gpt, DType::kF32, "none", false, 1, 2, 0, 0}, 6},
       {{gpt, DType::kBF16, "all", false, 1, 3, 0, 0}, 12},
+      {{gpt, DType::kBF16, "all", false, 1, 6, 0, 0}, 12},  // past the settling micro-batches
       {{gpt, DType::kF16, "every:2", true, 1, 1, 0, 0}, 9},
       {{gpt, DType::kBF16, "none", true, 1, 2, 0, 0}, 5},
       {{mlp, DType::kF32, "all", false, 1, 1, 0, 32}, 3},

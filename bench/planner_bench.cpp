@@ -1,0 +1,100 @@
+// Planning time: gpt2-xl (48 blocks) on h100-80g with every combination (f32/f16/bf16 x
+// none/all/sqrt/optimal x offload off/on = 24), in max-batch mode and in throughput mode, and the
+// time of one dry run, against the issue's target (plan <= 1 s).
+//
+//   build/bench/planner_bench [model] [device] [--threads N] [--repeat R]
+//
+// Printed: wall seconds per plan (best of R), dry runs taken, seconds per dry run (the plan's
+// wall time over its dry runs, and one dry run timed alone at the recommended micro-batch),
+// and the ratio to the 1 s target (<= 1.00 passes).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "memory/size.h"
+#include "policies/dry_run.h"
+#include "policies/planner.h"
+
+namespace {
+
+using namespace memfit;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kTargetSeconds = 1.0;  // issue 4: "gpt2-xl with every combination <= 1 s"
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "gpt2-xl", device = "h100-80g";
+  int threads = 0, repeat = 3, positional = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--repeat") && i + 1 < argc) {
+      repeat = std::max(1, std::atoi(argv[++i]));
+    } else if (positional == 0) {
+      model = argv[i], ++positional;
+    } else {
+      device = argv[i], ++positional;
+    }
+  }
+  PlannerOptions o;
+  o.spec = ModelSpec::load(model);
+  o.device = DeviceSpec::load(device);
+  o.threads = threads;
+  std::printf("planner_bench: %s on %s, budget %s, %zu combinations, threads %s\n",
+              model.c_str(), device.c_str(), format_bytes(o.device.usable_bytes()).c_str(),
+              o.dtypes.size() * o.solvers.size() * o.offload.size(),
+              threads ? std::to_string(threads).c_str() : "all CPUs");
+  std::printf("%-26s %10s %9s %12s %9s  %s\n", "mode", "seconds", "dry runs", "s/dry run",
+              "ratio", "recommended");
+  bool pass = true;
+  PlanResult last;
+  for (const std::int64_t global : {std::int64_t{0}, std::int64_t{512}}) {
+    o.global_batch = global;
+    double best = 1e30;
+    for (int r = 0; r < repeat; ++r) {
+      const auto t0 = Clock::now();
+      last = plan(o);
+      best = std::min(best, seconds_since(t0));
+    }
+    const double ratio = best / kTargetSeconds;
+    pass = pass && ratio <= 1.0;
+    const std::string mode = global ? "throughput (global 512)" : "max-batch";
+    std::printf("%-26s %10.3f %9lld %12.4f %9.2f  micro %lld x %lld, %s, %s%s\n", mode.c_str(),
+                best, static_cast<long long>(last.dry_runs),
+                best / double(std::max<std::int64_t>(1, last.dry_runs)), ratio,
+                static_cast<long long>(last.recommended.micro_batch),
+                static_cast<long long>(last.recommended.accum_steps),
+                dtype_name(last.recommended.dtype),
+                last.recommended.checkpoint.size() > 24 ? "optimal"
+                                                        : last.recommended.checkpoint.c_str(),
+                last.recommended.offload ? ", offload" : "");
+  }
+  // One dry run alone, single-threaded, at the recommended plan of the last mode.
+  DryRunRequest q;
+  q.spec = o.spec;
+  q.policy = Policy{last.recommended.dtype, last.recommended.checkpoint, last.recommended.offload};
+  q.micro_batch = last.recommended.micro_batch;
+  q.accum = std::min<std::int64_t>(last.recommended.accum_steps, 2);
+  q.alloc_conf.budget = o.device.usable_bytes();
+  double one = 1e30;
+  for (int r = 0; r < std::max(3, repeat); ++r) {
+    const auto t0 = Clock::now();
+    (void)dry_run(q);
+    one = std::min(one, seconds_since(t0));
+  }
+  std::printf("one dry run (micro %lld, %lld micro-batches, %d blocks): %.4f s = %.3f ms/block\n",
+              static_cast<long long>(q.micro_batch), static_cast<long long>(q.accum),
+              static_cast<int>(o.spec.layers), one, 1e3 * one / double(o.spec.layers));
+  std::printf("%s: planning %s the %.1f s target\n", pass ? "PASS" : "FAIL",
+              pass ? "within" : "over", kTargetSeconds);
+  return 0;
+}
