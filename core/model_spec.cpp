@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -117,8 +118,9 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   at_least_1("mlp_ratio", s.mlp_ratio);
   if (s.vocab > kMaxVocab) {
     fail_key(w, "vocab",
-             std::to_string(s.vocab) + " exceeds 2147483647 (token ids are int32); valid: 1 to "
-                                       "2147483647");
+             std::to_string(s.vocab) +
+                 " exceeds 2147483647 (token ids are int32); valid: 1 to "
+                 "2147483647");
   }
   if (s.layers > std::numeric_limits<int>::max()) {
     fail_key(w, "layers", std::to_string(s.layers) + " exceeds 2147483647 blocks");
@@ -156,9 +158,9 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   if (!count_params(s)) {
     fail_key(w, "layers",
              "the parameter count overflows int64 (vocab " + std::to_string(s.vocab) +
-                 ", seq_len " + std::to_string(s.seq_len) + ", layers " +
-                 std::to_string(s.layers) + ", hidden " + std::to_string(s.hidden) +
-                 ", mlp_ratio " + std::to_string(s.mlp_ratio) + ")");
+                 ", seq_len " + std::to_string(s.seq_len) + ", layers " + std::to_string(s.layers) +
+                 ", hidden " + std::to_string(s.hidden) + ", mlp_ratio " +
+                 std::to_string(s.mlp_ratio) + ")");
   }
 }
 
@@ -184,8 +186,9 @@ std::int64_t read_int(const Where& w, const std::string& key, const YAML::Node& 
     fail_key(w, key, "must be an integer >= 1, got " + node_kind(n));
   }
   if (r.ec == std::errc::result_out_of_range) {
-    fail_key(w, key, "'" + t + "' overflows int64; valid: an integer from 1 to " +
-                         std::to_string(kInt64Max));
+    fail_key(
+        w, key,
+        "'" + t + "' overflows int64; valid: an integer from 1 to " + std::to_string(kInt64Max));
   }
   return v;
 }
@@ -216,18 +219,17 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   for (auto it = m.begin(); it != m.end(); ++it) {
     const std::string key = scalar_text(it->first);
     if (!it->first.IsScalar()) {
-      throw ConfigError(w.at(it->first.Mark()) + "model: keys must be names; valid keys: " +
-                        kValidKeys);
+      throw ConfigError(w.at(it->first.Mark()) +
+                        "model: keys must be names; valid keys: " + kValidKeys);
     }
-    static const std::array<const char*, 10> kKeys = {"kind",   "name",      "vocab",
-                                                      "seq_len", "layers",   "hidden",
-                                                      "heads",  "mlp_ratio", "tied_head",
-                                                      "ln_eps"};
+    static const std::array<const char*, 10> kKeys = {"kind",      "name",   "vocab", "seq_len",
+                                                      "layers",    "hidden", "heads", "mlp_ratio",
+                                                      "tied_head", "ln_eps"};
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
     if (!known) {
-      throw ConfigError(w.at(it->first.Mark()) + "model." + key + ": unknown key; valid keys: " +
-                        kValidKeys);
+      throw ConfigError(w.at(it->first.Mark()) + "model." + key +
+                        ": unknown key; valid keys: " + kValidKeys);
     }
     if (values.count(key)) {
       throw ConfigError(w.at(it->first.Mark()) + "model." + key + ": duplicate key");
@@ -314,9 +316,11 @@ ModelSpec ModelSpec::from_yaml_string(std::string_view text, std::string_view so
 ModelSpec ModelSpec::from_yaml_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) {
+    std::string names;
+    for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
     throw ConfigError("model spec '" + path + "': cannot open the file (" +
                       std::error_code(errno, std::generic_category()).message() +
-                      "); give a YAML file path or a preset name");
+                      "); valid: a YAML file path or a preset name (" + names + ")");
   }
   std::ostringstream ss;
   ss << f.rdbuf();

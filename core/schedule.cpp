@@ -137,8 +137,8 @@ void Schedule::validate(int n) const {
     } else {
       if (done[u]) fail(j, "duplicate backward of block " + std::to_string(i));
       if (!head_ran) {
-        fail(j, "backward before the head has run (x[" + std::to_string(n) +
-                    "] was never computed)");
+        fail(j,
+             "backward before the head has run (x[" + std::to_string(n) + "] was never computed)");
       }
       if (i != next_backward) {
         fail(j, "backward out of order: the gradient at x[" + std::to_string(i + 1) +

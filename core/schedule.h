@@ -7,8 +7,10 @@
 //
 // The executor's state is which block inputs x[0..n] it holds (x[0] is the embedding's output,
 // x[n] the head's input) and which blocks hold their saved internals. The ops:
-//   Forward(i, keep): needs x[i]. Runs block i; stores its output x[i+1] unless already held
-//     (a recomputation reproduces the same bits, so the copy is dropped). Then
+//   Forward(i, keep): needs x[i], and block i holding no saved state (layers refuse a forward
+//     then) and its backward not yet run. Runs block i; stores its output x[i+1] unless already
+//     held (a recomputation reproduces the same bits, so the copy is dropped) or no later op
+//     reads it (a later Forward(i+1), or the head when i = n-1 and it has not run). Then
 //       kAll:     block i saves what its backward needs (it holds x[i] itself if it needs it);
 //                 the executor's own x[i] slot is dropped.
 //       kInput:   x[i] stays held (a checkpoint); block i saves nothing.
@@ -17,7 +19,8 @@
 //   The head (final LayerNorm, output projection, loss) runs as soon as x[n] is first held,
 //   keeping all it needs; its backward then starts the gradient at x[n].
 //   Backward(i): needs block i saved (a kAll forward since its last backward) and the
-//     gradient at x[i+1]; produces the gradient at x[i] and frees block i's saved state.
+//     gradient at x[i+1]; produces the gradient at x[i] and frees block i's saved state; x[i]
+//     and x[i+1] are dropped (no valid later op reads them).
 // A valid schedule runs each Backward(i) exactly once, for i = n-1 down to 0, after the head,
 // and every op's needs are met when it runs. Any valid schedule gives bit-identical losses and
 // gradients (layers are deterministic); only memory and time differ.

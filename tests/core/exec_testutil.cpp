@@ -32,7 +32,8 @@ Schedule random_schedule(int n, std::mt19937& rng) {
         int j = i;
         while (j >= 0 && !held[static_cast<std::size_t>(j)]) --j;
         bool blocked = j < 0;
-        for (int l = std::max(j, 0); l < i; ++l) blocked = blocked || saved[static_cast<std::size_t>(l)];
+        for (int l = std::max(j, 0); l < i; ++l)
+          blocked = blocked || saved[static_cast<std::size_t>(l)];
         if (blocked) {
           ok = false;  // nothing to recompute from: draw again
           break;

@@ -136,8 +136,8 @@ Errors compare(const std::vector<float>& a, const std::vector<float>& b, double 
     e.max_abs = std::max(e.max_abs, d);
     e.worst_ratio = std::max(e.worst_ratio, d / tol);
     if (!(d <= tol) && reported++ < 3) {
-      ADD_FAILURE() << what << "[" << k << "]: memfit " << a[k] << ", torch " << b[k]
-                    << ", |diff| " << d << " > " << tol;
+      ADD_FAILURE() << what << "[" << k << "]: memfit " << a[k] << ", torch " << b[k] << ", |diff| "
+                    << d << " > " << tol;
     }
   }
   return e;
@@ -269,7 +269,8 @@ TEST_F(GptGolden, AdamWTrajectory) {
     Batch batch(rig, g_["tokens"].i, g_["targets"].i, b_, t_);
     Executor ex(m, ctx);
     DeviceAdamW opt(m.parameters(), adamw_, ctx);
-    const Schedule s = checkpointed ? Schedule::all(m.num_blocks()) : Schedule::none(m.num_blocks());
+    const Schedule s =
+        checkpointed ? Schedule::all(m.num_blocks()) : Schedule::none(m.num_blocks());
     const double rows = static_cast<double>(b_ * t_);
     const std::vector<float>& ref = g_["trajectory"].f;
     ASSERT_EQ(static_cast<std::int64_t>(ref.size()), steps_);
@@ -278,8 +279,8 @@ TEST_F(GptGolden, AdamWTrajectory) {
       m.zero_grad(ctx);
       Act losses = ex.run(s, batch.mb, static_cast<float>(1.0 / rows));
       const double loss = sum_losses(ctx, losses->view()) / rows;
-      const double rel = std::fabs(loss - ref[static_cast<std::size_t>(k)]) /
-                         ref[static_cast<std::size_t>(k)];
+      const double rel =
+          std::fabs(loss - ref[static_cast<std::size_t>(k)]) / ref[static_cast<std::size_t>(k)];
       EXPECT_LE(rel, 1e-5) << "step " << k << ": memfit " << loss << ", torch " << ref[k];
       worst = std::max(worst, rel);
       opt.step(ctx, 1.0);

@@ -136,6 +136,7 @@ TEST(ModelSpec, MissingFile) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("/nonexistent/dir/model.yaml"), std::string::npos) << msg;
     EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gpt-tiny"), std::string::npos) << msg;
   }
   // load() falls back to a path for a name that is no preset.
   EXPECT_THROW(ModelSpec::load("no-such-preset"), ConfigError);

@@ -33,7 +33,8 @@ TEST(Schedule, BuiltInOps) {
   EXPECT_EQ(Schedule::every(5, 2).str(),
             "F0:input F1:nothing F2:input F3:nothing F4:input "
             "R4:all B4 R2:all R3:all B3 B2 R0:all R1:all B1 B0");
-  EXPECT_EQ(Schedule::every(3, 7).str(), "F0:input F1:nothing F2:nothing R0:all R1:all R2:all B2 B1 B0");
+  EXPECT_EQ(Schedule::every(3, 7).str(),
+            "F0:input F1:nothing F2:nothing R0:all R1:all R2:all B2 B1 B0");
   EXPECT_EQ(Schedule::none(4).name(), "none");
   EXPECT_EQ(Schedule::every(4, 3).name(), "every:3");
   EXPECT_EQ(Schedule::sqrt_n(4).name(), "sqrt");
@@ -45,7 +46,8 @@ TEST(Schedule, BuiltInOps) {
     // k >= n keeps only x[0].
     const Schedule one = Schedule::every(n, n);
     int inputs = 0;
-    for (const Op& op : one.ops()) inputs += op.kind == Op::Kind::kForward && op.keep == Keep::kInput;
+    for (const Op& op : one.ops())
+      inputs += op.kind == Op::Kind::kForward && op.keep == Keep::kInput;
     EXPECT_EQ(inputs, 1);
   }
   // sqrt: every(n, round(sqrt n)).
@@ -134,9 +136,9 @@ TEST(Schedule, RejectsDuplicates) {
 }
 
 TEST(Schedule, RejectsOutOfOrderAndRange) {
-  Schedule order("x", {Op::forward(0, Keep::kAll), Op::forward(1, Keep::kAll),
-                       Op::forward(2, Keep::kAll), Op::backward(1), Op::backward(2),
-                       Op::backward(0)});
+  Schedule order(
+      "x", {Op::forward(0, Keep::kAll), Op::forward(1, Keep::kAll), Op::forward(2, Keep::kAll),
+            Op::backward(1), Op::backward(2), Op::backward(0)});
   expect_invalid(order, 3, {"op 3 (B1)", "out of order", "B2"});
   Schedule range("x", {Op::forward(0, Keep::kAll), Op::forward(5, Keep::kAll)});
   expect_invalid(range, 2, {"op 1 (F5:all)", "out of range", "0 to 1"});
