@@ -32,12 +32,12 @@ int run_devices(const std::string& format) {
   }
   const std::vector<std::string> names = DeviceSpec::preset_names();
   if (format == "yaml") {
-    for (const std::string& n : names) std::printf("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
+    for (const std::string& n : names)
+      std::printf("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
     return 0;
   }
-  std::printf("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", "device", "memory",
-              "context", "usable", "TF f32", "TF f16", "TF bf16", "mem GB/s", "link GB/s",
-              "AdamW Gp/s");
+  std::printf("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", "device", "memory", "context",
+              "usable", "TF f32", "TF f16", "TF bf16", "mem GB/s", "link GB/s", "AdamW Gp/s");
   for (const std::string& n : names) {
     const DeviceSpec d = DeviceSpec::preset(n);
     std::printf("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", n.c_str(),

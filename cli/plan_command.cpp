@@ -35,7 +35,8 @@ struct PlanArgs {
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -200,14 +201,13 @@ int run_plan(const PlanArgs& a) {
     std::printf("%s", rec.to_yaml().c_str());
   } else {
     const std::size_t budget = o.budget ? o.budget : o.device.usable_bytes();
-    std::printf("memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
-                o.spec.name.c_str(), static_cast<long long>(o.spec.parameter_count()),
-                static_cast<long long>(rec.seq_len), o.device.name.c_str(),
-                format_bytes(budget).c_str(),
-                o.budget ? "" : " (the device's memory less its context)",
-                o.global_batch > 0
-                    ? ("fastest global batch of " + std::to_string(o.global_batch)).c_str()
-                    : "largest micro-batch");
+    std::printf(
+        "memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
+        o.spec.name.c_str(), static_cast<long long>(o.spec.parameter_count()),
+        static_cast<long long>(rec.seq_len), o.device.name.c_str(), format_bytes(budget).c_str(),
+        o.budget ? "" : " (the device's memory less its context)",
+        o.global_batch > 0 ? ("fastest global batch of " + std::to_string(o.global_batch)).c_str()
+                           : "largest micro-batch");
     if (o.ranks > 1) {
       std::printf("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
     }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/plan_command.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
@@ -24,7 +25,6 @@
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
-#include "cli/plan_command.h"
 #include "policies/accumulation.h"
 #include "policies/device_spec.h"
 #include "policies/plan.h"
@@ -266,7 +266,8 @@ Run make_run(const TrainArgs& a) {
 // --budget with no policy flags: the planner's recommendation for this model and budget
 // (largest micro-batch, or with --batch the fastest way to train that global batch).
 Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
-  if (a.model.empty()) throw InvalidArgument("--model is required (a built-in name or a YAML spec)");
+  if (a.model.empty())
+    throw InvalidArgument("--model is required (a built-in name or a YAML spec)");
   PlannerOptions o;
   o.spec = load_text_model(a.model, "--model");
   o.device = DeviceSpec::load(a.device.empty() ? "cpu" : a.device);
@@ -299,9 +300,9 @@ Run run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& where
   Run p;
   p.spec = plan.model;
   if (p.spec.vocab < TextDataset::kVocab) {
-    throw InvalidArgument(where + ": model " + p.spec.name + " has vocab " +
-                          std::to_string(p.spec.vocab) + "; byte-level text needs vocab >= " +
-                          std::to_string(TextDataset::kVocab));
+    throw InvalidArgument(
+        where + ": model " + p.spec.name + " has vocab " + std::to_string(p.spec.vocab) +
+        "; byte-level text needs vocab >= " + std::to_string(TextDataset::kVocab));
   }
   p.dtype = plan.dtype;
   p.seq_len = plan.seq_len > 0 ? plan.seq_len : p.spec.seq_len;
@@ -336,8 +337,8 @@ Source choose(const TrainArgs& a) {
                           "--micro-batch", "--accum", "--offload"}) {
       if (given(a, f)) {
         throw InvalidArgument(std::string(f) + " with --plan " + a.plan_file +
-                              ": the plan fixes the model, seq_len, batch and policies; drop " +
-                              f + " or edit the plan");
+                              ": the plan fixes the model, seq_len, batch and policies; drop " + f +
+                              " or edit the plan");
       }
     }
     s.plan = Plan::load(a.plan_file);
@@ -364,10 +365,10 @@ Peaks plan_peaks(const Plan& plan) {
 int run_train(const TrainArgs& a) {
   check_common(a);
   const Source src = choose(a);
-  const Run p =
-      src.plan ? run_from_plan(*src.plan, a, src.kind == "file" ? "--plan " + a.plan_file
-                                                                : std::string("the plan"))
-               : make_run(a);
+  const Run p = src.plan ? run_from_plan(*src.plan, a,
+                                         src.kind == "file" ? "--plan " + a.plan_file
+                                                            : std::string("the plan"))
+                         : make_run(a);
   const TextDataset data(a.data);
   data.require_seq_len(p.seq_len);
 
@@ -377,8 +378,7 @@ int run_train(const TrainArgs& a) {
     if (src.kind == "planner") {
       std::printf("memfit train: planned %s under %s on %s (%s): %zu plans fit\n",
                   pl.model.name.c_str(), format_bytes(pl.budget).c_str(), pl.device.c_str(),
-                  given(a, "--batch") ? "fastest for --batch"
-                                                           : "largest micro-batch",
+                  given(a, "--batch") ? "fastest for --batch" : "largest micro-batch",
                   src.feasible);
     } else {
       std::printf("memfit train: plan %s (made for %s on %s)\n", a.plan_file.c_str(),

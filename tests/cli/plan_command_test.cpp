@@ -5,14 +5,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -34,8 +33,7 @@ std::string memfit_binary() {
 
 // stderr_too = false keeps stdout alone (JSON output must parse by itself).
 ProgramRun run_memfit(const std::string& args, bool stderr_too = true) {
-  const std::string cmd =
-      memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd = memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -95,9 +93,8 @@ TEST(PlanCommand, JsonHasEveryPlanFieldAndTheRecommendedPlanIsTheLargestThatFits
   std::int64_t largest = 0;
   bool recommended_is_a_candidate = false;
   for (const auto& p : cands) {
-    for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch",
-                          "accum_steps", "predicted_peak_reserved_bytes",
-                          "predicted_step_seconds"}) {
+    for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch", "accum_steps",
+                          "predicted_peak_reserved_bytes", "predicted_step_seconds"}) {
       ASSERT_TRUE(p.contains(k)) << k << " missing in " << p.dump();
     }
     const auto peak = p.at("predicted_peak_reserved_bytes").get<std::size_t>();
@@ -216,7 +213,8 @@ TEST(PlanCommand, OutWritesTheRecommendedPlanInTheFormatOfItsExtension) {
     EXPECT_EQ(p.offload, rec.at("offload").get<bool>());
     EXPECT_EQ(p.micro_batch, rec.at("micro_batch").get<std::int64_t>());
     EXPECT_EQ(p.accum_steps, rec.at("accum_steps").get<std::int64_t>());
-    EXPECT_EQ(p.predicted.peak_reserved, rec.at("predicted_peak_reserved_bytes").get<std::size_t>());
+    EXPECT_EQ(p.predicted.peak_reserved,
+              rec.at("predicted_peak_reserved_bytes").get<std::size_t>());
     EXPECT_EQ(p.budget, std::size_t{64} << 20);
     EXPECT_EQ(p.model.name, "gpt-tiny");
     const std::string text = read_file(out);
@@ -336,8 +334,8 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
             0);
   const memfit::Plan p = memfit::Plan::load(plan);
   const std::string js = tmp("train_from_file.json");
-  const ProgramRun r = run_memfit("train --plan " + plan + " --data " + kCorpus +
-                                  " --steps 2 --summary-json " + js);
+  const ProgramRun r =
+      run_memfit("train --plan " + plan + " --data " + kCorpus + " --steps 2 --summary-json " + js);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(read_file(js));
   EXPECT_EQ(j.at("plan_source").get<std::string>(), "file");
@@ -351,13 +349,13 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
   EXPECT_LE(j.at("peak_reserved_bytes").get<std::size_t>(), std::size_t{32} << 20);
 
   // A plan fixes the policies: a policy flag beside it is an error that names both.
-  const ProgramRun both = run_memfit("train --plan " + plan + " --data " + kCorpus +
-                                     " --steps 1 --dtype f16");
+  const ProgramRun both =
+      run_memfit("train --plan " + plan + " --data " + kCorpus + " --steps 1 --dtype f16");
   EXPECT_EQ(both.exit_code, 2) << both.output;
   EXPECT_TRUE(contains(both.output, "--dtype")) << both.output;
   EXPECT_TRUE(contains(both.output, "--plan")) << both.output;
-  const ProgramRun missing = run_memfit("train --plan " + tmp("none.yaml") + " --data " +
-                                        kCorpus + " --steps 1");
+  const ProgramRun missing =
+      run_memfit("train --plan " + tmp("none.yaml") + " --data " + kCorpus + " --steps 1");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_TRUE(contains(missing.output, "none.yaml")) << missing.output;
   for (const auto& f : {plan, js}) std::remove(f.c_str());
