@@ -1,5 +1,6 @@
 #include "core/schedule.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <system_error>
@@ -79,8 +80,69 @@ Schedule Schedule::sqrt_n(int n) {
   return Schedule("sqrt", s.ops());
 }
 
+namespace {
+
+// One token of str()'s format: "F<i>:<keep>", "R<i>:<keep>" or "B<i>"; false if malformed.
+bool parse_op(std::string_view tok, ScheduleOp& op) {
+  if (tok.size() < 2 || (tok[0] != 'F' && tok[0] != 'R' && tok[0] != 'B')) return false;
+  const char* end = tok.data() + tok.size();
+  int block = 0;
+  const auto r = std::from_chars(tok.data() + 1, end, block);
+  if (r.ec != std::errc() || r.ptr == tok.data() + 1) return false;
+  const std::string_view rest(r.ptr, static_cast<std::size_t>(end - r.ptr));
+  if (tok[0] == 'B') {
+    if (!rest.empty()) return false;
+    op = ScheduleOp::backward(block);
+    return true;
+  }
+  for (Keep k : {Keep::kAll, Keep::kInput, Keep::kNothing}) {
+    if (rest.size() == 1 + std::string_view(keep_name(k)).size() && rest[0] == ':' &&
+        rest.substr(1) == keep_name(k)) {
+      op = ScheduleOp::forward(block, k, tok[0] == 'R');
+      return true;
+    }
+  }
+  return false;
+}
+
+// An explicit op list in str()'s format, validated for n.
+Schedule parse_ops(std::string_view spec, int n) {
+  std::vector<ScheduleOp> ops;
+  std::size_t pos = 0;
+  while (pos < spec.size()) {
+    if (spec[pos] == ' ') {
+      ++pos;
+      continue;
+    }
+    const std::size_t end = std::min(spec.find(' ', pos), spec.size());
+    const std::string_view tok = spec.substr(pos, end - pos);
+    ScheduleOp op;
+    if (!parse_op(tok, op)) {
+      throw InvalidArgument("checkpoint schedule op list: token " + std::to_string(ops.size()) +
+                            " '" + std::string(tok) +
+                            "' is not an op; valid: F<i>:all|input|nothing (forward), R<i>:... "
+                            "(recomputing forward), B<i> (backward), separated by spaces");
+    }
+    ops.push_back(op);
+    pos = end;
+  }
+  Schedule s("ops", std::move(ops));
+  s.validate(n);
+  return s;
+}
+
+}  // namespace
+
 Schedule Schedule::parse(std::string_view spec, int n) {
   check_n(n, "parse");
+  // An op list as str() prints it ("F0:input F1:all ... B0"): a solver's schedule read back
+  // from a plan file.
+  const std::size_t first = std::min(spec.find_first_not_of(' '), spec.size());
+  if (spec.size() >= first + 2 &&
+      (spec[first] == 'F' || spec[first] == 'R' || spec[first] == 'B') && spec[first + 1] >= '0' &&
+      spec[first + 1] <= '9') {
+    return parse_ops(spec, n);
+  }
   if (spec == "none") return none(n);
   if (spec == "all") return all(n);
   if (spec == "sqrt") return sqrt_n(n);
@@ -94,7 +156,8 @@ Schedule Schedule::parse(std::string_view spec, int n) {
     }
   }
   throw InvalidArgument("checkpoint schedule '" + std::string(spec) +
-                        "': unknown; valid: none, all, sqrt, every:K (K an integer >= 1)");
+                        "': unknown; valid: none, all, sqrt, every:K (K an integer >= 1), or an op "
+                        "list as Schedule::str() prints it (\"F0:input R0:all B0\")");
 }
 
 void Schedule::validate(int n) const {

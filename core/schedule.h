@@ -67,7 +67,9 @@ class Schedule {
   static Schedule every(int n, int k);
   // every(n, round(sqrt(n))), at least 1.
   static Schedule sqrt_n(int n);
-  // "none", "all", "sqrt", "every:K" (K >= 1): InvalidArgument listing these otherwise.
+  // "none", "all", "sqrt", "every:K" (K >= 1), or an explicit op list in str()'s format
+  // ("F0:input F1:all B1 R0:all B0", named "ops", validated for n: how a solver's schedule is
+  // written into a plan file and read back). InvalidArgument listing these otherwise.
   static Schedule parse(std::string_view spec, int n);
 
   // Throws InvalidArgument "schedule '<name>' op <j> (<op>): <what is wrong>" when the schedule

@@ -1,0 +1,33 @@
+// The `optimal` checkpoint solver's dynamic program alone (checkpoint_solver.h wraps it and
+// compares its answer with the fixed rules). Internal to policies/; the tests call it directly
+// so that its optimality is checked without the fixed rules standing in for it.
+//
+//   std::optional<DpSolution> d = optimal_checkpoint_dp(chain, limit, /*slots=*/500);
+//   if (d) executor.run(d->schedule, ...);   // fits `limit` per simulate()
+//
+// Discretization: unit = ceil(limit / slots) bytes, budget = floor(limit / unit) units <= slots,
+// every byte size rounded UP to whole units. A term-by-term upper bound, so a schedule that fits
+// in units fits in bytes; exact when every size is a multiple of the unit (the tests' case).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/schedule.h"
+#include "policies/checkpoint_solver.h"
+
+namespace memfit {
+
+struct DpSolution {
+  Schedule schedule;        // named "optimal"
+  double compute_time = 0;  // the DP's own sum (simulate() agrees)
+  std::int64_t unit = 0;    // bytes per memory unit
+  int budget_units = 0;     // floor(limit / unit)
+};
+
+// The least compute time over all schedules whose peak, with sizes rounded up to units, fits
+// the budget; nullopt when none does. The chain must be valid (checkpoint_solver.cpp checks).
+// InvalidArgument when the tables would exceed 1 GiB (n^2/2 * (slots + 1) entries).
+std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots);
+
+}  // namespace memfit
