@@ -16,6 +16,7 @@
 #include <string>
 #include <tuple>
 
+#include "core/schedule.h"
 #include "policies/device_spec.h"
 #include "policies/plan.h"
 
@@ -358,7 +359,18 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
       run_memfit("train --plan " + tmp("none.yaml") + " --data " + kCorpus + " --steps 1");
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_TRUE(contains(missing.output, "none.yaml")) << missing.output;
-  for (const auto& f : {plan, js}) std::remove(f.c_str());
+  // A solver's schedule is written as its op list; training runs exactly that schedule.
+  memfit::Plan ops = p;
+  ops.checkpoint = memfit::Schedule::every(2, 2).str();
+  const std::string ops_plan = tmp("ops.json");
+  ops.save(ops_plan);
+  const ProgramRun o = run_memfit("train --plan " + ops_plan + " --data " + kCorpus +
+                                  " --steps 1 --summary-json " + js);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const nlohmann::json oj = nlohmann::json::parse(read_file(js));
+  EXPECT_EQ(oj.at("checkpoint").get<std::string>(), ops.checkpoint);
+  EXPECT_EQ(oj.at("plan").at("solver").get<std::string>(), "optimal");
+  for (const auto& f : {plan, js, ops_plan}) std::remove(f.c_str());
 }
 
 TEST(TrainPlanning, BudgetTooSmallForAnyPlanIsAClearError) {
