@@ -6,6 +6,8 @@
 #include <exception>
 
 #include "cli/demo_command.h"
+#include "cli/devices_command.h"
+#include "cli/plan_command.h"
 #include "cli/train_command.h"
 #include "memory/error.h"
 
@@ -16,6 +18,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   memfit::cli::add_demo_command(app, exit_code);
   memfit::cli::add_train_command(app, exit_code);
+  memfit::cli::add_plan_command(app, exit_code);
+  memfit::cli::add_devices_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/plan_command.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
@@ -25,6 +26,9 @@
 #include "memory/null_provider.h"
 #include "memory/size.h"
 #include "policies/accumulation.h"
+#include "policies/device_spec.h"
+#include "policies/plan.h"
+#include "policies/planner.h"
 #include "policies/trainer.h"
 
 namespace memfit::cli {
@@ -50,10 +54,21 @@ struct TrainArgs {
   std::string summary_json;
   std::string alloc_conf;
   bool predict = false;
+  std::string plan_file;
+  std::string device;
+  std::vector<std::string> given;  // the options given on the command line
 };
 
+bool given(const TrainArgs& a, const std::string& name) {
+  return std::find(a.given.begin(), a.given.end(), name) != a.given.end();
+}
+
+// The flags that choose a memory policy: with none of them, --budget plans.
+const char* const kPolicyFlags[] = {"--dtype", "--checkpoint", "--micro-batch", "--accum",
+                                    "--offload"};
+
 // Everything that decides a step's memory: what a dry run needs to reproduce it.
-struct Plan {
+struct Run {
   ModelSpec spec;
   DType dtype = DType::kF32;
   TrainerOptions trainer;
@@ -87,7 +102,7 @@ struct Peaks {
 
 // One step of the plan on the meta backend over a NullProvider, unbudgeted: the real
 // allocator and executor with no arithmetic, so the peak includes rounding and fragmentation.
-Peaks dry_run(const Plan& p) {
+Peaks dry_run(const Run& p) {
   MetaBackend meta;
   NullProvider null;
   AllocatorConfig conf = p.conf;
@@ -111,7 +126,7 @@ std::string mib_ceil(std::size_t bytes) {
 }
 
 // The first step did not fit: say what this plan needs and what the usual alternatives would.
-[[noreturn]] void budget_too_small(const Plan& p, const std::string& budget_text,
+[[noreturn]] void budget_too_small(const Run& p, const std::string& budget_text,
                                    const OutOfMemory& oom) {
   std::string msg = "--budget " + budget_text + " (" + format_bytes(p.conf.budget) +
                     ") is too small for step one of " + p.describe() + " (" + oom.what() + ")";
@@ -122,26 +137,26 @@ std::string mib_ceil(std::size_t bytes) {
            " or more, or change the plan (dry-run peaks):";
     struct Alt {
       std::string label;
-      Plan plan;
+      Run plan;
     };
     std::vector<Alt> alts;
     auto add = [&](std::string label, auto change) {
-      Plan q = p;
+      Run q = p;
       change(q);
       alts.push_back({std::move(label), q});
     };
     if (p.trainer.checkpoint != "all")
-      add("--checkpoint all", [](Plan& q) { q.trainer.checkpoint = "all"; });
+      add("--checkpoint all", [](Run& q) { q.trainer.checkpoint = "all"; });
     if (p.batch > 1) {
       const std::int64_t mb = std::max<std::int64_t>(1, p.batch / 4);
-      add("--micro-batch " + std::to_string(mb), [mb](Plan& q) {
+      add("--micro-batch " + std::to_string(mb), [mb](Run& q) {
         q.trainer.micro_batch = mb;
         q.trainer.accum = 0;
       });
     }
-    if (p.dtype == DType::kF32) add("--dtype bf16", [](Plan& q) { q.dtype = DType::kBF16; });
-    if (!p.trainer.offload) add("--offload", [](Plan& q) { q.trainer.offload = true; });
-    add("all of these", [&](Plan& q) {
+    if (p.dtype == DType::kF32) add("--dtype bf16", [](Run& q) { q.dtype = DType::kBF16; });
+    if (!p.trainer.offload) add("--offload", [](Run& q) { q.trainer.offload = true; });
+    add("all of these", [&](Run& q) {
       q.trainer.checkpoint = "all";
       q.trainer.micro_batch = 1;
       q.trainer.accum = 0;
@@ -187,8 +202,32 @@ nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a
   return j;
 }
 
-Plan make_plan(const TrainArgs& a) {
+void check_common(const TrainArgs& a) {
   if (a.steps < 1) throw InvalidArgument("--steps " + std::to_string(a.steps) + " must be >= 1");
+  if (!std::isfinite(a.lr) || a.lr < 0) {
+    throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
+  }
+}
+
+ModelSpec load_text_model(const std::string& name, const char* where) {
+  ModelSpec spec = ModelSpec::load(name);
+  if (spec.vocab < TextDataset::kVocab) {
+    throw InvalidArgument(std::string(where) + " " + name + " has vocab " +
+                          std::to_string(spec.vocab) + "; byte-level text needs vocab >= " +
+                          std::to_string(TextDataset::kVocab) + " (gpt-tiny has 256)");
+  }
+  return spec;
+}
+
+Run make_run(const TrainArgs& a) {
+  if (a.model.empty()) {
+    throw InvalidArgument("--model is required (a built-in name or a YAML spec), or --plan FILE");
+  }
+  if (given(a, "--device")) {
+    throw InvalidArgument("--device " + a.device +
+                          " is for planning: give --budget and no policy flags (--dtype, "
+                          "--checkpoint, --micro-batch, --accum, --offload), or use --plan");
+  }
   if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
   if (a.micro_batch < 0 || a.accum < 0) {
     throw InvalidArgument("--micro-batch and --accum must be >= 1 when given");
@@ -196,16 +235,8 @@ Plan make_plan(const TrainArgs& a) {
   if (a.micro_batch > 0 && a.accum > 0) {
     throw InvalidArgument("give --micro-batch or --accum, not both");
   }
-  if (!std::isfinite(a.lr) || a.lr < 0) {
-    throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
-  }
-  Plan p;
-  p.spec = ModelSpec::load(a.model);
-  if (p.spec.vocab < TextDataset::kVocab) {
-    throw InvalidArgument("--model " + a.model + " has vocab " + std::to_string(p.spec.vocab) +
-                          "; byte-level text needs vocab >= " +
-                          std::to_string(TextDataset::kVocab) + " (gpt-tiny has 256)");
-  }
+  Run p;
+  p.spec = load_text_model(a.model, "--model");
   p.dtype = parse_dtype(a.dtype);
   p.batch = a.batch;
   p.seq_len = a.seq_len > 0 ? a.seq_len : p.spec.seq_len;
@@ -232,18 +263,142 @@ Plan make_plan(const TrainArgs& a) {
   return p;
 }
 
+// --budget with no policy flags: the planner's recommendation for this model and budget
+// (largest micro-batch, or with --batch the fastest way to train that global batch).
+Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
+  if (a.model.empty())
+    throw InvalidArgument("--model is required (a built-in name or a YAML spec)");
+  PlannerOptions o;
+  o.spec = load_text_model(a.model, "--model");
+  o.device = DeviceSpec::load(a.device.empty() ? "cpu" : a.device);
+  o.budget = parse_size(a.budget);
+  if (o.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
+  if (a.seq_len < 0 || a.seq_len > o.spec.seq_len) {
+    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": valid is 1.." +
+                          std::to_string(o.spec.seq_len) + " (the model's seq_len)");
+  }
+  o.seq_len = a.seq_len;
+  o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
+  if (given(a, "--batch")) {
+    if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
+    o.global_batch = a.batch;
+  }
+  const PlanResult r = plan(o);
+  feasible = r.candidates.size();
+  return r.recommended;
+}
+
+// A plan (from a file or the planner) as a run: its model, seq_len, global batch and
+// policies; learning rate and seed from the command line; --budget, when given, replaces the
+// plan's (the CPU "device" is limited to it).
+Run run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& where) {
+  if (plan.ranks > 1) {
+    throw InvalidArgument(where + " is a per-rank plan for " + std::to_string(plan.ranks) +
+                          " data-parallel ranks; memfit train runs one process (plan with "
+                          "--ranks 1)");
+  }
+  Run p;
+  p.spec = plan.model;
+  if (p.spec.vocab < TextDataset::kVocab) {
+    throw InvalidArgument(
+        where + ": model " + p.spec.name + " has vocab " + std::to_string(p.spec.vocab) +
+        "; byte-level text needs vocab >= " + std::to_string(TextDataset::kVocab));
+  }
+  p.dtype = plan.dtype;
+  p.seq_len = plan.seq_len > 0 ? plan.seq_len : p.spec.seq_len;
+  p.batch = plan.global_batch > 0
+                ? plan.global_batch
+                : static_cast<std::int64_t>(checked_mul(static_cast<std::size_t>(plan.micro_batch),
+                                                        static_cast<std::size_t>(plan.accum_steps),
+                                                        "micro_batch * accum_steps"));
+  p.trainer = plan.trainer_options();
+  p.trainer.adamw.lr = a.lr;
+  p.trainer.seed = a.seed;
+  p.conf = parse_alloc_conf(a.alloc_conf);
+  p.conf.budget = plan.budget;
+  if (!a.budget.empty()) {
+    p.conf.budget = parse_size(a.budget);
+    if (p.conf.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
+  }
+  return p;
+}
+
+// Where the policies come from: a plan file, the planner, or the command line.
+struct Source {
+  std::optional<Plan> plan;
+  std::string kind;  // "file", "planner", "" (command line)
+  std::size_t feasible = 0;
+};
+
+Source choose(const TrainArgs& a) {
+  Source s;
+  if (!a.plan_file.empty()) {
+    for (const char* f : {"--model", "--seq-len", "--batch", "--device", "--dtype", "--checkpoint",
+                          "--micro-batch", "--accum", "--offload"}) {
+      if (given(a, f)) {
+        throw InvalidArgument(std::string(f) + " with --plan " + a.plan_file +
+                              ": the plan fixes the model, seq_len, batch and policies; drop " + f +
+                              " or edit the plan");
+      }
+    }
+    s.plan = Plan::load(a.plan_file);
+    s.kind = "file";
+    return s;
+  }
+  const bool policy = std::any_of(std::begin(kPolicyFlags), std::end(kPolicyFlags),
+                                  [&](const char* f) { return given(a, f); });
+  if (!a.budget.empty() && !policy) {
+    s.plan = plan_for_budget(a, s.feasible);
+    s.kind = "planner";
+  }
+  return s;
+}
+
+Peaks plan_peaks(const Plan& plan) {
+  Peaks k;
+  k.reserved = plan.predicted.peak_reserved;
+  k.allocated = plan.predicted.peak_allocated;
+  k.by_category = plan.predicted.peak_by_category;
+  return k;
+}
+
 int run_train(const TrainArgs& a) {
-  const Plan p = make_plan(a);
+  check_common(a);
+  const Source src = choose(a);
+  const Run p = src.plan ? run_from_plan(*src.plan, a,
+                                         src.kind == "file" ? "--plan " + a.plan_file
+                                                            : std::string("the plan"))
+                         : make_run(a);
   const TextDataset data(a.data);
   data.require_seq_len(p.seq_len);
 
   std::optional<Peaks> predicted;
-  if (a.predict) predicted = dry_run(p);
+  if (src.plan) {
+    const Plan& pl = *src.plan;
+    if (src.kind == "planner") {
+      std::printf("memfit train: planned %s under %s on %s (%s): %zu plans fit\n",
+                  pl.model.name.c_str(), format_bytes(pl.budget).c_str(), pl.device.c_str(),
+                  given(a, "--batch") ? "fastest for --batch" : "largest micro-batch",
+                  src.feasible);
+    } else {
+      std::printf("memfit train: plan %s (made for %s on %s)\n", a.plan_file.c_str(),
+                  format_bytes(pl.budget).c_str(), pl.device.c_str());
+    }
+    std::printf("  plan: %s; predicted peak reserved %s\n", describe_plan(pl).c_str(),
+                format_bytes(pl.predicted.peak_reserved).c_str());
+    if (!pl.why.empty()) std::printf("  why: %s\n", pl.why.c_str());
+    if (pl.predicted.peak_reserved > 0) predicted = plan_peaks(pl);
+  }
+  if (a.predict && !predicted) predicted = dry_run(p);
 
   CpuBackend be({.worker_streams = p.trainer.offload});
   HostProvider host;
   CachingAllocator alloc(host, p.conf, &be.stream_sync());
-  be.set_workspace_allocator(&alloc);  // GEMM scratch counts against the budget
+  // Command-line plans count the CPU GEMM's f16/bf16 widening scratch against the budget. A
+  // planned run does as the planner's dry run (and its proof tests) do: that scratch comes
+  // from the backend's own pool, outside the budget, because a device GEMM (tensor cores)
+  // needs none; its size is reported beside the peaks.
+  if (!src.plan) be.set_workspace_allocator(&alloc);
   LayerContext ctx{be, alloc, kDefaultStream, p.dtype};
   std::unique_ptr<Model> model;
   std::unique_ptr<Trainer> trainer;
@@ -315,6 +470,10 @@ int run_train(const TrainArgs& a) {
     if (predicted) std::printf(" %12s", format_bytes(predicted->by_category[c]).c_str());
     std::printf("\n");
   }
+  if (src.plan && be.scratch_bytes() > 0) {
+    std::printf("  CPU GEMM widening scratch, outside the budget as planned: %s\n",
+                format_bytes(be.scratch_bytes()).c_str());
+  }
   if (!a.save.empty()) std::printf("  state: %s\n", a.save.c_str());
 
   if (!a.summary_json.empty()) {
@@ -356,6 +515,13 @@ int run_train(const TrainArgs& a) {
       j["predicted_peak_allocated_bytes"] = predicted->allocated;
       j["predicted_peak_by_category"] = by_category_json(predicted->by_category);
     }
+    if (src.plan) {
+      j["plan"] = plan_json(*src.plan);
+      j["plan_source"] = src.kind;
+      j["why"] = src.plan->why;
+      if (src.kind == "file") j["plan_file"] = a.plan_file;
+    }
+    j["cpu_gemm_scratch_outside_budget_bytes"] = src.plan ? be.scratch_bytes() : 0;
     j["allocator_stats"] = alloc.stats().as_map();
     if (!a.save.empty()) j["saved_to"] = a.save;
     if (!a.resume.empty()) j["resumed_from"] = a.resume;
@@ -378,8 +544,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   // A repeated option takes its last value, so scripts/demo.sh's defaults can be overridden.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--model", a->model,
-                  "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file")
-      ->required();
+                  "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file "
+                  "(required unless --plan)");
   cmd->add_option("--data", a->data,
                   "a text file; tokens are its bytes (data/corpus.txt is bundled)")
       ->required();
@@ -394,7 +560,15 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--offload", a->offload,
                 "FP32 masters and Adam moments in pinned host memory, CPU AdamW");
-  cmd->add_option("--budget", a->budget, "allocator budget on the CPU device (96MiB, 1GiB, ...)");
+  cmd->add_option("--budget", a->budget,
+                  "allocator budget on the CPU device (96MiB, 1GiB, ...); with no policy flag "
+                  "(--dtype --checkpoint --micro-batch --accum --offload) memfit plans first: "
+                  "the largest micro-batch, or with --batch the fastest plan for that batch");
+  cmd->add_option("--device", a->device,
+                  "when planning: the device preset or YAML file the plan is for (default cpu)");
+  cmd->add_option("--plan", a->plan_file,
+                  "train with a plan file from `memfit plan --out` (model, seq_len, batch, "
+                  "policies); --lr, --seed, --budget still apply");
   cmd->add_option("--seed", a->seed, "initialization and data sampling")->capture_default_str();
   cmd->add_option("--lr", a->lr, "AdamW learning rate")->capture_default_str();
   cmd->add_option("--save", a->save, "write the training state here at the end (atomic)");
@@ -404,7 +578,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "allocator settings, MEMFIT_ALLOC_CONF syntax (default: the variable)");
   cmd->add_flag("--predict", a->predict,
                 "dry-run one step on the meta backend first; print its peak beside the measured");
-  cmd->callback([a, &exit_code] {
+  cmd->callback([a, cmd, &exit_code] {
+    a->given.clear();
+    for (const CLI::Option* o : cmd->get_options()) {
+      if (o->count() > 0) a->given.push_back(o->get_name());
+    }
     if (a->alloc_conf.empty()) {
       if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;
     }

@@ -178,6 +178,7 @@ void Hash64::stripe(const unsigned char* p) {
 }
 
 void Hash64::update(const void* data, std::size_t n) {
+  if (n == 0) return;  // data may be null then (memcpy from null is undefined even for 0 bytes)
   const auto* p = static_cast<const unsigned char*>(data);
   total_ += n;
   if (buffered_ > 0) {

@@ -131,7 +131,8 @@ TEST(TrainCommand, SaveThenResumeContinuesExactly) {
 }
 
 TEST(TrainCommand, BudgetTooSmallSaysWhatWouldFit) {
-  const ProgramRun r = run_memfit(base_args(1) + " --budget 1MiB");
+  // A policy flag given: no planning, the command line's plan is tried and explained.
+  const ProgramRun r = run_memfit(base_args(1) + " --checkpoint none --budget 1MiB");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("too small"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("MiB or more"), std::string::npos) << r.output;

@@ -1,0 +1,318 @@
+#include "cli/plan_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "memory/alloc_conf.h"
+#include "memory/check.h"
+#include "memory/error.h"
+#include "memory/size.h"
+#include "policies/device_spec.h"
+#include "policies/planner.h"
+
+namespace memfit::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string model;
+  std::string device;
+  std::string budget;
+  std::int64_t seq_len = 0;
+  std::int64_t global_batch = 0;
+  int ranks = 1;
+  int zero = 0;
+  bool calibrate = false;
+  std::string format = "table";
+  std::string out;
+  std::int64_t top = 0;
+  std::string alloc_conf;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Short forms that keep a table row on one line.
+std::string short_bytes(std::size_t b) {
+  char buf[32];
+  if (b == 0) return "0";
+  if (b < kMiB) {
+    std::snprintf(buf, sizeof buf, "%.0fK", double(b) / double(kKiB));
+  } else if (b < kGiB) {
+    std::snprintf(buf, sizeof buf, "%.1fM", double(b) / double(kMiB));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2fG", double(b) / double(kGiB));
+  }
+  return buf;
+}
+
+std::string short_seconds(double s) {
+  char buf[32];
+  if (s <= 0) return "-";
+  if (s < 1e-3) {
+    std::snprintf(buf, sizeof buf, "%.0fus", s * 1e6);
+  } else if (s < 1) {
+    std::snprintf(buf, sizeof buf, "%.1fms", s * 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2fs", s);
+  }
+  return buf;
+}
+
+std::string short_rate(double r) {
+  char buf[32];
+  if (r <= 0) return "-";
+  if (r >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2fM", r / 1e6);
+  } else if (r >= 1e3) {
+    std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f", r);
+  }
+  return buf;
+}
+
+std::size_t category(const Plan& p, Category c) {
+  return p.predicted.peak_by_category[category_index(c)];
+}
+
+void print_table(const PlanResult& r, std::int64_t top) {
+  std::printf("%-5s %-10s %-7s %6s %5s | %9s | %8s %8s %8s %8s %8s | %9s %9s\n", "dtype",
+              "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
+              "activ", "other", "step", "tokens/s");
+  std::printf("%s\n", std::string(116, '-').c_str());
+  std::int64_t shown = 0;
+  for (const Plan& p : r.candidates) {
+    if (top > 0 && shown == top) break;
+    ++shown;
+    const std::size_t other = category(p, Category::kTemporary) + category(p, Category::kInput) +
+                              category(p, Category::kWorkspace) + category(p, Category::kUnknown);
+    std::printf("%-5s %-10s %-7s %6lld %5lld | %9s | %8s %8s %8s %8s %8s | %9s %9s\n",
+                dtype_name(p.dtype), checkpoint_label(p.checkpoint).c_str(),
+                p.offload ? "on" : "off", static_cast<long long>(p.micro_batch),
+                static_cast<long long>(p.accum_steps),
+                short_bytes(p.predicted.peak_reserved).c_str(),
+                short_bytes(category(p, Category::kParameter)).c_str(),
+                short_bytes(category(p, Category::kGradient)).c_str(),
+                short_bytes(category(p, Category::kOptimizerState)).c_str(),
+                short_bytes(category(p, Category::kActivation)).c_str(), short_bytes(other).c_str(),
+                short_seconds(p.predicted.step_seconds).c_str(),
+                short_rate(p.predicted.tokens_per_second).c_str());
+  }
+  if (shown < static_cast<std::int64_t>(r.candidates.size())) {
+    std::printf("(%lld more; --top 0 shows all)\n",
+                static_cast<long long>(r.candidates.size()) - static_cast<long long>(shown));
+  }
+  for (const std::string& s : r.infeasible) std::printf("does not fit: %s\n", s.c_str());
+}
+
+void validate(const PlanArgs& a) {
+  if (a.model.empty()) {
+    throw InvalidArgument("--model is required: a preset (" + join(ModelSpec::preset_names()) +
+                          ") or a YAML spec file");
+  }
+  if (a.device.empty()) {
+    throw InvalidArgument("--device is required: a preset (" + join(DeviceSpec::preset_names()) +
+                          ") or a YAML device file");
+  }
+  if (a.format != "table" && a.format != "json" && a.format != "yaml") {
+    throw InvalidArgument("--format '" + a.format + "': valid are table, json, yaml");
+  }
+  if (!a.out.empty() && !ends_with(a.out, ".yaml") && !ends_with(a.out, ".yml") &&
+      !ends_with(a.out, ".json")) {
+    throw InvalidArgument("--out '" + a.out +
+                          "': the format follows the extension; valid are .yaml, .yml, .json");
+  }
+  if (a.seq_len < 0) {
+    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " must be >= 1");
+  }
+  if (a.global_batch < 0) {
+    throw InvalidArgument("--global-batch " + std::to_string(a.global_batch) + " must be >= 1");
+  }
+  if (a.ranks < 1) throw InvalidArgument("--ranks " + std::to_string(a.ranks) + " must be >= 1");
+  if (a.zero < 0 || a.zero > 2) {
+    throw InvalidArgument("--zero " + std::to_string(a.zero) +
+                          ": valid are 0 (no sharding), 1 (optimizer state), 2 (+ gradients)");
+  }
+  if (a.zero > 0 && a.ranks == 1) {
+    throw InvalidArgument("--zero " + std::to_string(a.zero) +
+                          " shards across data-parallel ranks: give --ranks N (N >= 2) with it");
+  }
+  if (a.top < 0) throw InvalidArgument("--top " + std::to_string(a.top) + " must be >= 0");
+}
+
+PlannerOptions planner_options(const PlanArgs& a) {
+  PlannerOptions o;
+  o.spec = ModelSpec::load(a.model);
+  o.device = DeviceSpec::load(a.device);
+  if (!a.budget.empty()) {
+    o.budget = parse_size(a.budget);
+    if (o.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 24GiB)");
+    if (o.budget > o.device.memory_bytes) {
+      throw InvalidArgument("--budget " + a.budget + " (" + format_bytes(o.budget) +
+                            ") is more than " + o.device.name + " has (" +
+                            format_bytes(o.device.memory_bytes) + "; usable " +
+                            format_bytes(o.device.usable_bytes()) + " after its context)");
+    }
+  }
+  if (a.seq_len > o.spec.seq_len) {
+    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": " + o.spec.name +
+                          " takes at most " + std::to_string(o.spec.seq_len) +
+                          " tokens (valid: 1.." + std::to_string(o.spec.seq_len) + ")");
+  }
+  o.seq_len = a.seq_len;
+  o.global_batch = a.global_batch;
+  o.ranks = a.ranks;
+  o.zero_stage = a.zero;
+  o.calibrate = a.calibrate;
+  // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
+  o.alloc_conf = parse_alloc_conf(a.alloc_conf);
+  return o;
+}
+
+int run_plan(const PlanArgs& a) {
+  validate(a);
+  const PlannerOptions o = planner_options(a);
+  const PlanResult r = plan(o);
+  MEMFIT_CHECK(!r.candidates.empty());  // the planner throws when nothing fits
+  const Plan& rec = r.recommended;
+
+  if (a.format == "json") {
+    nlohmann::json j;
+    j["recommended"] = plan_json(rec);
+    j["candidates"] = nlohmann::json::array();
+    for (const Plan& p : r.candidates) j["candidates"].push_back(plan_json(p));
+    j["infeasible"] = r.infeasible;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else if (a.format == "yaml") {
+    std::printf("%s", rec.to_yaml().c_str());
+  } else {
+    const std::size_t budget = o.budget ? o.budget : o.device.usable_bytes();
+    std::printf(
+        "memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
+        o.spec.name.c_str(), static_cast<long long>(o.spec.parameter_count()),
+        static_cast<long long>(rec.seq_len), o.device.name.c_str(), format_bytes(budget).c_str(),
+        o.budget ? "" : " (the device's memory less its context)",
+        o.global_batch > 0 ? ("fastest global batch of " + std::to_string(o.global_batch)).c_str()
+                           : "largest micro-batch");
+    if (o.ranks > 1) {
+      std::printf("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
+    }
+    std::printf("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
+                o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
+    print_table(r, a.top);
+    std::printf("\nrecommended: %s\n  predicted peak reserved %s, %s per step, %s tokens/s\n",
+                describe_plan(rec).c_str(), format_bytes(rec.predicted.peak_reserved).c_str(),
+                short_seconds(rec.predicted.step_seconds).c_str(),
+                short_rate(rec.predicted.tokens_per_second).c_str());
+    std::printf("  why: %s\n", rec.why.c_str());
+  }
+  if (!a.out.empty()) {
+    rec.save(a.out);
+    // stderr when stdout carries JSON or YAML, so it stays parseable.
+    std::fprintf(a.format == "table" ? stdout : stderr, "plan written to %s\n", a.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string checkpoint_label(const std::string& checkpoint) {
+  // Only a solver's op list has spaces ("F0:all F1:input ... B0"); names never do.
+  return checkpoint.find(' ') == std::string::npos ? checkpoint : "optimal";
+}
+
+std::string describe_plan(const Plan& p) {
+  std::string s = std::string(dtype_name(p.dtype)) + ", checkpoint " +
+                  checkpoint_label(p.checkpoint) + ", offload " + (p.offload ? "on" : "off") +
+                  ", micro-batch " + std::to_string(p.micro_batch);
+  if (p.accum_steps > 1) {
+    s += " x " + std::to_string(p.accum_steps) + " accumulated (global batch " +
+         std::to_string(p.global_batch) + ")";
+  }
+  if (p.ranks > 1) {
+    s += ", " + std::to_string(p.ranks) + " ranks ZeRO-" + std::to_string(p.zero_stage);
+  }
+  return s;
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  nlohmann::json j;
+  j["model"] = p.model.name;
+  j["device"] = p.device;
+  j["budget_bytes"] = p.budget;
+  j["seq_len"] = p.seq_len;
+  j["activation_dtype"] = dtype_name(p.dtype);
+  j["checkpoint"] = p.checkpoint;
+  j["solver"] = checkpoint_label(p.checkpoint);
+  j["offload"] = p.offload;
+  j["delayed_update"] = p.delayed_update;
+  j["micro_batch"] = p.micro_batch;
+  j["accum_steps"] = p.accum_steps;
+  j["global_batch"] = p.global_batch;
+  j["ranks"] = p.ranks;
+  j["zero_stage"] = p.zero_stage;
+  j["predicted_peak_reserved_bytes"] = p.predicted.peak_reserved;
+  j["predicted_peak_allocated_bytes"] = p.predicted.peak_allocated;
+  nlohmann::json cats = nlohmann::json::object();
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    cats[category_name(static_cast<Category>(c))] = p.predicted.peak_by_category[c];
+  }
+  j["predicted_peak_by_category"] = cats;
+  j["predicted_step_seconds"] = p.predicted.step_seconds;
+  j["predicted_tokens_per_second"] = p.predicted.tokens_per_second;
+  j["why"] = p.why;
+  return j;
+}
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Find the dtype, checkpointing, micro-batch, accumulation and offload that fit a budget");
+  cmd->add_option("--model", a->model,
+                  "a built-in model (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-tiny, ...) or a "
+                  "YAML spec file (required)");
+  cmd->add_option("--device", a->device,
+                  "a device preset (h100-80g, a100-40g, cpu, ...; `memfit devices` lists them) "
+                  "or a YAML device file (required)");
+  cmd->add_option("--budget", a->budget,
+                  "memory budget (24GiB, 512MiB); default: the device's memory less its context");
+  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
+  cmd->add_option("--global-batch", a->global_batch,
+                  "throughput mode: the fastest plan for this many sequences per step");
+  cmd->add_option("--ranks", a->ranks, "data-parallel ranks (per-rank bytes)")
+      ->capture_default_str();
+  cmd->add_option("--zero", a->zero, "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads)")
+      ->capture_default_str();
+  cmd->add_flag("--calibrate", a->calibrate,
+                "fit the cost model from profiled steps on this machine instead of analytic");
+  cmd->add_option("--format", a->format, "table | json | yaml (the recommended plan)")
+      ->capture_default_str();
+  cmd->add_option("--out", a->out, "write the recommended plan here (.yaml/.yml or .json)");
+  cmd->add_option("--top", a->top, "table rows to show (0: all)")->capture_default_str();
+  cmd->add_option("--alloc-conf", a->alloc_conf,
+                  "allocator settings for the dry runs, MEMFIT_ALLOC_CONF syntax (default: the "
+                  "variable)");
+  cmd->callback([a, &exit_code] {
+    if (a->alloc_conf.empty()) {
+      if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;
+    }
+    exit_code = run_plan(*a);
+  });
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,382 @@
+// `memfit plan`, `memfit devices` and the planning side of `memfit train` end to end: runs the
+// built program and checks its JSON, its exit codes, its error texts, that --out is written
+// only on success, and that `memfit train --budget` / `--plan` train with the plan.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "core/schedule.h"
+#include "policies/device_spec.h"
+#include "policies/plan.h"
+
+namespace {
+
+struct ProgramRun {
+  int exit_code;
+  std::string output;  // stdout, and stderr too unless split
+};
+
+std::string memfit_binary() {
+  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
+  return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
+}
+
+// stderr_too = false keeps stdout alone (JSON output must parse by itself).
+ProgramRun run_memfit(const std::string& args, bool stderr_too = true) {
+  const std::string cmd = memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string tmp(const std::string& name) {
+  return testing::TempDir() + "plan_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+const std::string kCorpus = std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt";
+
+// A byte-level GPT small enough to train in a test: 2 blocks of width 32, 32-byte windows.
+std::string model_file() {
+  static const std::string path = [] {
+    const std::string p = tmp("model.yaml");
+    std::ofstream(p) << "model:\n  kind: gpt\n  name: plan-micro\n  vocab: 256\n  seq_len: 32\n"
+                        "  layers: 2\n  hidden: 32\n  heads: 4\n  mlp_ratio: 4\n"
+                        "  tied_head: true\n";
+    return p;
+  }();
+  return path;
+}
+
+nlohmann::json plan_json(const std::string& args) {
+  const ProgramRun r = run_memfit("plan " + args + " --format json", /*stderr_too=*/false);
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << run_memfit("plan " + args).output;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();
+}
+
+using Combo = std::tuple<std::string, std::string, bool>;
+Combo combo(const nlohmann::json& p) {
+  return {p.at("activation_dtype").get<std::string>(), p.at("solver").get<std::string>(),
+          p.at("offload").get<bool>()};
+}
+
+TEST(PlanCommand, JsonHasEveryPlanFieldAndTheRecommendedPlanIsTheLargestThatFits) {
+  const nlohmann::json j = plan_json("--model gpt2 --device h100-80g");
+  ASSERT_TRUE(j.contains("recommended")) << j.dump(2);
+  const auto& cands = j.at("candidates");
+  ASSERT_FALSE(cands.empty());
+  const std::size_t usable = memfit::DeviceSpec::preset("h100-80g").usable_bytes();
+  std::int64_t largest = 0;
+  bool recommended_is_a_candidate = false;
+  for (const auto& p : cands) {
+    for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch", "accum_steps",
+                          "predicted_peak_reserved_bytes", "predicted_step_seconds"}) {
+      ASSERT_TRUE(p.contains(k)) << k << " missing in " << p.dump();
+    }
+    const auto peak = p.at("predicted_peak_reserved_bytes").get<std::size_t>();
+    EXPECT_GT(peak, 0u);
+    EXPECT_LE(peak, usable) << p.dump();
+    EXPECT_GE(p.at("micro_batch").get<std::int64_t>(), 1);
+    EXPECT_GT(p.at("predicted_step_seconds").get<double>(), 0);
+    // By category, the peaks are each at most the whole.
+    for (const auto& [cat, bytes] : p.at("predicted_peak_by_category").items()) {
+      EXPECT_LE(bytes.get<std::size_t>(), peak) << cat;
+    }
+    largest = std::max(largest, p.at("micro_batch").get<std::int64_t>());
+    nlohmann::json a = p, b = j.at("recommended");
+    a.erase("why");  // the recommended plan's why may compare it with the others
+    b.erase("why");
+    if (a == b) recommended_is_a_candidate = true;
+  }
+  EXPECT_TRUE(recommended_is_a_candidate) << j.at("recommended").dump(2);
+  EXPECT_EQ(j.at("recommended").at("micro_batch").get<std::int64_t>(), largest);
+  EXPECT_FALSE(j.at("recommended").at("why").get<std::string>().empty());
+}
+
+TEST(PlanCommand, TableShowsEveryCandidateAndTheRecommendationWithWhy) {
+  const nlohmann::json j = plan_json("--model gpt-tiny --device cpu --budget 64MiB");
+  const ProgramRun r = run_memfit("plan --model gpt-tiny --device cpu --budget 64MiB --top 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "recommended: ")) << r.output;
+  // Times (and so the why's tokens/s) vary from run to run where the CPU AdamW rate is
+  // measured; what fits does not.
+  const auto& rec = j.at("recommended");
+  EXPECT_TRUE(contains(r.output, "why: largest micro-batch that fits")) << r.output;
+  EXPECT_TRUE(contains(r.output, "recommended: " + rec.at("activation_dtype").get<std::string>() +
+                                     ", checkpoint " + rec.at("solver").get<std::string>()))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "micro-batch " + std::to_string(rec.at("micro_batch").get<int>())))
+      << r.output;
+  // One table row per candidate: its dtype, solver and micro-batch on one line.
+  std::istringstream lines(r.output);
+  std::string line;
+  std::size_t rows = 0;
+  while (std::getline(lines, line)) {
+    if (contains(line, " | ") && !contains(line, "dtype")) ++rows;
+  }
+  EXPECT_EQ(rows, j.at("candidates").size()) << r.output;
+}
+
+// More memory never makes a combination fit fewer samples, and every peak is under its budget.
+TEST(PlanCommand, LargerBudgetFitsAtLeastAsManySamplesPerCombination) {
+  const auto small = plan_json("--model gpt-tiny --device cpu --budget 48MiB");
+  const auto large = plan_json("--model gpt-tiny --device cpu --budget 160MiB");
+  std::map<Combo, std::int64_t> small_max;
+  for (const auto& p : small.at("candidates")) {
+    EXPECT_LE(p.at("predicted_peak_reserved_bytes").get<std::size_t>(), 48u << 20) << p.dump();
+    small_max[combo(p)] = p.at("micro_batch").get<std::int64_t>();
+  }
+  ASSERT_FALSE(small_max.empty());
+  std::size_t compared = 0;
+  for (const auto& p : large.at("candidates")) {
+    EXPECT_LE(p.at("predicted_peak_reserved_bytes").get<std::size_t>(), 160u << 20) << p.dump();
+    const auto it = small_max.find(combo(p));
+    if (it == small_max.end()) continue;
+    EXPECT_GE(p.at("micro_batch").get<std::int64_t>(), it->second) << p.dump();
+    ++compared;
+  }
+  EXPECT_EQ(compared, small_max.size()) << "a combination that fit 48 MiB does not fit 160 MiB";
+  EXPECT_GT(large.at("recommended").at("micro_batch").get<std::int64_t>(),
+            small.at("recommended").at("micro_batch").get<std::int64_t>());
+}
+
+TEST(PlanCommand, ThroughputModeReachesTheGlobalBatchAndRecommendsTheFastest) {
+  const auto j = plan_json("--model gpt-tiny --device cpu --budget 64MiB --global-batch 48");
+  ASSERT_FALSE(j.at("candidates").empty());
+  double fastest = 1e300;
+  for (const auto& p : j.at("candidates")) {
+    const auto micro = p.at("micro_batch").get<std::int64_t>();
+    const auto accum = p.at("accum_steps").get<std::int64_t>();
+    EXPECT_GE(micro * accum, 48) << p.dump();
+    EXPECT_LT((accum - 1) * micro, 48) << "one accumulation step too many: " << p.dump();
+    fastest = std::min(fastest, p.at("predicted_step_seconds").get<double>());
+  }
+  EXPECT_EQ(j.at("recommended").at("predicted_step_seconds").get<double>(), fastest);
+}
+
+TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
+  const auto one = plan_json("--model gpt2 --device a100-40g");
+  const auto sharded = plan_json("--model gpt2 --device a100-40g --ranks 8 --zero 1");
+  std::map<Combo, std::size_t> optim;
+  for (const auto& p : one.at("candidates")) {
+    optim[combo(p)] = p.at("predicted_peak_by_category").at("optimizer_state").get<std::size_t>();
+  }
+  std::size_t compared = 0;
+  for (const auto& p : sharded.at("candidates")) {
+    const auto it = optim.find(combo(p));
+    if (it == optim.end() || it->second == 0) continue;  // offload: nothing on the device
+    EXPECT_LT(p.at("predicted_peak_by_category").at("optimizer_state").get<std::size_t>(),
+              it->second)
+        << p.dump();
+    EXPECT_EQ(p.at("ranks").get<int>(), 8);
+    ++compared;
+  }
+  EXPECT_GT(compared, 0u);
+}
+
+TEST(PlanCommand, OutWritesTheRecommendedPlanInTheFormatOfItsExtension) {
+  const nlohmann::json j = plan_json("--model gpt-tiny --device cpu --budget 64MiB");
+  for (const std::string ext : {".yaml", ".json"}) {
+    const std::string out = tmp("plan" + ext);
+    std::remove(out.c_str());
+    const ProgramRun r =
+        run_memfit("plan --model gpt-tiny --device cpu --budget 64MiB --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const memfit::Plan p = memfit::Plan::load(out);
+    const auto& rec = j.at("recommended");
+    EXPECT_EQ(memfit::dtype_name(p.dtype), rec.at("activation_dtype").get<std::string>());
+    EXPECT_EQ(p.checkpoint, rec.at("checkpoint").get<std::string>());
+    EXPECT_EQ(p.offload, rec.at("offload").get<bool>());
+    EXPECT_EQ(p.micro_batch, rec.at("micro_batch").get<std::int64_t>());
+    EXPECT_EQ(p.accum_steps, rec.at("accum_steps").get<std::int64_t>());
+    EXPECT_EQ(p.predicted.peak_reserved,
+              rec.at("predicted_peak_reserved_bytes").get<std::size_t>());
+    EXPECT_EQ(p.budget, std::size_t{64} << 20);
+    EXPECT_EQ(p.model.name, "gpt-tiny");
+    const std::string text = read_file(out);
+    EXPECT_EQ(text.front() == '{', ext == ".json") << text.substr(0, 80);
+    std::remove(out.c_str());
+  }
+}
+
+// Every bad input: exit 2, a message naming what is wrong and what is valid, --out untouched.
+TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
+  const std::string out = tmp("kept.yaml");
+  const std::string bad_yaml = tmp("bad_device.yaml");
+  std::ofstream(bad_yaml) << "device:\n  name: mine\n  memory: 16GiB\n  context: lots\n";
+  const std::string bad_model = tmp("bad_model.yaml");
+  std::ofstream(bad_model) << "model:\n  kind: gpt\n  vocab: 256\n  seq_len: 64\n  layers: 2\n"
+                              "  hidden: 30\n  heads: 4\n";
+  struct Case {
+    std::string args;
+    std::vector<std::string> expect;
+  };
+  const Case cases[] = {
+      {"--model gpt2 --device h900", {"h900", "h100-80g", "a100-40g", "t4-16g"}},
+      {"--model gpt5 --device h100-80g", {"gpt5", "gpt2-medium", "gpt2-xl"}},
+      {"--model gpt2 --device " + bad_yaml, {bad_yaml + ":4:", "context", "lots"}},
+      {"--model " + bad_model + " --device h100-80g", {bad_model, "heads"}},
+      {"--model gpt2-xl --device t4-16g --budget 1GiB", {"1.00 GiB"}},
+      {"--model gpt2 --device h100-80g --seq-len 2048", {"2048", "1024"}},
+      {"--model gpt2 --device h100-80g --budget 81GiB", {"81GiB", "80.00 GiB"}},
+      {"--model gpt2 --device h100-80g --budget 12XB", {"12XB"}},
+      {"--model gpt2 --device h100-80g --format xml", {"xml", "table, json, yaml"}},
+      {"--model gpt2 --device h100-80g --zero 3 --ranks 2", {"--zero 3"}},
+      {"--model gpt2 --device h100-80g --zero 1", {"--ranks"}},
+      {"--model gpt2 --device h100-80g --ranks 0", {"--ranks 0"}},
+      {"--device h100-80g", {"--model", "gpt2-large"}},
+      {"--model gpt2", {"--device", "v100-32g"}},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(out) << "sentinel\n";
+    const ProgramRun r = run_memfit("plan " + c.args + " --out " + out);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "memfit: error: ")) << c.args << "\n" << r.output;
+    for (const std::string& e : c.expect) {
+      EXPECT_TRUE(contains(r.output, e)) << c.args << ": no '" << e << "' in\n" << r.output;
+    }
+    EXPECT_EQ(read_file(out), "sentinel\n") << c.args;
+  }
+  // An --out whose extension names no format is refused before anything is written.
+  const std::string txt = tmp("plan.txt");
+  std::remove(txt.c_str());
+  const ProgramRun r = run_memfit("plan --model gpt2 --device h100-80g --out " + txt);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, ".yaml")) << r.output;
+  EXPECT_FALSE(std::ifstream(txt).good());
+  for (const auto& p : {out, bad_yaml, bad_model}) std::remove(p.c_str());
+}
+
+TEST(DevicesCommand, ListsEveryDevicePresetAndTheModels) {
+  const ProgramRun r = run_memfit("devices");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string& n : memfit::DeviceSpec::preset_names()) {
+    EXPECT_TRUE(contains(r.output, n + " ")) << n << "\n" << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, "gpt2-xl")) << r.output;
+  // --format yaml prints presets a --device FILE reads back.
+  const ProgramRun y = run_memfit("devices --format yaml", /*stderr_too=*/false);
+  ASSERT_EQ(y.exit_code, 0) << y.output;
+  const std::string first = y.output.substr(4, y.output.find("---", 4) - 4);  // after "---\n"
+  const memfit::DeviceSpec d = memfit::DeviceSpec::from_yaml_string(first);
+  EXPECT_EQ(d.name, memfit::DeviceSpec::preset_names().front());
+  EXPECT_EQ(d.memory_bytes, memfit::DeviceSpec::preset(d.name).memory_bytes);
+}
+
+std::string train_args(int steps) {
+  return "train --model " + model_file() + " --data " + kCorpus + " --steps " +
+         std::to_string(steps) + " --lr 3e-3";
+}
+
+// `memfit train --budget` with no policy flags: plans (max-batch mode on the cpu device),
+// prints the plan and why, trains with it, and reports predicted beside measured.
+TEST(TrainPlanning, BudgetAlonePlansThenTrainsWithThePlan) {
+  const std::string js = tmp("train_planned.json");
+  const ProgramRun r = run_memfit(train_args(2) + " --budget 24MiB --summary-json " + js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "why: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "predicted")) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(js));
+  const auto& p = j.at("plan");
+  EXPECT_EQ(j.at("plan_source").get<std::string>(), "planner");
+  EXPECT_EQ(j.at("dtype"), p.at("activation_dtype"));
+  EXPECT_EQ(j.at("checkpoint"), p.at("checkpoint"));
+  EXPECT_EQ(j.at("offload"), p.at("offload"));
+  EXPECT_EQ(j.at("batch").get<std::int64_t>(),
+            p.at("micro_batch").get<std::int64_t>() * p.at("accum_steps").get<std::int64_t>());
+  const auto measured = j.at("peak_reserved_bytes").get<std::size_t>();
+  EXPECT_LE(measured, std::size_t{24} << 20);
+  EXPECT_EQ(j.at("predicted_peak_reserved_bytes"), p.at("predicted_peak_reserved_bytes"));
+  EXPECT_GT(measured, 0u);
+  EXPECT_EQ(j.at("losses").size(), 2u);
+  // The same budget planned by `memfit plan` gives the same plan (times aside: the CPU AdamW
+  // rate is measured each run).
+  nlohmann::json planned =
+      plan_json("--model " + model_file() + " --device cpu --budget 24MiB").at("recommended");
+  nlohmann::json trained = p;
+  for (const char* k : {"predicted_step_seconds", "predicted_tokens_per_second", "why"}) {
+    planned.erase(k);
+    trained.erase(k);
+  }
+  EXPECT_EQ(planned, trained);
+  std::remove(js.c_str());
+}
+
+TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
+  const std::string plan = tmp("train.yaml");
+  ASSERT_EQ(run_memfit("plan --model " + model_file() +
+                       " --device cpu --budget 32MiB --global-batch 6 --out " + plan)
+                .exit_code,
+            0);
+  const memfit::Plan p = memfit::Plan::load(plan);
+  const std::string js = tmp("train_from_file.json");
+  const ProgramRun r =
+      run_memfit("train --plan " + plan + " --data " + kCorpus + " --steps 2 --summary-json " + js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(read_file(js));
+  EXPECT_EQ(j.at("plan_source").get<std::string>(), "file");
+  EXPECT_EQ(j.at("model").get<std::string>(), "plan-micro");
+  EXPECT_EQ(j.at("dtype").get<std::string>(), memfit::dtype_name(p.dtype));
+  EXPECT_EQ(j.at("checkpoint").get<std::string>(), p.checkpoint);
+  EXPECT_EQ(j.at("offload").get<bool>(), p.offload);
+  EXPECT_EQ(j.at("batch").get<std::int64_t>(), 6);
+  EXPECT_EQ(j.at("seq_len").get<std::int64_t>(), p.seq_len);
+  EXPECT_EQ(j.at("budget_bytes").get<std::size_t>(), std::size_t{32} << 20);
+  EXPECT_LE(j.at("peak_reserved_bytes").get<std::size_t>(), std::size_t{32} << 20);
+
+  // A plan fixes the policies: a policy flag beside it is an error that names both.
+  const ProgramRun both =
+      run_memfit("train --plan " + plan + " --data " + kCorpus + " --steps 1 --dtype f16");
+  EXPECT_EQ(both.exit_code, 2) << both.output;
+  EXPECT_TRUE(contains(both.output, "--dtype")) << both.output;
+  EXPECT_TRUE(contains(both.output, "--plan")) << both.output;
+  const ProgramRun missing =
+      run_memfit("train --plan " + tmp("none.yaml") + " --data " + kCorpus + " --steps 1");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_TRUE(contains(missing.output, "none.yaml")) << missing.output;
+  // A solver's schedule is written as its op list; training runs exactly that schedule.
+  memfit::Plan ops = p;
+  ops.checkpoint = memfit::Schedule::every(2, 2).str();
+  const std::string ops_plan = tmp("ops.json");
+  ops.save(ops_plan);
+  const ProgramRun o = run_memfit("train --plan " + ops_plan + " --data " + kCorpus +
+                                  " --steps 1 --summary-json " + js);
+  ASSERT_EQ(o.exit_code, 0) << o.output;
+  const nlohmann::json oj = nlohmann::json::parse(read_file(js));
+  EXPECT_EQ(oj.at("checkpoint").get<std::string>(), ops.checkpoint);
+  EXPECT_EQ(oj.at("plan").at("solver").get<std::string>(), "optimal");
+  for (const auto& f : {plan, js, ops_plan}) std::remove(f.c_str());
+}
+
+TEST(TrainPlanning, BudgetTooSmallForAnyPlanIsAClearError) {
+  const ProgramRun r = run_memfit(train_args(1) + " --budget 64KiB");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "weights need")) << r.output;
+}
+
+}  // namespace
