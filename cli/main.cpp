@@ -1,7 +1,6 @@
 // The memfit program: one subcommand per file in cli/. User errors (memfit::Error) print
 // their message and exit 2; anything else is a bug and exits 3.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 
@@ -23,7 +22,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help prints and succeeds; any other parse error is bad input, exit 2 as memfit::Error.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const memfit::Error& e) {
     std::fprintf(stderr, "memfit: error: %s\n", e.what());
     return 2;

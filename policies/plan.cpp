@@ -1,17 +1,17 @@
 #include "policies/plan.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-#include <unistd.h>
 
 #include "core/schedule.h"
 #include "memory/error.h"
@@ -160,7 +160,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       accum_node = v;
     } else if (key == "activation_dtype") {
       const std::string s = scalar(src, v, key);
-      if (s != "f32" && s != "f16" && s != "bf16") fail(src, v, key, "'" + s + "'; valid: f32, f16, bf16");
+      if (s != "f32" && s != "f16" && s != "bf16")
+        fail(src, v, key, "'" + s + "'; valid: f32, f16, bf16");
       p.dtype = parse_dtype(s);
     } else if (key == "checkpoint") {
       p.checkpoint = scalar(src, v, key);
@@ -213,8 +214,10 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   for (const char* required : {"model", "micro_batch", "activation_dtype", "checkpoint"}) {
     if (!seen.count(required)) {
-      throw ConfigError(src + ": plan." + required + ": missing; a plan needs model, micro_batch, "
-                        "activation_dtype and checkpoint (valid keys: " + kValidKeys + ")");
+      throw ConfigError(src + ": plan." + required +
+                        ": missing; a plan needs model, micro_batch, "
+                        "activation_dtype and checkpoint (valid keys: " +
+                        kValidKeys + ")");
     }
   }
   // Cross-checks, each pointing at the key that contradicts the others.
@@ -224,19 +227,24 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
              std::to_string(p.model.seq_len) + "; valid: 1 to " + std::to_string(p.model.seq_len) +
              " (0: the model's)");
   }
-  const std::int64_t lo = (p.accum_steps - 1) * p.micro_batch + 1;
-  const std::int64_t hi = p.accum_steps * p.micro_batch;
+  // global_batch counts every rank's samples; each rank runs accum_steps micro-batches.
+  const std::int64_t ranks = p.ranks;
+  const std::int64_t lo = ((p.accum_steps - 1) * p.micro_batch + 1) * ranks;
+  const std::int64_t hi = p.accum_steps * p.micro_batch * ranks;
   if (p.global_batch == 0) p.global_batch = hi;
-  if (p.global_batch < lo || p.global_batch > hi) {
+  if (p.global_batch < lo || p.global_batch > hi || p.global_batch % ranks != 0) {
     const YAML::Node& n = global_node.IsDefined() ? global_node : accum_node;
+    const std::string per = ranks > 1 ? std::to_string(ranks) + " ranks x " : "";
+    const std::string mult = ranks > 1 ? "multiples of " + std::to_string(ranks) + " from " : "";
     fail(src, n, "global_batch",
-         std::to_string(p.global_batch) + " is not reached by " + std::to_string(p.accum_steps) +
-             " micro-batches of " + std::to_string(p.micro_batch) + "; valid: " +
-             std::to_string(lo) + " to " + std::to_string(hi) +
+         std::to_string(p.global_batch) + " is not reached by " + per +
+             std::to_string(p.accum_steps) + " micro-batches of " + std::to_string(p.micro_batch) +
+             "; valid: " + mult + std::to_string(lo) + " to " + std::to_string(hi) +
              " (the last micro-batch may be smaller)");
   }
   if (p.delayed_update && !p.offload) {
-    fail(src, delayed_node, "delayed_update", "true needs offload: true (it delays the CPU update)");
+    fail(src, delayed_node, "delayed_update",
+         "true needs offload: true (it delays the CPU update)");
   }
   try {
     (void)Schedule::parse(p.checkpoint, static_cast<int>(p.model.layers));

@@ -26,7 +26,7 @@ Plan sample_plan() {
   p.seq_len = 96;
   p.micro_batch = 7;
   p.accum_steps = 5;
-  p.global_batch = 31;  // uneven: 4 x 7 + 3
+  p.global_batch = 124;  // 4 ranks x 31, uneven: 4 x 7 + 3 per rank
   p.dtype = DType::kBF16;
   p.checkpoint = "every:2";
   p.offload = true;
@@ -73,8 +73,8 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   const std::string j = p.to_json();
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
-  for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch",
-                        "accum_steps", "peak_reserved_bytes", "step_seconds"}) {
+  for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch", "accum_steps",
+                        "peak_reserved_bytes", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
     EXPECT_NE(y.find(std::string(k) + ":"), std::string::npos) << k;
   }
@@ -88,8 +88,8 @@ TEST(Plan, TrainerOptionsGiveTheSameMicroBatchesAsThePlan) {
   EXPECT_EQ(o.accum, 0);
   EXPECT_TRUE(o.offload);
   EXPECT_TRUE(o.delayed_update);
-  // micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
-  EXPECT_EQ((p.global_batch + o.micro_batch - 1) / o.micro_batch, p.accum_steps);
+  // Per rank, micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
+  EXPECT_EQ((p.global_batch / p.ranks + o.micro_batch - 1) / o.micro_batch, p.accum_steps);
 }
 
 TEST(Plan, MissingGlobalBatchIsMicroTimesAccum) {
@@ -118,7 +118,7 @@ TEST(Plan, SaveIsAtomicAndLoadPicksTheFormatByExtension) {
     // Overwrite: no temp file is left beside it.
     Plan q = p;
     q.micro_batch = 8;
-    q.global_batch = 36;
+    q.global_batch = 4 * 36;  // 4 ranks x (4 x 8 + 4)
     q.save(path);
     EXPECT_EQ(Plan::load(path).micro_batch, 8);
   }
