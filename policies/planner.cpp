@@ -45,10 +45,9 @@ struct Context {
   int n = 0;  // blocks
 };
 
+// "64.00 MiB", "1.00 GiB": the unit that reads best (small budgets were "0.06 GiB").
 std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(std::size_t{1} << 30));
-  return buf;
+  return format_bytes(static_cast<std::size_t>(std::max(0.0, bytes)));
 }
 
 // Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
@@ -227,6 +226,9 @@ class Searcher {
     q.last_micro_batch = last;
     q.seq_len = c_.seq_len;
     q.alloc_conf = c_.o.alloc_conf;
+    // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
+    // need none (cuBLASLt's workspace is modelled with the CUDA backend).
+    q.cpu_gemm_scratch = c_.o.device.name == "cpu";
     return q;
   }
 
@@ -526,12 +528,17 @@ PlanResult plan(const PlannerOptions& o) {
     throw InvalidArgument(msg);
   }
   const bool throughput = o.global_batch > 0;
-  std::stable_sort(result.candidates.begin(), result.candidates.end(),
-                   [&](const Plan& a, const Plan& b) {
-                     if (throughput) return a.predicted.step_seconds < b.predicted.step_seconds;
-                     if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
-                     return a.predicted.tokens_per_second > b.predicted.tokens_per_second;
-                   });
+  std::stable_sort(
+      result.candidates.begin(), result.candidates.end(), [&](const Plan& a, const Plan& b) {
+        if (throughput) return a.predicted.step_seconds < b.predicted.step_seconds;
+        if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+        if (a.predicted.tokens_per_second != b.predicted.tokens_per_second) {
+          return a.predicted.tokens_per_second > b.predicted.tokens_per_second;
+        }
+        // A true tie: bf16 before f16 (f32's range, no loss scaler to tune).
+        auto pref = [](DType d) { return d == DType::kBF16 ? 0 : d == DType::kF16 ? 1 : 2; };
+        return pref(a.dtype) < pref(b.dtype);
+      });
   Plan& best = result.candidates.front();
   char why[512];
   if (throughput) {

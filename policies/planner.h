@@ -20,6 +20,8 @@
 // ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
 // gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
 // ranks comes later; this is the arithmetic).
+// Dry runs include the CPU backend's GEMM scratch only when the device is "cpu" (a GPU needs
+// none; DryRunRequest::cpu_gemm_scratch).
 // Errors (ConfigError / InvalidArgument, each saying what would be valid): a budget below
 // what the weights need even with every policy on (says how much, for what), seq_len above
 // the model's maximum, a global batch no micro-batch can reach, nothing fits.
