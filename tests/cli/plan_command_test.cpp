@@ -19,44 +19,14 @@
 #include "core/schedule.h"
 #include "policies/device_spec.h"
 #include "policies/plan.h"
+#include "tests/cli/cli_testutil.h"
 
 namespace {
 
-struct ProgramRun {
-  int exit_code;
-  std::string output;  // stdout, and stderr too unless split
-};
-
-std::string memfit_binary() {
-  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
-  return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
-}
-
-// stderr_too = false keeps stdout alone (JSON output must parse by itself).
-ProgramRun run_memfit(const std::string& args, bool stderr_too = true) {
-  const std::string cmd = memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using namespace memfit::clitest;  // NOLINT: test helpers
 
 std::string tmp(const std::string& name) {
   return testing::TempDir() + "plan_cli_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
 }
 
 const std::string kCorpus = std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt";

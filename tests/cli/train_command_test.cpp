@@ -12,28 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/cli/cli_testutil.h"
+
 namespace {
 
-struct ProgramRun {
-  int exit_code;
-  std::string output;  // stdout and stderr together
-};
-
-std::string memfit_binary() {
-  const char* dir = std::getenv("MEMFIT_BINARY_DIR");
-  return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
-}
-
-ProgramRun run_memfit(const std::string& args) {
-  const std::string cmd = memfit_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using namespace memfit::clitest;  // NOLINT: test helpers
 
 std::string tmp(const std::string& name) {
   return testing::TempDir() + "train_cli_" + std::to_string(::getpid()) + "_" + name;

@@ -1,0 +1,20 @@
+// Helpers for the CLI tests: run the built `memfit` program and read what it wrote.
+#pragma once
+
+#include <string>
+
+namespace memfit::clitest {
+
+struct ProgramRun {
+  int exit_code;       // -1 when the program did not exit normally (or could not start)
+  std::string output;  // stdout, and stderr unless left out
+};
+
+// The build's own program; MEMFIT_BINARY_DIR overrides, to test another build or an install.
+std::string memfit_binary();
+// `memfit <args>` through the shell; stderr_too = false keeps stdout alone (JSON must parse).
+ProgramRun run_memfit(const std::string& args, bool stderr_too = true);
+std::string read_file(const std::string& path);  // "" when it cannot be read
+bool contains(const std::string& haystack, const std::string& needle);
+
+}  // namespace memfit::clitest
