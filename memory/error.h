@@ -42,6 +42,13 @@ class CudaError : public Error {
   using Error::Error;
 };
 
+// Reading or writing a file failed (cannot create, short write, rename); the message names
+// the file and the operating system's reason.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Figures the allocator knew when it gave up; carried by OutOfMemory for programs that want
 // to react (a planner lowering the batch) rather than parse the message.
 struct OomInfo {

@@ -1,0 +1,128 @@
+// Recorder: listens to a caching allocator and to ScopedRanges and keeps what happened, for the
+// exporters (profiler/report.h).
+//
+//   CachingAllocator alloc(provider, conf, &be.stream_sync());
+//   Recorder rec(alloc, {.capacity = 1 << 20});
+//   ... train: the runtime opens ScopedRanges (step, forward, block "h3", ...) ...
+//   Recording r = rec.recording();            // a copy; recording goes on
+//   r.peak.by_category[size_t(Category::kActivation)], interned_name(r.peak.block), ...
+//
+// What it keeps:
+// - Allocator events (memory/allocator_event.h) with the phase and block open on the thread
+//   that caused them (profiler/scoped_range.h) and the allocator's totals right after them, in
+//   a ring buffer of `capacity` events: when full, the oldest is dropped and counted
+//   (dropped_events), and its effect is folded into `base` so the kept events still replay to
+//   the right totals (by_category at events[i] = base + the deltas of events[0..i]).
+// - Range begins/ends, paired into RangeRecords, in a ring of `range_capacity` (dropped_ranges).
+// - Exact figures over the whole recording whatever was dropped, computed as events arrive:
+//   peak allocated and reserved, and at the moment of the peak of allocated bytes: bytes by
+//   category, the phase and block, and live bytes per block (the block open when each live
+//   allocation was made; 0 = outside any block).
+//
+// Totals: allocated = sum of live block sizes (kAlloc adds, kFreeRequested subtracts),
+// reserved = sum of segment sizes (kSegmentAlloc / kSegmentFree), as the allocator's own
+// allocated_bytes / reserved_bytes; figures start from the allocator's stats at construction
+// (blocks live before the Recorder existed count, in category and block 0, as "before").
+//
+// Cost: one ring-buffer write and two hash-map operations per event under the recorder's own
+// mutex (bench/recorder_overhead_bench measures it against a training step: target <= 5%).
+// Thread-safe. The allocator must outlive the Recorder (or stop() must have been called).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "memory/allocator_event.h"
+#include "memory/caching_allocator.h"
+#include "memory/category.h"
+#include "profiler/scoped_range.h"
+
+namespace memfit {
+
+struct RecorderOptions {
+  std::size_t capacity = std::size_t{1} << 20;      // allocator events kept (>= 1)
+  std::size_t range_capacity = std::size_t{1} << 16;  // closed ranges kept (>= 1)
+};
+
+using CategoryBytes = std::array<std::size_t, kCategoryCount>;
+
+struct TimelineEvent {
+  std::int64_t time_ns = 0;
+  EventKind kind = EventKind::kAlloc;
+  Category category = Category::kUnknown;
+  StreamId stream = kDefaultStream;
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  std::uint32_t tag = 0;    // interned allocation tag
+  std::uint32_t phase = 0;  // interned phase name (PhaseContext::phase)
+  RangeKind phase_kind = RangeKind::kOther;
+  std::uint32_t block = 0;  // interned block name
+  std::size_t allocated = 0;  // totals after this event
+  std::size_t reserved = 0;
+};
+
+struct RangeRecord {
+  RangeKind kind = RangeKind::kOther;
+  std::uint32_t name = 0;
+  std::int64_t begin_ns = 0;
+  std::int64_t end_ns = 0;  // == begin_ns when still open at recording() time
+  std::uint64_t thread = 0;
+  int depth = 0;
+};
+
+struct BlockBytes {
+  std::uint32_t block = 0;  // interned; 0: outside any block
+  std::size_t bytes = 0;
+};
+
+struct PeakInfo {
+  std::size_t allocated = 0;  // the peak of allocated bytes
+  std::int64_t time_ns = 0;   // when it was first reached
+  CategoryBytes by_category{};
+  std::uint32_t phase = 0;
+  std::uint32_t block = 0;
+  std::vector<BlockBytes> blocks;  // live bytes per block at the peak, largest first
+};
+
+struct Recording {
+  std::int64_t start_ns = 0;  // the Recorder's construction
+  std::int64_t end_ns = 0;    // recording() time (or stop())
+  std::vector<TimelineEvent> events;  // oldest first
+  std::uint64_t dropped_events = 0;
+  CategoryBytes base_by_category{};   // state just before events.front()
+  std::size_t base_allocated = 0;
+  std::size_t base_reserved = 0;
+  std::vector<RangeRecord> ranges;    // by begin time
+  std::uint64_t dropped_ranges = 0;
+  PeakInfo peak;
+  std::size_t peak_reserved = 0;
+  CategoryBytes current_by_category{};
+  std::size_t current_allocated = 0;
+  std::size_t current_reserved = 0;
+
+  // by_category after events[i], replayed from base (O(i)); exporters walk events in order
+  // instead and keep a running sum.
+  CategoryBytes by_category_at(std::size_t i) const;
+};
+
+class Recorder {
+ public:
+  explicit Recorder(CachingAllocator& alloc, RecorderOptions options = {});
+  ~Recorder();  // stop()
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  void stop();  // stops listening; what was recorded stays readable
+  Recording recording() const;
+  void clear();  // drops everything recorded so far (totals and live blocks stay known)
+
+ private:
+  struct State;
+  CachingAllocator* alloc_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace memfit

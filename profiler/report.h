@@ -1,0 +1,109 @@
+// ProfileReport: everything one profiled run measured, and the exporters that write it.
+//
+//   Recorder rec(alloc);
+//   ... run steps ...
+//   ProfileReport r = make_report(rec.recording(), alloc, "gpt-tiny", "cpu");
+//   r.plan = {.present = true, .predicted_peak_reserved = ..., .description = "bf16 every:2"};
+//   std::vector<ExportFormat> f = parse_formats("summary,csv,trace,pickle,html");
+//   std::vector<std::string> written = export_report(r, "out/profile", f);
+//
+// Formats and files (one each, in `dir`):
+//   summary  summary.json   peaks, bytes by category / phase / block at the peak, top blocks,
+//                           plan vs measured, dropped counts, allocator stats, and
+//                           "see_memory_usage": one line in DeepSpeed's style
+//                           ("MA 1.2 GB Max_MA 2.3 GB CA 2.5 GB Max_CA 3 GB")
+//   csv      timeline.csv   one row per kept event: time_ms, one column per category (bytes),
+//                           allocated, reserved, phase, block
+//   trace    trace.json     Chrome trace event format (Perfetto, chrome://tracing): metadata
+//                           (process/thread names), "X" events for ranges, "C" counters for
+//                           each category and for allocated/reserved, GPU activities
+//   pickle   snapshot.pickle  PyTorch memory_viz snapshot, pickle protocol 2 (export_pickle.cpp)
+//   html     report.html    self-contained page: SVG stacked-area timeline by category with the
+//                           peak marked, per-block table, plan vs measured, allocator stats
+// Every file is written to "<name>.tmp.<pid>" in `dir` and renamed into place, so a failure
+// leaves no partial file and never truncates an earlier report (profiler/atomic_file.h).
+//
+// Errors (InvalidArgument, before anything is written): unknown format names (the message
+// lists the valid ones), an empty list, `dir` not creatable or not writable (names the path
+// and the OS's reason). A write failure during export throws IoError naming the file; files
+// already renamed into place stay (each is complete).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memory/alloc_conf.h"
+#include "memory/allocator_stats.h"
+#include "memory/caching_allocator.h"
+#include "memory/snapshot.h"
+#include "profiler/recorder.h"
+
+namespace memfit {
+
+// A kernel, copy or device allocation seen by CUPTI (profiler/cuda/cupti_tracer.h); CUDA
+// builds fill these, CPU runs leave them empty. Times are on the Recorder's clock
+// (steady_clock ns; the tracer converts CUPTI timestamps).
+enum class GpuActivityKind : std::uint8_t { kKernel, kMemcpy, kMemset, kMalloc, kFree, kMarker };
+const char* gpu_activity_kind_name(GpuActivityKind k);  // "kernel", "memcpy", ...
+
+struct GpuActivity {
+  GpuActivityKind kind = GpuActivityKind::kKernel;
+  std::string name;           // kernel name, "HtoD"/"DtoH"/"DtoD", marker text
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;    // == start_ns for instantaneous records (malloc/free)
+  std::uint32_t stream = 0;   // CUPTI stream id
+  std::uint64_t bytes = 0;    // memcpy/memset/malloc/free
+  std::uint64_t address = 0;  // malloc/free
+};
+
+struct PlanFigures {
+  bool present = false;
+  std::size_t predicted_peak_reserved = 0;
+  std::size_t predicted_peak_allocated = 0;
+  std::string description;  // "bf16, checkpoint every:2, micro-batch 4 x 4, offload"
+};
+
+struct ProfileReport {
+  std::string model;    // "gpt-tiny"
+  std::string backend;  // "cpu", "cuda"
+  std::int64_t steps = 0;
+  std::size_t device_total_bytes = 0;  // 0: unknown (CPU)
+  AllocatorStats stats;                 // at the end
+  AllocatorConfig config;
+  Snapshot snapshot;                    // at the end
+  Recording recording;
+  PlanFigures plan;
+  std::vector<GpuActivity> gpu;
+  std::uint64_t gpu_dropped = 0;        // CUPTI records lost
+};
+
+ProfileReport make_report(Recording recording, const CachingAllocator& alloc,
+                          std::string model, std::string backend);
+
+enum class ExportFormat : std::uint8_t { kSummary, kCsv, kTrace, kPickle, kHtml };
+const char* export_format_name(ExportFormat f);  // "summary", "csv", "trace", "pickle", "html"
+const char* export_file_name(ExportFormat f);    // "summary.json", "timeline.csv", ...
+// "summary,csv" -> {kSummary, kCsv}; "all" -> every format. Duplicates collapse.
+std::vector<ExportFormat> parse_formats(std::string_view list);
+
+// Writes the formats into dir (created if missing); returns the paths written, in order.
+std::vector<std::string> export_report(const ProfileReport& report, const std::string& dir,
+                                       const std::vector<ExportFormat>& formats);
+
+// One exporter each (export_summary.cpp, export_csv.cpp, export_trace.cpp, export_pickle.cpp,
+// export_html.cpp); each returns the file's whole text (tests parse it) and export_report
+// writes it atomically.
+std::string summary_json(const ProfileReport& r);
+std::string timeline_csv(const ProfileReport& r);
+std::string trace_json(const ProfileReport& r);
+std::string snapshot_pickle(const ProfileReport& r);  // bytes
+std::string report_html(const ProfileReport& r);
+
+// DeepSpeed's see_memory_usage line: "MA <alloc> Max_MA <peak alloc> CA <reserved> Max_CA
+// <peak reserved>" in GB (1e9 bytes, two decimals), as deepspeed.runtime.utils prints it.
+std::string see_memory_usage_line(const AllocatorStats& s);
+
+}  // namespace memfit
