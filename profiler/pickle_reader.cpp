@@ -76,6 +76,18 @@ class Reader {
   PickleValue run() {
     const std::uint32_t root = execute();
     on_path_.assign(nodes_.size(), 0);
+    expanded_.assign(nodes_.size(), Size{});
+    const Size total = measure(root, 0);
+    if (total.values > limits_.max_elements) {
+      fail(data_.size(), "the data expands to more than " + std::to_string(limits_.max_elements) +
+                             " values (a shared value counts once per place): over the element "
+                             "limit");
+    }
+    if (total.bytes > limits_.max_input_bytes) {
+      fail(data_.size(), "the data expands to more than " + std::to_string(limits_.max_input_bytes) +
+                             " bytes of strings (a shared value counts once per place): over the "
+                             "size limit");
+    }
     return convert(root, 0);
   }
 
@@ -330,6 +342,43 @@ class Reader {
                      "code or objects, which memfit never does");
   }
 
+  // What a node expands to in the result tree, saturating; each node is measured once, so a
+  // memo "billion laughs" is refused in time linear in the file.
+  struct Size {
+    std::uint64_t values = 0;  // 0: not measured yet
+    std::uint64_t bytes = 0;
+  };
+  static std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+  }
+  void check_depth_and_cycle(std::uint32_t n, std::size_t depth) const {
+    if (depth >= limits_.max_depth) {
+      fail(data_.size(), "containers nested deeper than " + std::to_string(limits_.max_depth) +
+                             " levels: over the depth limit");
+    }
+    if (on_path_[n]) {
+      fail(data_.size(), std::string("a ") + pickle_kind_name(nodes_[n].kind) +
+                             " that contains itself: memfit reads tree-shaped data only");
+    }
+  }
+  Size measure(std::uint32_t n, std::size_t depth) {
+    if (expanded_[n].values != 0) return expanded_[n];
+    const Node& node = nodes_[n];
+    Size s{1, node.s.size()};
+    if (!node.kids.empty()) {
+      check_depth_and_cycle(n, depth);
+      on_path_[n] = 1;
+      for (std::uint32_t kid : node.kids) {
+        const Size k = measure(kid, depth + 1);
+        s.values = sat_add(s.values, k.values);
+        s.bytes = sat_add(s.bytes, k.bytes);
+      }
+      on_path_[n] = 0;
+    }
+    expanded_[n] = s;
+    return s;
+  }
+
   std::uint32_t execute();
   PickleValue convert(std::uint32_t n, std::size_t depth);
 
@@ -344,8 +393,7 @@ class Reader {
   std::vector<std::size_t> marks_;
   std::unordered_map<std::uint64_t, std::uint32_t> memo_;
   std::vector<std::uint8_t> on_path_;
-  std::size_t converted_ = 0;
-  std::size_t converted_bytes_ = 0;
+  std::vector<Size> expanded_;
 };
 
 std::uint32_t Reader::execute() {
@@ -509,15 +557,6 @@ std::uint32_t Reader::execute() {
 
 PickleValue Reader::convert(std::uint32_t n, std::size_t depth) {
   const Node& node = nodes_[n];
-  if (++converted_ > limits_.max_elements) {
-    fail(data_.size(), "the data expands to more than " + std::to_string(limits_.max_elements) +
-                           " values (shared values count once per place): over the element limit");
-  }
-  converted_bytes_ += node.s.size();
-  if (converted_bytes_ > limits_.max_input_bytes) {
-    fail(data_.size(), "the data expands to more than " + std::to_string(limits_.max_input_bytes) +
-                           " bytes of strings: over the size limit");
-  }
   switch (node.kind) {
     case Kind::kNone: return PickleValue::none();
     case Kind::kBool: return PickleValue::boolean(node.b);
@@ -527,14 +566,7 @@ PickleValue Reader::convert(std::uint32_t n, std::size_t depth) {
     case Kind::kBytes: return PickleValue::bytes(node.s);
     default: break;
   }
-  if (depth >= limits_.max_depth) {
-    fail(data_.size(), "containers nested deeper than " + std::to_string(limits_.max_depth) +
-                           " levels: over the depth limit");
-  }
-  if (on_path_[n]) {
-    fail(data_.size(), std::string("a ") + pickle_kind_name(node.kind) +
-                           " that contains itself: memfit reads tree-shaped data only");
-  }
+  check_depth_and_cycle(n, depth);  // measure() refused these already; kept as the guard
   on_path_[n] = 1;
   PickleValue out;
   if (node.kind == Kind::kDict) {
