@@ -28,6 +28,8 @@ const char* pickle_kind_name(PickleValue::Kind k) {
       return "bool";
     case PickleValue::Kind::kInt:
       return "int";
+    case PickleValue::Kind::kBigInt:
+      return "int beyond 64 bits";
     case PickleValue::Kind::kFloat:
       return "float";
     case PickleValue::Kind::kStr:
@@ -55,6 +57,13 @@ PickleValue PickleValue::integer(std::int64_t i) {
   PickleValue v;
   v.kind_ = Kind::kInt;
   v.i_ = i;
+  return v;
+}
+
+PickleValue PickleValue::big_int(std::string le_bytes) {
+  PickleValue v;
+  v.kind_ = Kind::kBigInt;
+  v.s_ = std::move(le_bytes);
   return v;
 }
 
@@ -123,6 +132,11 @@ const std::string& PickleValue::as_str() const {
 
 const std::string& PickleValue::as_bytes() const {
   if (kind_ != Kind::kBytes) wrong_kind("bytes", kind_);
+  return s_;
+}
+
+const std::string& PickleValue::big_int_bytes() const {
+  if (kind_ != Kind::kBigInt) wrong_kind("int beyond 64 bits", kind_);
   return s_;
 }
 
@@ -200,6 +214,7 @@ bool PickleValue::operator==(const PickleValue& o) const {
       return i_ == o.i_;
     case Kind::kFloat:
       return d_ == o.d_ || (d_ != d_ && o.d_ != o.d_);  // NaN equals NaN for round trips
+    case Kind::kBigInt:
     case Kind::kStr:
     case Kind::kBytes:
       return s_ == o.s_;
@@ -253,6 +268,12 @@ class Writer {
         return;
       case PickleValue::Kind::kInt:
         integer(v.as_int());
+        return;
+      case PickleValue::Kind::kBigInt:
+        out_ += kLong1;
+        if (v.big_int_bytes().size() > 255) throw InvalidArgument("write_pickle: an int over 255 bytes");
+        out_ += static_cast<char>(v.big_int_bytes().size());
+        out_ += v.big_int_bytes();
         return;
       case PickleValue::Kind::kFloat:
         out_ += kBinFloat;

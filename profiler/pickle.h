@@ -8,7 +8,8 @@
 //
 // PickleValue holds exactly what Python's pickle can express without naming a class: None,
 // bool, int (64-bit), float, str (UTF-8), bytes, list, tuple and dict (ordered key/value
-// pairs, keys of any of these kinds). Sets and frozensets read as lists.
+// pairs, keys of any of these kinds). Sets and frozensets read as lists. Ints beyond 64 bits
+// are kept (kBigInt, as bytes) so a file holding one still reads; as_int() refuses them.
 //
 // Writer: protocol 2 (PROTO, BININT1/BININT2/BININT/LONG1, BINFLOAT, BINUNICODE, EMPTY_LIST +
 // APPENDS and EMPTY_DICT + SETITEMS in batches of 1000 as CPython writes them, EMPTY_TUPLE /
@@ -43,12 +44,17 @@ namespace memfit {
 
 class PickleValue {
  public:
-  enum class Kind : std::uint8_t { kNone, kBool, kInt, kFloat, kStr, kBytes, kList, kTuple, kDict };
+  enum class Kind : std::uint8_t {
+    kNone, kBool, kInt, kBigInt, kFloat, kStr, kBytes, kList, kTuple, kDict
+  };
 
   PickleValue() = default;  // None
   static PickleValue none() { return {}; }
   static PickleValue boolean(bool b);
   static PickleValue integer(std::int64_t i);
+  // An int outside int64 (PyTorch writes SIZE_MAX as max_split_size): its two's complement
+  // little-endian bytes, as LONG1 carries them.
+  static PickleValue big_int(std::string le_bytes);
   static PickleValue real(double d);
   static PickleValue str(std::string s);
   static PickleValue bytes(std::string b);
@@ -69,6 +75,7 @@ class PickleValue {
   double as_float() const;         // float or int
   const std::string& as_str() const;    // str
   const std::string& as_bytes() const;  // bytes
+  const std::string& big_int_bytes() const;  // kBigInt
   const std::vector<PickleValue>& items() const;  // list or tuple
   std::vector<PickleValue>& items();
   PickleValue& append(PickleValue v);  // list or tuple; returns *this
@@ -97,7 +104,7 @@ class PickleValue {
   std::vector<PickleValue> items_;  // list/tuple items; dict: key0, value0, key1, value1, ...
 };
 
-// "None", "bool", "int", "float", "str", "bytes", "list", "tuple", "dict" (Python's names).
+// "None", "bool", "int", "int beyond 64 bits", "float", "str", "bytes", "list", "tuple", "dict".
 const char* pickle_kind_name(PickleValue::Kind k);
 
 struct PickleLimits {

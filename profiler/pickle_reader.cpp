@@ -227,19 +227,6 @@ class Reader {
   }
 
   // ---- protocol 0 text forms ----
-  std::int64_t text_int(std::string_view t) {
-    if (!t.empty() && (t.back() == 'L')) t.remove_suffix(1);
-    if (!t.empty() && t.front() == '+') t.remove_prefix(1);
-    std::int64_t v = 0;
-    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-    if (ec == std::errc::result_out_of_range) {
-      fail(op_at_, std::string(op_name_) + ": an integer wider than 64 bits");
-    }
-    if (ec != std::errc() || p != t.data() + t.size() || t.empty()) {
-      fail(op_at_, std::string(op_name_) + " has a malformed integer");
-    }
-    return v;
-  }
   std::string quoted_string(std::string_view t) {  // STRING: a Python 2 str repr
     if (t.size() < 2 || (t.front() != '\'' && t.front() != '"') || t.back() != t.front()) {
       fail(op_at_, "STRING argument is not a quoted string");
@@ -309,13 +296,18 @@ class Reader {
     return out;
   }
 
-  std::int64_t long_bytes(std::string_view b) {  // LONG1/LONG4: two's complement, LE
-    if (b.empty()) return 0;
+  // LONG1/LONG4: two's complement, little-endian; beyond int64 it stays bytes (kBigInt).
+  void push_long(std::string_view b) {
+    // The shortest form (as Python's encode_long), so equal ints read as equal bytes.
+    while (b.size() > 1) {
+      const auto last = std::uint8_t(b.back()), prev = std::uint8_t(b[b.size() - 2]);
+      if (!((last == 0x00 && !(prev & 0x80)) || (last == 0xff && (prev & 0x80)))) break;
+      b.remove_suffix(1);
+    }
+    if (b.empty()) return push_int(0);
     const bool negative = (std::uint8_t(b.back()) & 0x80) != 0;
     for (std::size_t k = 8; k < b.size(); ++k) {
-      if (std::uint8_t(b[k]) != (negative ? 0xff : 0x00)) {
-        fail(op_at_, std::string(op_name_) + ": an integer wider than 64 bits");
-      }
+      if (std::uint8_t(b[k]) != (negative ? 0xff : 0x00)) return push_string(Kind::kBigInt, std::string(b));
     }
     std::uint64_t x = negative ? ~std::uint64_t{0} : 0;
     const std::size_t n = std::min<std::size_t>(b.size(), 8);
@@ -324,10 +316,44 @@ class Reader {
       x |= std::uint64_t(std::uint8_t(b[k])) << (8 * k);
     }
     const std::int64_t v = static_cast<std::int64_t>(x);
-    if (b.size() >= 8 && ((v < 0) != negative)) {
-      fail(op_at_, std::string(op_name_) + ": an integer wider than 64 bits");
+    if (b.size() >= 8 && ((v < 0) != negative)) return push_string(Kind::kBigInt, std::string(b));
+    push_int(v);
+  }
+
+  // Protocol 0's decimal text (INT, LONG): int64 when it fits, else its two's complement
+  // bytes, made by schoolbook base conversion (bounded: the line is at most 1000 digits).
+  void push_text_int(std::string_view t) {
+    if (!t.empty() && t.back() == 'L') t.remove_suffix(1);
+    if (!t.empty() && t.front() == '+') t.remove_prefix(1);
+    std::int64_t v = 0;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec == std::errc() && p == t.data() + t.size() && !t.empty()) return push_int(v);
+    const bool negative = !t.empty() && t.front() == '-';
+    if (negative) t.remove_prefix(1);
+    if (t.empty() || t.size() > 1000 ||
+        t.find_first_not_of("0123456789") != std::string_view::npos) {
+      fail(op_at_, std::string(op_name_) + " has a malformed integer");
     }
-    return v;
+    std::vector<std::uint8_t> mag{0};  // little-endian magnitude
+    for (char c : t) {
+      unsigned carry = unsigned(c - '0');
+      for (std::uint8_t& byte : mag) {
+        const unsigned x = unsigned(byte) * 10 + carry;
+        byte = std::uint8_t(x & 0xff);
+        carry = x >> 8;
+      }
+      if (carry) mag.push_back(std::uint8_t(carry));
+    }
+    mag.push_back(0);  // room for the sign bit
+    if (negative) {    // two's complement: invert and add one
+      unsigned carry = 1;
+      for (std::uint8_t& byte : mag) {
+        const unsigned x = unsigned(std::uint8_t(~byte)) + carry;
+        byte = std::uint8_t(x & 0xff);
+        carry = x >> 8;
+      }
+    }
+    push_long(std::string_view(reinterpret_cast<const char*>(mag.data()), mag.size()));
   }
 
   [[noreturn]] void refuse(std::uint8_t op) {
@@ -450,19 +476,19 @@ std::uint32_t Reader::execute() {
           nodes_[n].b = t == "01";
           push(n);
         } else {
-          push_int(text_int(t));
+          push_text_int(t);
         }
         break;
       }
-      case 'L': push_int(text_int(line())); break;
+      case 'L': push_text_int(line()); break;
       case 'J': push_int(static_cast<std::int32_t>(static_cast<std::uint32_t>(le(4)))); break;
       case 'K': push_int(static_cast<std::int64_t>(le(1))); break;
       case 'M': push_int(static_cast<std::int64_t>(le(2))); break;
-      case 0x8a: push_int(long_bytes(take(length(le(1))))); break;
+      case 0x8a: push_long(take(length(le(1)))); break;
       case 0x8b: {
         const auto n = static_cast<std::int32_t>(static_cast<std::uint32_t>(le(4)));
         if (n < 0) fail(op_at_, "LONG4 with a negative length");
-        push_int(long_bytes(take(length(static_cast<std::uint64_t>(n)))));
+        push_long(take(length(static_cast<std::uint64_t>(n))));
         break;
       }
       case 'F': {
@@ -561,6 +587,7 @@ PickleValue Reader::convert(std::uint32_t n, std::size_t depth) {
     case Kind::kNone: return PickleValue::none();
     case Kind::kBool: return PickleValue::boolean(node.b);
     case Kind::kInt: return PickleValue::integer(node.i);
+    case Kind::kBigInt: return PickleValue::big_int(node.s);
     case Kind::kFloat: return PickleValue::real(node.d);
     case Kind::kStr: return PickleValue::str(node.s);
     case Kind::kBytes: return PickleValue::bytes(node.s);
