@@ -57,6 +57,8 @@ struct CudaBackend::Impl {
 
   // The cudaStream_t of a StreamId the base class has validated (MEMFIT_CHECK otherwise).
   cudaStream_t stream(StreamId id) const;
+  // The cudaEvent_t of a live EventHandle (MEMFIT_CHECK otherwise).
+  cudaEvent_t event(EventHandle h) const;
 
   const int device;
   cublasLtHandle_t lt = nullptr;

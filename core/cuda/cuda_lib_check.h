@@ -43,19 +43,14 @@ inline std::string lib_error_message(const char* call, const char* name, const c
   return msg;
 }
 
-[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
-                                            const char* file, int line) {
-  throw CudaError(lib_error_message(call, cublasGetStatusName(status),
-                                    cublasGetStatusString(status), file, line));
-}
-
+// Defined in cuda_lib_check.cpp (inside libmemfit, which links cuBLAS and cuDNN), so code
+// using the macros needs no direct link to those libraries.
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
+                                     int line);
 #if MEMFIT_HAVE_CUDNN
 // cuDNN has no enum-name function; the status number stands in for the name.
-[[noreturn]] inline void throw_cudnn_error(cudnnStatus_t status, const char* call,
-                                           const char* file, int line) {
-  const std::string name = "cudnnStatus " + std::to_string(static_cast<int>(status));
-  throw CudaError(lib_error_message(call, name.c_str(), cudnnGetErrorString(status), file, line));
-}
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file,
+                                    int line);
 #endif
 
 [[noreturn]] inline void throw_launch_error(cudaError_t err, const char* func, const char* file,
