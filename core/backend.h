@@ -113,6 +113,34 @@ struct HeadDims {
   std::int64_t b, t, parts, heads, hs;
 };
 
+// ---- conv2d: descriptor (conv helper's section; ops below, checks in backend_conv.cpp) ----
+// A 2-D convolution (cross-correlation, as torch.nn.functional.conv2d and cuDNN's
+// CUDNN_CROSS_CORRELATION), channels-last so activations stay (B, T, C) with T = H*W:
+//   inp (N,H,W,C), weight (K,R,S,C) -> out (N,P,Q,K)
+//   out[n,p,q,k] = sum_{r,s,c} inp[n, p*stride_h - pad_h + r, q*stride_w - pad_w + s, c]
+//                              * weight[k,r,s,c]      (positions outside the image read 0)
+//   P = (H + 2*pad_h - R) / stride_h + 1,  Q = (W + 2*pad_w - S) / stride_w + 1.
+// No bias (add_bias adds one over out's last dimension), no dilation, one group.
+// Valid: N >= 0 (0 is a no-op); H, W, C, K, R, S >= 1; strides >= 1; pads >= 0;
+// H + 2*pad_h >= R and W + 2*pad_w >= S; every size and every operand's element count fits
+// in int32 (cuDNN's descriptors take int). invalid_reason() names the first rule broken; the
+// backend's checks report it. p() and q() are 0 when their own sizes are out of range, and the
+// sums and products they and flops() form are checked, so an absurd descriptor never wraps.
+struct Conv2dDesc {
+  std::int64_t n = 0, h = 0, w = 0, c = 0;  // input
+  std::int64_t k = 0, r = 0, s = 0;         // filters: K of R x S x C
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+
+  std::int64_t p() const;      // output height
+  std::int64_t q() const;      // output width
+  std::int64_t flops() const;  // 2*N*P*Q*K*R*S*C, saturating at INT64_MAX
+  // Why the descriptor is not valid ("" when it is): the first rule above it breaks.
+  std::string invalid_reason() const;
+  std::string str() const;  // "n=2 h=5 w=7 c=3 k=4 r=3 s=3 stride=(1,2) pad=(1,0)"
+};
+// ---- end conv2d ----
+
 class Backend {
  public:
   virtual ~Backend();
@@ -262,6 +290,22 @@ class Backend {
   void adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
              const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out = nullptr);
 
+  // ---- conv2d (conv helper's section; Conv2dDesc above, checks in backend_conv.cpp) -------
+  // inp, weight and out (and in backward dout and dinp) share one dtype, f32, f16 or bf16
+  // (cuDNN's convolutions take one data type); products accumulate in FP32. Tensors need only
+  // the element counts of their layouts, so (B, H*W, C) activations pass as they are. Outputs
+  // overlap nothing. Deterministic on every backend (no float atomics in the reductions).
+  // inp (N,H,W,C), weight (K,R,S,C) -> out (N,P,Q,K), written.
+  void conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
+                      const Tensor& weight, const Tensor& out);
+  // dout (N,P,Q,K), inp (N,H,W,C), weight (K,R,S,C)
+  //   -> dinp (N,H,W,C) written, when not null (the first layer of a network needs none);
+  //   -> dweight (K,R,S,C) f32 += (parameter gradients accumulate in FP32, as elsewhere).
+  void conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+                       const Tensor& dweight);
+  // ---- end conv2d ----
+
  protected:
   Backend();
 
@@ -326,6 +370,14 @@ class Backend {
   virtual void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param,
                         const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                         const Tensor* param_out) = 0;
+
+  // ---- conv2d (conv helper's section): validated descriptor and operands only ----
+  virtual void do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
+                                 const Tensor& weight, const Tensor& out) = 0;
+  virtual void do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+                                  const Tensor& dweight) = 0;
+  // ---- end conv2d ----
 
   // Backends with library limits (CBLAS and cuBLAS take 32-bit m, n, k; cuBLAS's strided
   // batched GEMM a 32-bit batch count) report them here; the base class then rejects a GEMM

@@ -136,6 +136,14 @@ class CpuBackend final : public Backend {
   void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
                 const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
+  // ---- conv2d (conv helper's section: conv_ops.cpp) ----
+  void do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
+                         const Tensor& weight, const Tensor& out) override;
+  void do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+                          const Tensor& dweight) override;
+  // ---- end conv2d ----
+
   // cblas_sgemm takes 32-bit sizes.
   std::int64_t max_gemm_dim() const override;
 
@@ -181,6 +189,18 @@ class CpuBackend final : public Backend {
                                  const Tensor* dlosses, const Tensor& dlogits);
   void run_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out);
+
+  // ---- conv2d (conv helper's section: conv_ops.cpp) ----
+  // Direct loops, channels-last, FP32 accumulation; OpenMP over output rows (forward), input
+  // rows (dinp) and filter blocks (dweight), so every element is summed by one thread in a
+  // fixed order and the bits do not depend on the thread count. Scratch is heap memory outside
+  // any budget: the f32 weights when they are not f32 (K*R*S*C floats, small) and a few f32
+  // image rows per thread.
+  void run_conv2d_forward(const Conv2dDesc& d, const Tensor& inp, const Tensor& weight,
+                          const Tensor& out);
+  void run_conv2d_backward(const Conv2dDesc& d, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor* dinp, const Tensor& dweight);
+  // ---- end conv2d ----
 
   template <typename F>
   void submit(StreamId stream, F&& op);

@@ -141,6 +141,17 @@ class CudaBackend final : public Backend {
                 const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
   // ---- conv2d (conv helper's section: cuda_conv.cpp, cuDNN) ----
+  // cuDNN's legacy convolution API on NHWC tensor and filter descriptors, FP32 compute
+  // (f16/bf16 data on tensor cores; f32 with TF32 only when options.allow_tf32), algorithms
+  // from cudnnGet*Algorithm_v7 restricted to deterministic ones, workspace per call from the
+  // workspace allocator (Category::kWorkspace, "cuda.conv.workspace"). dweight (f32 +=): f32
+  // weights accumulate in place (beta = 1); f16/bf16 ones go through a temporary in their
+  // dtype ("cuda.conv.dweight"), then an FP32 add. Without cuDNN: InvalidArgument.
+  void do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
+                         const Tensor& weight, const Tensor& out) override;
+  void do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+                          const Tensor& dweight) override;
   // ---- end conv2d ----
 
   // cuBLASLt takes 32-bit m, n, k, leading dimensions and batch count.

@@ -52,6 +52,10 @@ enum class MetaOp : std::uint8_t {
   kCrossEntropyForward,
   kCrossEntropyBackward,
   kAdamW,
+  // ---- conv2d (conv helper's section: meta_conv.cpp) ----
+  kConv2dForward,
+  kConv2dBackward,
+  // ---- end conv2d ----
   kCount
 };
 const char* meta_op_name(MetaOp op);  // "gemm", "fill", ..., "layernorm_forward", ...
@@ -147,12 +151,27 @@ class MetaBackend final : public cpu::InlineBackend {
   void do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param, const Tensor& grad,
                 const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor* param_out) override;
 
+  // ---- conv2d (conv helper's section: meta_conv.cpp) ----
+  // A convolution is a GEMM in im2col form and runs at matrix-unit rates (cuDNN's implicit
+  // GEMM), so its flops count in gemm_flops: forward Conv2dDesc::flops(), backward that once
+  // for dweight and once more for dinp when asked. Bytes: inp and weight read, out written;
+  // backward reads dout, inp, weight (and dweight, which accumulates) and writes dinp and
+  // dweight. No scratch is modelled (the CPU kernels take none from the allocator).
+  void do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
+                         const Tensor& weight, const Tensor& out) override;
+  void do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+                          const Tensor& dweight) override;
+  // ---- end conv2d ----
+
   // Same limit as cuBLAS and CBLAS, so a plan that dry-runs here also runs there.
   std::int64_t max_gemm_dim() const override;
 
  private:
   void count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops = 0,
              std::int64_t host_bytes = 0);
+  // conv2d: as count(), with the flops added to gemm_flops (meta_conv.cpp).
+  void count_conv(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops);
 
   mutable std::mutex mu_;
   MetaStats stats_;
