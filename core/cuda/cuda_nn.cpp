@@ -91,10 +91,9 @@ void CudaBackend::do_softmax_causal_forward(StreamId stream, const Tensor& preat
                                             const Tensor& att, std::int64_t t) {
   if (t == 0) return;
   cuda::DeviceGuard guard(options_.device);
-  MEMFIT_CUDA_CHECK(cuda::launch_softmax_causal_forward(preatt.raw(), code(preatt), scale,
-                                                        att.raw(), code(att),
-                                                        preatt.numel() / (t * t), t,
-                                                        cuda_stream(stream)));
+  MEMFIT_CUDA_CHECK(
+      cuda::launch_softmax_causal_forward(preatt.raw(), code(preatt), scale, att.raw(), code(att),
+                                          preatt.numel() / (t * t), t, cuda_stream(stream)));
 }
 
 void CudaBackend::do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
@@ -109,17 +108,15 @@ void CudaBackend::do_softmax_causal_backward(StreamId stream, const Tensor& datt
 void CudaBackend::do_split_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {
   cuda::DeviceGuard guard(options_.device);
-  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b,
-                                               d.t, d.parts, d.heads, d.hs, true,
-                                               cuda_stream(stream)));
+  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b, d.t,
+                                               d.parts, d.heads, d.hs, true, cuda_stream(stream)));
 }
 
 void CudaBackend::do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {
   cuda::DeviceGuard guard(options_.device);
-  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b,
-                                               d.t, d.parts, d.heads, d.hs, false,
-                                               cuda_stream(stream)));
+  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b, d.t,
+                                               d.parts, d.heads, d.hs, false, cuda_stream(stream)));
 }
 
 void CudaBackend::do_embedding_forward(StreamId stream, const IndexTensor& tokens,
@@ -146,10 +143,9 @@ void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
   std::size_t bytes = 0;
   MEMFIT_CUDA_CHECK(cuda::embedding_backward_scratch_bytes(b * t, vocab, &bytes));
   CudaScratch sort(*this, stream, bytes, "cuda.embedding_backward.sort");
-  MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(dout.raw(), code(dout), tokens.data,
-                                                    f32(dwte), f32(dwpe), b, t, c, vocab,
-                                                    sort.data(), sort.size(),
-                                                    cuda_stream(stream)));
+  MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(dout.raw(), code(dout), tokens.data, f32(dwte),
+                                                    f32(dwpe), b, t, c, vocab, sort.data(),
+                                                    sort.size(), cuda_stream(stream)));
 }
 
 void CudaBackend::do_crossentropy_forward(StreamId stream, const Tensor& logits,
@@ -157,9 +153,8 @@ void CudaBackend::do_crossentropy_forward(StreamId stream, const Tensor& logits,
                                           const Tensor& losses, const Tensor& lse) {
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_crossentropy_forward(logits.raw(), code(logits), targets.data,
-                                                      vocab, f32(losses), f32(lse),
-                                                      targets.numel(), last_dim(logits),
-                                                      cuda_stream(stream)));
+                                                      vocab, f32(losses), f32(lse), targets.numel(),
+                                                      last_dim(logits), cuda_stream(stream)));
 }
 
 void CudaBackend::do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,

@@ -29,8 +29,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <cub/device/device_radix_sort.cuh>
+#include <initializer_list>
 
 #include "core/cuda/nn_kernels.h"
 
@@ -144,9 +144,7 @@ unsigned grid_for(i64 work, i64 per_block) {
 __device__ __forceinline__ i64 global_index() {
   return static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ i64 global_stride() {
-  return static_cast<i64>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ i64 global_stride() { return static_cast<i64>(gridDim.x) * blockDim.x; }
 
 // Butterfly sums: every lane ends with the same bits (a + b == b + a exactly in IEEE).
 __device__ __forceinline__ float warp_sum(float v) {
@@ -159,14 +157,14 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // The warp-per-row loop: r runs over [0, rows), the same r in every lane of a warp.
-#define MEMFIT_FOR_WARP_ROWS(r, rows)                                                   \
+#define MEMFIT_FOR_WARP_ROWS(r, rows)                                                     \
   for (i64 r = static_cast<i64>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp; \
        r < (rows); r += static_cast<i64>(gridDim.x) * (blockDim.x / kWarp))
 
-#define MEMFIT_RETURN_IF_LAUNCH_FAILED()          \
-  do {                                            \
-    const cudaError_t e_ = cudaGetLastError();    \
-    if (e_ != cudaSuccess) return e_;             \
+#define MEMFIT_RETURN_IF_LAUNCH_FAILED()       \
+  do {                                         \
+    const cudaError_t e_ = cudaGetLastError(); \
+    if (e_ != cudaSuccess) return e_;          \
   } while (0)
 
 // ---- layernorm -----------------------------------------------------------------------------
@@ -226,9 +224,9 @@ __global__ void layernorm_dinp_kernel(In<T> dout, In<T> inp, In<T> weight, const
 
 // ---- column sums: dbias, and dweight of layernorm --------------------------------------------
 
-constexpr int kColTile = 32;     // columns per block (one per lane: coalesced row reads)
-constexpr int kRowLanes = 8;     // rows a block reads at once
-constexpr i64 kChunkRows = 256;  // rows per chunk, unless N needs more than kMaxChunks chunks
+constexpr int kColTile = 32;       // columns per block (one per lane: coalesced row reads)
+constexpr int kRowLanes = 8;       // rows a block reads at once
+constexpr i64 kChunkRows = 256;    // rows per chunk, unless N needs more than kMaxChunks chunks
 constexpr i64 kMaxChunks = 65535;  // gridDim.y's limit
 
 struct ChunkPlan {
@@ -248,7 +246,9 @@ ChunkPlan chunk_plan(i64 n) {
 }
 
 constexpr std::size_t kScratchAlign = 256;
-std::size_t align_up(std::size_t b) { return (b + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+std::size_t align_up(std::size_t b) {
+  return (b + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
 
 // Stage 1. Block (x: column tile, y: chunk) of kColTile x kRowLanes threads:
 //   part_b[chunk, col] = sum of dout[r, col] over the chunk's rows,
@@ -390,9 +390,10 @@ __global__ void permute_heads_kernel(In<T> src, Out<T> dst, i64 b, i64 t, i64 pa
     const i64 hf0 = ((p * b + bb) * heads * t + tt) * hs;  // (p, bb, h=0, tt, 0)
     for (i64 k = threadIdx.x; k < row_len; k += blockDim.x) {
       // h = k / hs: 32-bit division when H*hs fits (the host checks), else 64-bit.
-      const i64 h = narrow_div ? static_cast<i64>(static_cast<std::uint32_t>(k) /
-                                                  static_cast<std::uint32_t>(hs))
-                               : k / hs;
+      const i64 h =
+          narrow_div
+              ? static_cast<i64>(static_cast<std::uint32_t>(k) / static_cast<std::uint32_t>(hs))
+              : k / hs;
       const i64 hf = hf0 + h * t * hs + (k - h * hs);
       if (split) {
         dst(hf, src(packed0 + k));
@@ -418,8 +419,8 @@ __global__ void embedding_forward_kernel(const std::int32_t* tokens, In<T> wte, 
 }
 
 // Checks every id and writes the sort's values: positions 0..N-1.
-__global__ void embedding_prepare_kernel(const std::int32_t* tokens, std::int32_t* positions,
-                                         i64 n, i64 vocab) {
+__global__ void embedding_prepare_kernel(const std::int32_t* tokens, std::int32_t* positions, i64 n,
+                                         i64 vocab) {
   for (i64 i = global_index(); i < n; i += global_stride()) {
     const std::int32_t tok = tokens[i];
     if (tok < 0 || tok >= vocab) __trap();
@@ -629,13 +630,13 @@ cudaError_t launch_layernorm_backward(const void* dout, int dout_dt, const void*
   if (n == 0 || c == 0) return cudaSuccess;
   const ChunkPlan p = chunk_plan(n);
   float* part_w = static_cast<float*>(scratch);
-  float* part_b = reinterpret_cast<float*>(
-      static_cast<char*>(scratch) + align_up(static_cast<std::size_t>(p.chunks * c) * 4));
+  float* part_b = reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                           align_up(static_cast<std::size_t>(p.chunks * c) * 4));
   const cudaError_t e = dispatch({dout_dt, inp_dt, w_dt, dinp_dt}, [&](auto tag) {
     using T = typename decltype(tag)::type;
     layernorm_dinp_kernel<T><<<grid_for(n, kThreads / kWarp), kThreads, 0, stream>>>(
-        In<T>::make(dout, dout_dt), In<T>::make(inp, inp_dt), In<T>::make(weight, w_dt), mean,
-        rstd, Out<T>::make(dinp, dinp_dt), n, c);
+        In<T>::make(dout, dout_dt), In<T>::make(inp, inp_dt), In<T>::make(weight, w_dt), mean, rstd,
+        Out<T>::make(dinp, dinp_dt), n, c);
     MEMFIT_RETURN_IF_LAUNCH_FAILED();
     const dim3 grid(static_cast<unsigned>((c + kColTile - 1) / kColTile),
                     static_cast<unsigned>(p.chunks));
@@ -646,7 +647,7 @@ cudaError_t launch_layernorm_backward(const void* dout, int dout_dt, const void*
   });
   if (e != cudaSuccess) return e;
   column_finish_kernel<<<grid_for(c, kThreads), kThreads, 0, stream>>>(part_w, dweight, part_b,
-                                                                      dbias, p.chunks, c);
+                                                                       dbias, p.chunks, c);
   return cudaGetLastError();
 }
 
@@ -718,7 +719,7 @@ cudaError_t launch_bias_backward(const void* dout, int dout_dt, float* dbias, st
   });
   if (e != cudaSuccess) return e;
   column_finish_kernel<<<grid_for(oc, kThreads), kThreads, 0, stream>>>(part, dbias, nullptr,
-                                                                       nullptr, p.chunks, oc);
+                                                                        nullptr, p.chunks, oc);
   return cudaGetLastError();
 }
 
@@ -743,16 +744,15 @@ cudaError_t launch_softmax_causal_backward(const void* datt, int datt_dt, const 
   return dispatch({datt_dt, att_dt, out_dt}, [&](auto tag) {
     using T = typename decltype(tag)::type;
     softmax_causal_backward_kernel<T><<<grid_for(rows, kThreads / kWarp), kThreads, 0, stream>>>(
-        In<T>::make(datt, datt_dt), In<T>::make(att, att_dt), scale,
-        Out<T>::make(dpreatt, out_dt), rows, t);
+        In<T>::make(datt, datt_dt), In<T>::make(att, att_dt), scale, Out<T>::make(dpreatt, out_dt),
+        rows, t);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_permute_heads(const void* src, int src_dt, void* dst, int dst_dt,
-                                 std::int64_t b, std::int64_t t, std::int64_t parts,
-                                 std::int64_t heads, std::int64_t hs, bool split,
-                                 cudaStream_t stream) {
+cudaError_t launch_permute_heads(const void* src, int src_dt, void* dst, int dst_dt, std::int64_t b,
+                                 std::int64_t t, std::int64_t parts, std::int64_t heads,
+                                 std::int64_t hs, bool split, cudaStream_t stream) {
   const i64 rows = b * t * parts, row_len = heads * hs;
   if (rows == 0 || row_len == 0) return cudaSuccess;
   const bool narrow_div = row_len <= static_cast<i64>(UINT32_MAX);
@@ -807,7 +807,7 @@ cudaError_t launch_embedding_backward(const void* dout, int dout_dt, const std::
   auto* pos_out = reinterpret_cast<std::int32_t*>(base + s.pos_out);
 
   embedding_prepare_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(tokens, pos_in, n,
-                                                                          vocab);
+                                                                           vocab);
   MEMFIT_RETURN_IF_LAUNCH_FAILED();
   // Stable: equal ids keep their positions' (b,t) order. Ids are checked above (a trap stops
   // the stream before the sort runs), so they are < 2^id_bits.
@@ -823,8 +823,8 @@ cudaError_t launch_embedding_backward(const void* dout, int dout_dt, const std::
   return dispatch({dout_dt}, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const dim3 grid(grid_for(n, 1), static_cast<unsigned>(col_tiles));
-    embedding_dwte_kernel<T><<<grid, threads, 0, stream>>>(In<T>::make(dout, dout_dt), keys,
-                                                            pos_out, dwte, n, c);
+    embedding_dwte_kernel<T>
+        <<<grid, threads, 0, stream>>>(In<T>::make(dout, dout_dt), keys, pos_out, dwte, n, c);
     MEMFIT_RETURN_IF_LAUNCH_FAILED();
     embedding_dwpe_kernel<T><<<grid_for(t * c, kThreads), kThreads, 0, stream>>>(
         In<T>::make(dout, dout_dt), dwpe, b, t, c);

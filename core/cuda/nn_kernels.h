@@ -81,10 +81,9 @@ cudaError_t launch_softmax_causal_backward(const void* datt, int datt_dt, const 
                                            std::int64_t r, std::int64_t t, cudaStream_t stream);
 
 // split: src (B,T,P,H,hs) -> dst (P,B,H,T,hs); merge: the inverse. src and dst are disjoint.
-cudaError_t launch_permute_heads(const void* src, int src_dt, void* dst, int dst_dt,
-                                 std::int64_t b, std::int64_t t, std::int64_t parts,
-                                 std::int64_t heads, std::int64_t hs, bool split,
-                                 cudaStream_t stream);
+cudaError_t launch_permute_heads(const void* src, int src_dt, void* dst, int dst_dt, std::int64_t b,
+                                 std::int64_t t, std::int64_t parts, std::int64_t heads,
+                                 std::int64_t hs, bool split, cudaStream_t stream);
 
 // tokens (B,T) int32 in [0, V) (else the kernel traps), wte (V,C), wpe (>=T,C) -> out (B,T,C).
 cudaError_t launch_embedding_forward(const std::int32_t* tokens, const void* wte, int wte_dt,

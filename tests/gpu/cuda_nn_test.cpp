@@ -105,10 +105,11 @@ void upload(std::initializer_list<const Buf*> bufs) {
 class DevIds {
  public:
   DevIds(Gpu& g, Shape s, std::vector<std::int32_t> v)
-      : shape_(s), host_(std::move(v)),
+      : shape_(s),
+        host_(std::move(v)),
         block_(g.alloc.allocate(std::max<std::size_t>(host_.size() * 4, 4), Category::kInput)) {
-    MEMFIT_CUDA_CHECK(cudaMemcpy(block_.data(), host_.data(), host_.size() * 4,
-                                 cudaMemcpyHostToDevice));
+    MEMFIT_CUDA_CHECK(
+        cudaMemcpy(block_.data(), host_.data(), host_.size() * 4, cudaMemcpyHostToDevice));
     MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
   }
   IndexTensor cpu() const { return {host_.data(), shape_, Device::kCpu}; }
@@ -221,10 +222,10 @@ TEST(CudaNn, LayerNormBackwardAccumulatesEveryDTypeCombination) {
     g.cpu.layernorm_forward(kDefaultStream, inp.cpu(), w.cpu(), bias.cpu(), 1e-5f, out.cpu(),
                             mean.cpu(), rstd.cpu());
     upload({&dout, &inp, &w, &dinp, &mean, &rstd, &dw, &db});
-    g.be.layernorm_backward(kDefaultStream, dout.gpu(), inp.gpu(), w.gpu(), mean.gpu(),
-                            rstd.gpu(), dinp.gpu(), dw.gpu(), db.gpu());
-    g.cpu.layernorm_backward(kDefaultStream, dout.cpu(), inp.cpu(), w.cpu(), mean.cpu(),
-                             rstd.cpu(), dinp.cpu(), dw.cpu(), db.cpu());
+    g.be.layernorm_backward(kDefaultStream, dout.gpu(), inp.gpu(), w.gpu(), mean.gpu(), rstd.gpu(),
+                            dinp.gpu(), dw.gpu(), db.gpu());
+    g.cpu.layernorm_backward(kDefaultStream, dout.cpu(), inp.cpu(), w.cpu(), mean.cpu(), rstd.cpu(),
+                             dinp.cpu(), dw.cpu(), db.cpu());
     g.sync();
     expect_near(dinp.download(), dinp.host(), "dinp", 2.0);
     expect_near(dw.download(), dw.host(), "dweight", 4.0);
@@ -234,7 +235,8 @@ TEST(CudaNn, LayerNormBackwardAccumulatesEveryDTypeCombination) {
 
 // Runs `op` on fresh copies of `state` (uploaded before each run) and returns the outputs.
 std::vector<HostBuf> run_gpu(Gpu& g, const std::vector<const Buf*>& state,
-                             const std::vector<const Buf*>& outputs, const std::function<void()>& op) {
+                             const std::vector<const Buf*>& outputs,
+                             const std::function<void()>& op) {
   for (const Buf* b : state) b->upload();
   MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
   op();
@@ -264,18 +266,17 @@ TEST(CudaNn, LayerNormAndBiasBackwardAreDeterministicOnBothScratchPaths) {
     dw.rand(r);
     db.rand(r);
     db2.rand(r);
-    runs.push_back(run_gpu(g, {&dout, &inp, &w, &dinp, &mean, &rstd, &dw, &db, &db2},
-                           {&dinp, &dw, &db, &db2}, [&] {
-                             g.be.layernorm_backward(kDefaultStream, dout.gpu(), inp.gpu(), w.gpu(),
-                                                     mean.gpu(), rstd.gpu(), dinp.gpu(), dw.gpu(),
-                                                     db.gpu());
-                             g.be.bias_backward(kDefaultStream, dout.gpu(), db2.gpu());
-                           }));
+    runs.push_back(run_gpu(
+        g, {&dout, &inp, &w, &dinp, &mean, &rstd, &dw, &db, &db2}, {&dinp, &dw, &db, &db2}, [&] {
+          g.be.layernorm_backward(kDefaultStream, dout.gpu(), inp.gpu(), w.gpu(), mean.gpu(),
+                                  rstd.gpu(), dinp.gpu(), dw.gpu(), db.gpu());
+          g.be.bias_backward(kDefaultStream, dout.gpu(), db2.gpu());
+        }));
   }
   for (std::size_t run = 1; run < runs.size(); ++run) {
     for (std::size_t i = 0; i < runs[0].size(); ++i) {
-      expect_bits(runs[run][i], runs[0][i], "run " + std::to_string(run) + " output " +
-                                                std::to_string(i));
+      expect_bits(runs[run][i], runs[0][i],
+                  "run " + std::to_string(run) + " output " + std::to_string(i));
     }
   }
 }
@@ -356,7 +357,7 @@ TEST(CudaNn, AddBiasAndBiasBackwardEveryDTypeCombination) {
   MEMFIT_REQUIRE_GPU();
   Gpu g;
   std::mt19937 rng(6);
-  const std::int64_t oc = 45;  // 1000 rows: 4 row chunks
+  const std::int64_t oc = 45;          // 1000 rows: 4 row chunks
   for (const auto& d : combos<2>()) {  // bias, out
     SCOPED_TRACE(names(d));
     Buf bias(g, {oc}, d[0]), out(g, {10, 100, oc}, d[1]), dbias(g, {oc}, DType::kF32);
@@ -587,8 +588,8 @@ TEST(CudaNn, CrossEntropyForwardIgnoresPaddedVocabEveryDType) {
   MEMFIT_REQUIRE_GPU();
   Gpu g;
   std::mt19937 rng(13);
-  for (auto [n, v, vp] : {std::array<std::int64_t, 3>{7, 1000, 1024}, {5, 50257, 50304},
-                          {3, 7, 7}}) {
+  for (auto [n, v, vp] :
+       {std::array<std::int64_t, 3>{7, 1000, 1024}, {5, 50257, 50304}, {3, 7, 7}}) {
     DevIds targets(g, {n}, targets_for(rng, n, static_cast<std::int32_t>(v)));
     for (DType dt : kDts) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " V=" + std::to_string(v));
@@ -762,8 +763,8 @@ TEST(CudaNnTrap, TokenOrTargetOutOfRangeTraps) {
       Buf logits(g, {b * t, v}, DType::kF32), losses(g, {b * t}, DType::kF32);
       Buf lse(g, {b * t}, DType::kF32);
       g.be.crossentropy_forward(kDefaultStream, logits.gpu(),
-                                IndexTensor{ids.gpu().data, {b * t}, Device::kCuda},
-                                v, losses.gpu(), lse.gpu());
+                                IndexTensor{ids.gpu().data, {b * t}, Device::kCuda}, v,
+                                losses.gpu(), lse.gpu());
       g.sync();
     });
     expect_trap([&](Gpu& g) {
