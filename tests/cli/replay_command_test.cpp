@@ -43,8 +43,8 @@ TEST(ReplayCommand, SnapshotJsonHasTheFixturesFigures) {
 TEST(ReplayCommand, AllocConfChangesTheReplay) {
   // Rounding to powers of two can only grow what is reserved for the same requests.
   const ProgramRun plain = run_memfit("replay " + kFixture + " --format json", false);
-  const ProgramRun pow2 =
-      run_memfit("replay " + kFixture + " --format json --alloc-conf roundup_power2_divisions:1", false);
+  const ProgramRun pow2 = run_memfit(
+      "replay " + kFixture + " --format json --alloc-conf roundup_power2_divisions:1", false);
   ASSERT_EQ(pow2.exit_code, 0) << pow2.output;
   const auto a = nlohmann::json::parse(plain.output), b = nlohmann::json::parse(pow2.output);
   EXPECT_EQ(b["alloc_conf"], "roundup_power2_divisions:1");

@@ -113,8 +113,8 @@ TEST(ExportPickle, ReadsBackWithMemoryVizKeys) {
       frame_names.insert(f.find("filename")->as_str() + ":" + f.find("name")->as_str());
     }
   }
-  for (const char* a : {"alloc", "free_requested", "free_completed", "segment_alloc",
-                        "segment_free", "snapshot"}) {
+  for (const char* a :
+       {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "snapshot"}) {
     EXPECT_TRUE(actions.count(a)) << a;
   }
   EXPECT_TRUE(categories.count("unknown"));  // MemoryViz.js needs it whenever categories exist
@@ -134,7 +134,8 @@ TEST(ExportPickle, ImportsBackToTheRecordedLivePeak) {
   const ImportedSnapshot s = import_snapshot(read_pickle(snapshot_pickle(run.report)), "x");
   EXPECT_EQ(s.num_allocs, 4u);
   EXPECT_EQ(s.num_frees, 2u);
-  EXPECT_EQ(static_cast<std::int64_t>(s.segments.reserved_bytes), run.report.stats.reserved_bytes[kStatAll].current);
+  EXPECT_EQ(static_cast<std::int64_t>(s.segments.reserved_bytes),
+            run.report.stats.reserved_bytes[kStatAll].current);
   // Live (block sizes, as memfit's events carry) peaks at w + a + t, all live at once.
   std::size_t peak = 0, live = 0;
   for (const TimelineEvent& e : run.report.recording.events) {
@@ -147,9 +148,11 @@ TEST(ExportPickle, ImportsBackToTheRecordedLivePeak) {
 
 TEST(ExportPickle, PythonReadsItAsMemoryVizDoes) {
   if (::access("/usr/bin/python3", X_OK) != 0) {
-    GTEST_SKIP() << "/usr/bin/python3 not installed: the Python check of snapshot.pickle did not run";
+    GTEST_SKIP()
+        << "/usr/bin/python3 not installed: the Python check of snapshot.pickle did not run";
   }
-  const std::string path = testing::TempDir() + "export_pickle_" + std::to_string(::getpid()) + ".pickle";
+  const std::string path =
+      testing::TempDir() + "export_pickle_" + std::to_string(::getpid()) + ".pickle";
   {
     std::ofstream f(path, std::ios::binary);
     f << snapshot_pickle(make_run().report);

@@ -104,10 +104,11 @@ TEST(SnapshotImport, DataThatIsNoSnapshotIsRefusedNamingThePlace) {
                    .add("segments", PickleValue::list({seg}))
                    .add("device_traces", PickleValue::list()),
                "segments[0]['total_size']: expected int, found str");
-  PickleValue two = PickleValue::dict()
-                        .add("segments", PickleValue::list())
-                        .add("device_traces", PickleValue::list({PickleValue::list({entry("alloc", 1, 1)}),
-                                                                 PickleValue::list({entry("alloc", 1, 1)})}));
+  PickleValue two =
+      PickleValue::dict()
+          .add("segments", PickleValue::list())
+          .add("device_traces", PickleValue::list({PickleValue::list({entry("alloc", 1, 1)}),
+                                                   PickleValue::list({entry("alloc", 1, 1)})}));
   expect_error(two, "devices 0, 1");
   EXPECT_EQ(import_snapshot(two, "two", 1).device, 1);
 }
