@@ -186,18 +186,20 @@ int main(int argc, char** argv) {
   const double events_per_step = static_cast<double>(events) / static_cast<double>(recorded_steps);
   const double estimate = 1.0 + (events_per_step / 3.0) * (ns_rec - ns_bare) * 1e-9 / t_bare;
 
-  std::printf("recorder overhead: gpt-tiny f32, batch %lld x %lld, CPU backend (%s compute "
-              "threads), %d rounds x %d steps per arm (ABBA), %d warm-up steps discarded, %.1f s\n",
-              static_cast<long long>(c.batch), static_cast<long long>(c.seq),
-              std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "default",
-              c.rounds, c.steps, c.warmup, wall);
+  std::printf(
+      "recorder overhead: gpt-tiny f32, batch %lld x %lld, CPU backend (%s compute "
+      "threads), %d rounds x %d steps per arm (ABBA), %d warm-up steps discarded, %.1f s\n",
+      static_cast<long long>(c.batch), static_cast<long long>(c.seq),
+      std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "default", c.rounds,
+      c.steps, c.warmup, wall);
   std::printf("  step, no recorder    median %8.2f ms   (min %.2f)\n", t_bare * 1e3,
               *std::min_element(bare.begin(), bare.end()) * 1e3);
   std::printf("  step, recorder       median %8.2f ms   (min %.2f)\n", t_rec * 1e3,
               *std::min_element(recorded.begin(), recorded.end()) * 1e3);
-  std::printf("  ratio (recorded / bare), median of rounds %.4f   target <= %.2f"
-              "   (ratio of the medians %.4f)\n",
-              ratio, kTarget, t_rec / t_bare);
+  std::printf(
+      "  ratio (recorded / bare), median of rounds %.4f   target <= %.2f"
+      "   (ratio of the medians %.4f)\n",
+      ratio, kTarget, t_rec / t_bare);
   std::printf("  events per step %.0f; alloc+free pair %.1f ns bare, %.1f ns recorded\n",
               events_per_step, ns_bare, ns_rec);
   std::printf("  estimated ratio from the listener's cost %.4f\n", estimate);

@@ -39,8 +39,9 @@ Loaded load(const std::string& path, int device) {
   if (!f) throw IoError(path + ": cannot open: " + std::strerror(errno));
   const int first = f.peek();
   if (first == std::char_traits<char>::eof()) {
-    throw InvalidArgument(path + ": empty file: expected a memory_viz snapshot pickle or a "
-                                 "memfit trace");
+    throw InvalidArgument(path +
+                          ": empty file: expected a memory_viz snapshot pickle or a "
+                          "memfit trace");
   }
   Loaded out;
   if (first == 0x80) {
@@ -49,7 +50,8 @@ Loaded load(const std::string& path, int device) {
     out.trace = std::move(s.trace);
     out.snapshot = std::move(s);
   } else {
-    if (device >= 0) throw InvalidArgument("--device applies to snapshots; " + path + " is a trace");
+    if (device >= 0)
+      throw InvalidArgument("--device applies to snapshots; " + path + " is a trace");
     out.trace = read_trace(f, path);
   }
   return out;
@@ -117,13 +119,16 @@ int run_replay(const ReplayArgs& a) {
     return 0;
   }
 
-  std::printf("memfit replay %s (%s", a.file.c_str(), in.snapshot ? "memory_viz snapshot" : "memfit trace");
+  std::printf("memfit replay %s (%s", a.file.c_str(),
+              in.snapshot ? "memory_viz snapshot" : "memfit trace");
   if (in.snapshot) {
     const ImportedSnapshot& s = *in.snapshot;
-    std::printf(", device %d: %zu trace entries -> %zu allocations, %zu frees, %zu live at the start",
-                s.device, s.num_entries, s.num_allocs, s.num_frees, s.num_initially_live);
+    std::printf(
+        ", device %d: %zu trace entries -> %zu allocations, %zu frees, %zu live at the start",
+        s.device, s.num_entries, s.num_allocs, s.num_frees, s.num_initially_live);
   }
-  std::printf(")\nallocator: %s\n\n", conf.to_string().empty() ? "defaults" : conf.to_string().c_str());
+  std::printf(")\nallocator: %s\n\n",
+              conf.to_string().empty() ? "defaults" : conf.to_string().c_str());
   const char* file_col = in.snapshot ? "file" : "";
   std::printf("%-24s %18s %18s\n", "", "memfit replay", file_col);
   auto row = [&](const char* name, const std::string& mine, const std::string& theirs) {
@@ -148,8 +153,10 @@ int run_replay(const ReplayArgs& a) {
   row("provider allocs/frees",
       std::to_string(r.provider_allocs) + " / " + std::to_string(r.provider_frees), "");
   if (r.has_steady_state) {
-    row("  after the first step", std::to_string(r.provider_allocs_after_first_step) + " / " +
-                                      std::to_string(r.provider_frees_after_first_step), "");
+    row("  after the first step",
+        std::to_string(r.provider_allocs_after_first_step) + " / " +
+            std::to_string(r.provider_frees_after_first_step),
+        "");
   }
   row("OOMs", std::to_string(r.num_ooms), in.snapshot ? std::to_string(in.snapshot->num_ooms) : "");
   if (g) {

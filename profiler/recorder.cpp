@@ -77,6 +77,7 @@ class TagCache {
     e.text.assign(tag);
     return e.id;
   }
+
  private:
   static constexpr std::size_t kEntries = 64;
   struct Entry {
@@ -117,7 +118,7 @@ struct Recorder::State {
   // The state now, kept whatever the rings dropped.
   CategoryBytes by_category{};
   std::size_t allocated = 0, reserved = 0;
-  std::unordered_map<std::uintptr_t, std::uint32_t> live;    // block by address
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;     // block by address
   std::unordered_map<std::uint32_t, std::size_t> block_live;  // bytes by block
 
   PeakInfo peak;  // blocks unsorted until recording()
