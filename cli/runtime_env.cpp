@@ -8,10 +8,15 @@
 #include "core/cpu/cpu_backend.h"
 #include "memory/error.h"
 #include "memory/host_provider.h"
+#include "policies/dry_run.h"  // kGpuGemmWorkspaceBytes
 
 #if MEMFIT_HAVE_CUDA
 #include "core/cuda/cuda_backend.h"
 #include "memory/cuda/cuda_provider.h"
+
+// The planner's dry runs model the CUDA backend's default GEMM workspace.
+static_assert(memfit::CudaBackendOptions{}.gemm_workspace_bytes == memfit::kGpuGemmWorkspaceBytes,
+              "policies/dry_run.h's kGpuGemmWorkspaceBytes must follow CudaBackendOptions");
 #endif
 
 namespace memfit {
