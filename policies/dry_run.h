@@ -49,8 +49,9 @@ struct DryRunRequest {
   // scratch comes from the backend's own pool, outside the budget.
   bool cpu_gemm_scratch = true;
   // > 0: a GPU run instead: every GEMM takes this fixed workspace from the budgeted allocator
-  // (CudaBackend's cuBLASLt workspace, CudaBackendOptions::gemm_workspace_bytes, which
-  // RuntimeEnv gives the training allocator); cpu_gemm_scratch is then ignored.
+  // (CudaBackend's cuBLASLt workspace comes from the training allocator, RuntimeEnv, and is at
+  // most CudaBackendOptions::gemm_workspace_bytes: with that cap here the prediction is an
+  // upper bound); cpu_gemm_scratch is then ignored.
   std::size_t gpu_gemm_workspace = 0;
 };
 

@@ -105,11 +105,12 @@ class MetaBackend final : public cpu::InlineBackend {
   void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
 
   // ---- GPU GEMM workspace (gpuinteg) ----
-  // bytes > 0: each GEMM allocates exactly `bytes` from the workspace allocator instead of the
-  // CPU scratch (Category::kWorkspace, tag "cuda.gemm.workspace", on the op's stream, freed on
-  // return), as CudaBackend does with CudaBackendOptions::gemm_workspace_bytes, so a dry run
-  // for a GPU sees cuBLASLt's workspace. 0 (the default): the CPU scratch above. Needs
-  // set_workspace_allocator() to take effect.
+  // bytes > 0: each GEMM with work allocates exactly `bytes` from the workspace allocator
+  // instead of the CPU scratch (Category::kWorkspace, tag "cuda.gemm.workspace", on the op's
+  // stream, freed on return): CudaBackend's cuBLASLt workspace, which is what the chosen
+  // algorithm asks for and at most CudaBackendOptions::gemm_workspace_bytes, so with that cap
+  // here a dry run for a GPU holds an upper bound of it. 0 (the default): the CPU scratch
+  // above. Needs set_workspace_allocator() to take effect.
   void set_gemm_workspace_bytes(std::size_t bytes) { gemm_workspace_bytes_ = bytes; }
   std::size_t gemm_workspace_bytes() const { return gemm_workspace_bytes_; }
   // ---- end GPU GEMM workspace ----
