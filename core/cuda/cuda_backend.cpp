@@ -24,6 +24,8 @@ namespace memfit {
 CudaBackend::Impl::~Impl() {
   // Errors are ignored here: at process exit the runtime may already be unloading
   // (cudaErrorCudartUnloading), and a broken context was reported by the call that broke it.
+  int previous = device;
+  (void)cudaGetDevice(&previous);
   if (cudaSetDevice(device) != cudaSuccess) {
     (void)cudaGetLastError();
     return;
@@ -37,6 +39,7 @@ CudaBackend::Impl::~Impl() {
   for (auto& [h, e] : events) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : event_pool) (void)cudaEventDestroy(e);
   for (auto& [id, s] : streams) (void)cudaStreamDestroy(s);
+  (void)cudaSetDevice(previous);
   (void)cudaGetLastError();
 }
 
@@ -89,7 +92,10 @@ CudaScratch::CudaScratch(CudaBackend& be, StreamId stream, std::size_t bytes,
 
 CudaScratch::~CudaScratch() {
   if (ptr_ == nullptr || block_) return;  // the Block frees itself (stream-ordered reuse)
+  int previous = device_;
+  (void)cudaGetDevice(&previous);
   if (cudaSetDevice(device_) == cudaSuccess) (void)cudaFreeAsync(ptr_, cs_);
+  (void)cudaSetDevice(previous);
   (void)cudaGetLastError();
 }
 
