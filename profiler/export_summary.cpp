@@ -8,10 +8,13 @@ namespace memfit {
 
 namespace {
 
+// Insertion order: the headline figures first, the long stats map last.
+using json = nlohmann::ordered_json;
+
 constexpr std::size_t kTopBlocks = 10;
 
-nlohmann::json by_category(const CategoryBytes& bytes) {
-  nlohmann::json j = nlohmann::json::object();
+json by_category(const CategoryBytes& bytes) {
+  json j = json::object();
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     j[category_name(static_cast<Category>(c))] = bytes[c];
   }
@@ -26,7 +29,7 @@ double ms_since(std::int64_t t_ns, std::int64_t start_ns) {
 
 std::string summary_json(const ProfileReport& r) {
   const Recording& rec = r.recording;
-  nlohmann::json j;
+  json j;
   j["format"] = "memfit-profile-summary";
   j["version"] = 1;
   j["model"] = r.model;
@@ -38,13 +41,13 @@ std::string summary_json(const ProfileReport& r) {
   // The recording's exact peaks (whatever was dropped from the timeline).
   j["peak_allocated_bytes"] = rec.peak.allocated;
   j["peak_reserved_bytes"] = rec.peak_reserved;
-  nlohmann::json peak;
+  json peak;
   peak["time_ms"] = ms_since(rec.peak.time_ns, rec.start_ns);
   peak["allocated_bytes"] = rec.peak.allocated;
   peak["by_category"] = by_category(rec.peak.by_category);
   peak["phase"] = std::string(interned_name(rec.peak.phase));  // "" outside any phase
   peak["block"] = std::string(interned_name(rec.peak.block));  // "" outside any block
-  nlohmann::json top = nlohmann::json::array();
+  json top = json::array();
   for (std::size_t i = 0; i < rec.peak.blocks.size() && i < kTopBlocks; ++i) {
     const BlockBytes& b = rec.peak.blocks[i];
     top.push_back({{"block", std::string(interned_name(b.block))}, {"bytes", b.bytes}});
@@ -58,7 +61,7 @@ std::string summary_json(const ProfileReport& r) {
               {"by_category", by_category(rec.current_by_category)}};
 
   if (r.plan.present) {
-    nlohmann::json p;
+    json p;
     p["description"] = r.plan.description;
     p["predicted_peak_reserved_bytes"] = r.plan.predicted_peak_reserved;
     p["predicted_peak_allocated_bytes"] = r.plan.predicted_peak_allocated;
@@ -66,14 +69,13 @@ std::string summary_json(const ProfileReport& r) {
     p["measured_peak_allocated_bytes"] = rec.peak.allocated;
     // measured / predicted; null when nothing was predicted (a ratio against 0 means nothing).
     p["reserved_ratio"] = r.plan.predicted_peak_reserved > 0
-                              ? nlohmann::json(static_cast<double>(rec.peak_reserved) /
-                                               static_cast<double>(r.plan.predicted_peak_reserved))
-                              : nlohmann::json(nullptr);
-    p["allocated_ratio"] =
-        r.plan.predicted_peak_allocated > 0
-            ? nlohmann::json(static_cast<double>(rec.peak.allocated) /
-                             static_cast<double>(r.plan.predicted_peak_allocated))
-            : nlohmann::json(nullptr);
+                              ? json(static_cast<double>(rec.peak_reserved) /
+                                     static_cast<double>(r.plan.predicted_peak_reserved))
+                              : json(nullptr);
+    p["allocated_ratio"] = r.plan.predicted_peak_allocated > 0
+                               ? json(static_cast<double>(rec.peak.allocated) /
+                                      static_cast<double>(r.plan.predicted_peak_allocated))
+                               : json(nullptr);
     j["plan"] = std::move(p);
   }
 
@@ -87,7 +89,7 @@ std::string summary_json(const ProfileReport& r) {
   j["allocator_stats"] = r.stats.as_map();
   j["see_memory_usage"] = see_memory_usage_line(r.stats);
   // Names come from users (YAML specs, tags); replace rather than throw on invalid UTF-8.
-  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace memfit

@@ -4,11 +4,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "memory/error.h"
 #include "memory/host_provider.h"
 #include "profiler/atomic_file.h"
+#include "profiler/recorder.h"
+#include "profiler/scoped_range.h"
 #include "tests/profiler/export_testutil.h"
 
 namespace memfit {
@@ -160,6 +164,66 @@ TEST(ExportReport, AFailingExportLeavesTheEarlierReportWhole) {
   }
   EXPECT_EQ(slurp(dir + "/summary.json"), summary_json(new_report));
   EXPECT_EQ(slurp(dir + "/timeline.csv"), old_csv);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// The report of a real allocator watched by a real Recorder: its figures are the allocator's.
+TEST(ReportFromRecorder, SummaryFiguresEqualTheAllocatorsStats) {
+  HostProvider host;
+  CachingAllocator alloc(host);
+  Recorder rec(alloc);
+  std::vector<void*> keep;
+  {
+    ScopedRange step(RangeKind::kStep, "step 1");
+    {
+      ScopedRange fwd(RangeKind::kForward);
+      ScopedRange block(RangeKind::kBlock, "h0");
+      keep.push_back(alloc.allocate_raw(3 << 20, Category::kActivation, kDefaultStream, "act"));
+      void* tmp = alloc.allocate_raw(700 << 10, Category::kTemporary, kDefaultStream, "tmp");
+      alloc.free(tmp);
+    }
+    {
+      ScopedRange bwd(RangeKind::kBackward);
+      ScopedRange block(RangeKind::kBlock, "h1");
+      keep.push_back(alloc.allocate_raw(5 << 20, Category::kGradient, kDefaultStream, "g"));
+    }
+    alloc.free(keep[0]);
+  }
+  rec.stop();
+  ProfileReport r = make_report(rec.recording(), alloc, "real", "cpu");
+  const AllocatorStats s = alloc.stats();
+  const nlohmann::json j = nlohmann::json::parse(summary_json(r));
+  EXPECT_EQ(j["peak_allocated_bytes"].get<std::int64_t>(), s.allocated_bytes[kStatAll].peak);
+  EXPECT_EQ(j["peak_reserved_bytes"].get<std::int64_t>(), s.reserved_bytes[kStatAll].peak);
+  EXPECT_EQ(j["end"]["allocated_bytes"].get<std::int64_t>(), s.allocated_bytes[kStatAll].current);
+  EXPECT_EQ(j["end"]["reserved_bytes"].get<std::int64_t>(), s.reserved_bytes[kStatAll].current);
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    const char* name = category_name(static_cast<Category>(c));
+    EXPECT_EQ(j["end"]["by_category"][name].get<std::int64_t>(), s.category_bytes[c].current)
+        << name;
+  }
+  using StatMap = std::map<std::string, std::int64_t>;
+  EXPECT_EQ(j["allocator_stats"].get<StatMap>(), s.as_map());
+  EXPECT_EQ(j["see_memory_usage"], see_memory_usage_line(s));
+  EXPECT_EQ(j["peak"]["phase"], "backward");  // 3 MiB + 5 MiB live, in block h1
+  EXPECT_EQ(j["peak"]["block"], "h1");
+  EXPECT_EQ(j["peak"]["top_blocks"][0]["block"], "h1");
+
+  // The CSV's and the trace's totals walk to the same figures.
+  const auto rows = exporttest::parse_csv(timeline_csv(r));
+  ASSERT_GT(rows.size(), 1u);
+  std::int64_t csv_peak = 0;
+  for (std::size_t i = 1; i < rows.size(); ++i) {
+    csv_peak = std::max<std::int64_t>(csv_peak, std::stoll(rows[i][kCategoryCount + 1]));
+  }
+  EXPECT_EQ(csv_peak, s.allocated_bytes[kStatAll].peak);
+  EXPECT_EQ(std::stoll(rows.back()[kCategoryCount + 2]), s.reserved_bytes[kStatAll].current);
+  alloc.free(keep[1]);
 }
 
 }  // namespace
