@@ -96,7 +96,7 @@ void check_report(const std::string& dir, const std::string& output) {
   for (const json& e : trace["traceEvents"]) {
     if (e["ph"] == "X") ranges.insert(e["name"].get<std::string>());
   }
-  for (const char* want : {"forward", "backward", "h0", "h1", "optimizer"}) {
+  for (const char* want : {"forward", "backward", "embedding", "h.0", "h.1", "head", "optimizer"}) {
     EXPECT_EQ(ranges.count(want), 1u) << want << " missing from trace ranges";
   }
 
@@ -108,7 +108,7 @@ void check_report(const std::string& dir, const std::string& output) {
   const std::string html = read_file(dir + "/report.html");
   EXPECT_TRUE(html_balanced(html));
   EXPECT_TRUE(contains(html, "<svg"));
-  EXPECT_TRUE(contains(html, "<td>h1</td>"));
+  EXPECT_TRUE(contains(html, "<td>h.1</td>"));
 }
 
 TEST(ProfileCommand, WritesEveryFormatAndEachParses) {
@@ -217,7 +217,8 @@ TEST(TrainReport, BadFormatsOrBackendFailBeforeTraining) {
   const std::string out = tmp("trainbad");
   const std::string base =
       "train --model " + model_file() + " --data " + kCorpus + " --steps 1 --batch 2";
-  for (const std::string& extra : {" --report " + out + " --formats nope", " --backend gpu"}) {
+  const std::string extras[] = {" --report " + out + " --formats nope", " --backend gpu"};
+  for (const std::string& extra : extras) {
     const ProgramRun r = run_memfit(base + extra);
     EXPECT_EQ(r.exit_code, 2) << extra << "\n" << r.output;
     EXPECT_FALSE(contains(r.output, "step 1/1")) << r.output;  // nothing trained
