@@ -53,7 +53,8 @@ std::vector<char> outputs_read_later(const Schedule& s, int n) {
 struct RangeIds {
   explicit RangeIds(Model& model) {
     blocks.reserve(static_cast<std::size_t>(model.num_blocks()));
-    for (int i = 0; i < model.num_blocks(); ++i) blocks.push_back(intern_name(model.block(i).name()));
+    for (int i = 0; i < model.num_blocks(); ++i)
+      blocks.push_back(intern_name(model.block(i).name()));
     embedding = intern_name("embedding");
     head = intern_name("head");
   }

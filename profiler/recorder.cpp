@@ -64,9 +64,27 @@ void apply_event(CategoryBytes& by_category, const TimelineEvent& e) {
   }
 }
 
-struct LiveBlock {
-  std::size_t size;
-  std::uint32_t block;
+// The last tags seen and their ids, so most events skip intern_name's process-wide lock and
+// hash: a direct-mapped cache on the tag's address, confirmed by comparing the text (the
+// address is only a hint: the event's tag is valid during the callback alone).
+class TagCache {
+ public:
+  std::uint32_t id(std::string_view tag) {
+    if (tag.empty()) return 0;
+    Entry& e = entries_[(reinterpret_cast<std::uintptr_t>(tag.data()) >> 3) % kEntries];
+    if (e.id != 0 && e.text == tag) return e.id;
+    e.id = intern_name(tag);
+    e.text.assign(tag);
+    return e.id;
+  }
+
+ private:
+  static constexpr std::size_t kEntries = 64;
+  struct Entry {
+    std::uint32_t id = 0;
+    std::string text;
+  };
+  Entry entries_[kEntries];
 };
 
 struct OpenRange {
@@ -100,12 +118,13 @@ struct Recorder::State {
   // The state now, kept whatever the rings dropped.
   CategoryBytes by_category{};
   std::size_t allocated = 0, reserved = 0;
-  std::unordered_map<std::uintptr_t, LiveBlock> live;        // by address
+  std::unordered_map<std::uintptr_t, std::uint32_t> live;     // block by address
   std::unordered_map<std::uint32_t, std::size_t> block_live;  // bytes by block
 
   PeakInfo peak;  // blocks unsorted until recording()
   std::size_t peak_reserved = 0;
   std::uint64_t listener_failures = 0;
+  TagCache tags;
 
   void take_peak(std::int64_t t, std::uint32_t phase, std::uint32_t block) {
     peak.allocated = allocated;
@@ -139,7 +158,6 @@ struct Recorder::State {
 
 void Recorder::State::on_event(const AllocatorEvent& e) {
   const PhaseContext ctx = current_phase();  // the thread that caused the event
-  const std::uint32_t tag = intern_name(e.tag);
   std::lock_guard lock(mu);
   if (stopped) return;
   TimelineEvent ev;
@@ -149,7 +167,6 @@ void Recorder::State::on_event(const AllocatorEvent& e) {
   ev.stream = e.stream;
   ev.addr = e.addr;
   ev.size = e.size;
-  ev.tag = tag;
   ev.phase = ctx.phase;
   ev.phase_kind = ctx.phase_kind;
   ev.block = ctx.block;
@@ -175,16 +192,17 @@ void Recorder::State::on_event(const AllocatorEvent& e) {
   ev.allocated = allocated;
   ev.reserved = reserved;
   if (reserved > peak_reserved) peak_reserved = reserved;
+  ev.tag = tags.id(e.tag);  // may allocate: after the totals
 
   if (e.kind == EventKind::kAlloc) {
-    live[e.addr] = LiveBlock{e.size, ctx.block};
     block_live[ctx.block] += e.size;
     if (allocated > peak.allocated) take_peak(e.time_ns, ctx.phase, ctx.block);
+    live[e.addr] = ctx.block;
   } else if (e.kind == EventKind::kFreeRequested) {
     // A block made before the Recorder existed is not in `live`: it counted in block 0.
     std::uint32_t block = 0;
     if (auto it = live.find(e.addr); it != live.end()) {
-      block = it->second.block;
+      block = it->second;
       live.erase(it);
     }
     std::size_t& b = block_live[block];

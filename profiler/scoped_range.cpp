@@ -228,8 +228,8 @@ void remove_range_listener(std::uint64_t id) {
 }
 
 ScopedRange::ScopedRange(RangeKind kind, std::string_view name)
-    : ScopedRange(kind, name.empty() ? kind_name_ids()[static_cast<int>(kind)]
-                                     : intern_name(name)) {}
+    : ScopedRange(kind,
+                  name.empty() ? kind_name_ids()[static_cast<int>(kind)] : intern_name(name)) {}
 
 ScopedRange::ScopedRange(RangeKind kind, std::uint32_t interned) {
   push_range(kind, interned != 0 ? interned : kind_name_ids()[static_cast<int>(kind)]);

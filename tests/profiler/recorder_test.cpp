@@ -29,7 +29,9 @@ namespace {
 std::size_t cur(const StatArray& s) { return static_cast<std::size_t>(s[kStatAll].current); }
 std::size_t peak(const StatArray& s) { return static_cast<std::size_t>(s[kStatAll].peak); }
 
-std::size_t sum(const CategoryBytes& b) { return std::accumulate(b.begin(), b.end(), std::size_t{0}); }
+std::size_t sum(const CategoryBytes& b) {
+  return std::accumulate(b.begin(), b.end(), std::size_t{0});
+}
 
 CategoryBytes current_categories(const AllocatorStats& s) {
   CategoryBytes b{};
@@ -393,9 +395,10 @@ const TextDataset& corpus() {
 }
 
 struct Rig {
-  explicit Rig(bool workers) : be(CpuBackendOptions{.worker_streams = workers}),
-                               alloc(host, {}, &be.stream_sync()),
-                               ctx{be, alloc, kDefaultStream, DType::kF32} {}
+  explicit Rig(bool workers)
+      : be(CpuBackendOptions{.worker_streams = workers}),
+        alloc(host, {}, &be.stream_sync()),
+        ctx{be, alloc, kDefaultStream, DType::kF32} {}
   CpuBackend be;
   HostProvider host;
   CachingAllocator alloc;
