@@ -8,6 +8,7 @@
 #include "cli/devices_command.h"
 #include "cli/plan_command.h"
 #include "cli/profile_command.h"
+#include "cli/replay_command.h"
 #include "cli/train_command.h"
 #include "memory/error.h"
 
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_plan_command(app, exit_code);
   memfit::cli::add_devices_command(app, exit_code);
   memfit::cli::add_profile_command(app, exit_code);
+  memfit::cli::add_replay_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -98,11 +98,12 @@ std::string snapshot_pickle(const ProfileReport& r) {
     t.add("stream", i64(e.stream));
     t.add("time_us", PickleValue::integer(e.time_ns / 1000));
     t.add("frames", frames_of(e));
-    t.add("category", PickleValue::str(is_segment_event(e.kind) ? "unknown"
-                                                                : category_name(e.category)));
+    t.add("category",
+          PickleValue::str(is_segment_event(e.kind) ? "unknown" : category_name(e.category)));
     if (e.kind == EventKind::kOom) {
       // What the device had free: its total less what memfit held, when the total is known.
-      const std::size_t free = r.device_total_bytes > e.reserved ? r.device_total_bytes - e.reserved : 0;
+      const std::size_t free =
+          r.device_total_bytes > e.reserved ? r.device_total_bytes - e.reserved : 0;
       t.add("device_free", i64(free));
     }
     trace.append(std::move(t));
@@ -128,7 +129,8 @@ std::string snapshot_pickle(const ProfileReport& r) {
     seg.add("requested_size", i64(s.requested_size));
     seg.add("stream", i64(s.stream));
     seg.add("segment_type", PickleValue::str(s.is_large ? "large" : "small"));
-    seg.add("segment_pool_id", PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(0)}));
+    seg.add("segment_pool_id",
+            PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(0)}));
     seg.add("is_expandable", PickleValue::boolean(false));
     seg.add("frames", PickleValue::list());
     PickleValue blocks = PickleValue::list();

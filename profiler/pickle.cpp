@@ -1,8 +1,8 @@
 // PickleValue and the protocol 2 writer. The reader is in pickle_reader.cpp.
 #include "profiler/pickle.h"
 
-#include <bit>
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -232,12 +232,12 @@ namespace {
 
 // Opcodes the writer emits (names as in CPython's Lib/pickle.py).
 constexpr char kProto = '\x80', kStop = '.', kMark = '(', kNone = 'N', kNewTrue = '\x88',
-               kNewFalse = '\x89', kBinInt = 'J', kBinInt1 = 'K', kBinInt2 = 'M',
-               kLong1 = '\x8a', kBinFloat = 'G', kBinUnicode = 'X', kShortBinBytes = 'C',
-               kBinBytes = 'B', kEmptyList = ']', kAppends = 'e', kEmptyDict = '}',
-               kSetItems = 'u', kEmptyTuple = ')', kTuple = 't', kTuple1 = '\x85',
-               kTuple2 = '\x86', kTuple3 = '\x87', kBinPut = 'q', kLongBinPut = 'r',
-               kBinGet = 'h', kLongBinGet = 'j', kAppend = 'a', kSetItem = 's';
+               kNewFalse = '\x89', kBinInt = 'J', kBinInt1 = 'K', kBinInt2 = 'M', kLong1 = '\x8a',
+               kBinFloat = 'G', kBinUnicode = 'X', kShortBinBytes = 'C', kBinBytes = 'B',
+               kEmptyList = ']', kAppends = 'e', kEmptyDict = '}', kSetItems = 'u',
+               kEmptyTuple = ')', kTuple = 't', kTuple1 = '\x85', kTuple2 = '\x86',
+               kTuple3 = '\x87', kBinPut = 'q', kLongBinPut = 'r', kBinGet = 'h', kLongBinGet = 'j',
+               kAppend = 'a', kSetItem = 's';
 
 // CPython's Pickler._BATCHSIZE: APPENDS / SETITEMS carry at most this many items each.
 constexpr std::size_t kBatch = 1000;
@@ -271,7 +271,8 @@ class Writer {
         return;
       case PickleValue::Kind::kBigInt:
         out_ += kLong1;
-        if (v.big_int_bytes().size() > 255) throw InvalidArgument("write_pickle: an int over 255 bytes");
+        if (v.big_int_bytes().size() > 255)
+          throw InvalidArgument("write_pickle: an int over 255 bytes");
         out_ += static_cast<char>(v.big_int_bytes().size());
         out_ += v.big_int_bytes();
         return;
@@ -421,6 +422,7 @@ std::string write_pickle(const PickleValue& v) {
   return out;
 }
 
+// clang-format off
 const char* pickle_opcode_name(std::uint8_t op) {
   switch (op) {
     case '(': return "MARK";
@@ -494,5 +496,7 @@ const char* pickle_opcode_name(std::uint8_t op) {
     default: return nullptr;
   }
 }
+
+// clang-format on
 
 }  // namespace memfit

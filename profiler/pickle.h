@@ -45,7 +45,16 @@ namespace memfit {
 class PickleValue {
  public:
   enum class Kind : std::uint8_t {
-    kNone, kBool, kInt, kBigInt, kFloat, kStr, kBytes, kList, kTuple, kDict
+    kNone,
+    kBool,
+    kInt,
+    kBigInt,
+    kFloat,
+    kStr,
+    kBytes,
+    kList,
+    kTuple,
+    kDict
   };
 
   PickleValue() = default;  // None
@@ -71,11 +80,11 @@ class PickleValue {
 
   // Typed access; the wrong kind throws InvalidArgument ("expected int, found str").
   bool as_bool() const;
-  std::int64_t as_int() const;     // int, or bool as 0/1 (Python's bool is an int)
-  double as_float() const;         // float or int
-  const std::string& as_str() const;    // str
-  const std::string& as_bytes() const;  // bytes
-  const std::string& big_int_bytes() const;  // kBigInt
+  std::int64_t as_int() const;                    // int, or bool as 0/1 (Python's bool is an int)
+  double as_float() const;                        // float or int
+  const std::string& as_str() const;              // str
+  const std::string& as_bytes() const;            // bytes
+  const std::string& big_int_bytes() const;       // kBigInt
   const std::vector<PickleValue>& items() const;  // list or tuple
   std::vector<PickleValue>& items();
   PickleValue& append(PickleValue v);  // list or tuple; returns *this
@@ -87,7 +96,9 @@ class PickleValue {
   PickleValue& value(std::size_t i);
   // Appends key/value (no duplicate check: for building); returns *this for chaining.
   PickleValue& add(PickleValue key, PickleValue v);
-  PickleValue& add(std::string key, PickleValue v) { return add(str(std::move(key)), std::move(v)); }
+  PickleValue& add(std::string key, PickleValue v) {
+    return add(str(std::move(key)), std::move(v));
+  }
   // Python's d[key] = v: replaces the value of an equal key, else appends.
   void set(PickleValue key, PickleValue v);
   // The value under the str key `key`; nullptr when absent (or not a dict).
@@ -108,7 +119,8 @@ class PickleValue {
 const char* pickle_kind_name(PickleValue::Kind k);
 
 struct PickleLimits {
-  std::size_t max_input_bytes = std::size_t{2} << 30;  // whole file (load_pickle_file)
+  // The whole file (load_pickle_file), and the bytes of str/bytes in the result.
+  std::size_t max_input_bytes = std::size_t{2} << 30;
   std::size_t max_depth = 100;               // nesting of containers in the result
   std::size_t max_elements = 20'000'000;     // values in the result, shared ones per place
   std::size_t max_string_bytes = 64u << 20;  // one str or bytes

@@ -22,7 +22,8 @@ class Doc {
                           " (not a memory_viz snapshot as torch.cuda.memory._snapshot() writes)");
   }
   const PickleValue* find(const PickleValue& d, const std::string& where, const char* key) const {
-    if (!d.is_dict()) fail(where, std::string("expected a dict, found ") + pickle_kind_name(d.kind()));
+    if (!d.is_dict())
+      fail(where, std::string("expected a dict, found ") + pickle_kind_name(d.kind()));
     return d.find(key);
   }
   const PickleValue& need(const PickleValue& d, const std::string& where, const char* key) const {
@@ -31,7 +32,8 @@ class Doc {
     return *v;
   }
   const std::vector<PickleValue>& seq(const PickleValue& v, const std::string& where) const {
-    if (!v.is_sequence()) fail(where, std::string("expected a list, found ") + pickle_kind_name(v.kind()));
+    if (!v.is_sequence())
+      fail(where, std::string("expected a list, found ") + pickle_kind_name(v.kind()));
     return v.items();
   }
   std::int64_t integer(const PickleValue& v, const std::string& where) const {
@@ -50,7 +52,8 @@ class Doc {
   const std::string& str(const PickleValue& d, const std::string& where, const char* key) const {
     const PickleValue& v = need(d, where, key);
     if (!v.is_str()) {
-      fail(where + "['" + key + "']", std::string("expected str, found ") + pickle_kind_name(v.kind()));
+      fail(where + "['" + key + "']",
+           std::string("expected str, found ") + pickle_kind_name(v.kind()));
     }
     return v.as_str();
   }
@@ -86,8 +89,7 @@ struct Entry {
 
 }  // namespace
 
-ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view source,
-                                 int device) {
+ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view source, int device) {
   Doc doc(source);
   ImportedSnapshot out;
   const std::vector<PickleValue>* segments = nullptr;
@@ -98,8 +100,10 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
   } else {
     segments = &doc.seq(doc.need(snapshot, "the top level", "segments"), "['segments']");
     const PickleValue* t = doc.find(snapshot, "the top level", "device_traces");
-    if (t == nullptr) doc.fail("the top level", "no key 'device_traces' (record it with "
-                                                "torch.cuda.memory._record_memory_history())");
+    if (t == nullptr)
+      doc.fail("the top level",
+               "no key 'device_traces' (record it with "
+               "torch.cuda.memory._record_memory_history())");
     traces = &doc.seq(*t, "['device_traces']");
   }
 
@@ -139,7 +143,8 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
     out.segments.reserved_bytes += total;
     out.segments.largest_segment_bytes = std::max(out.segments.largest_segment_bytes, total);
     std::size_t allocated = 0, offset = 0;
-    const std::vector<PickleValue>& blocks = doc.seq(doc.need(seg, where, "blocks"), where + "['blocks']");
+    const std::vector<PickleValue>& blocks =
+        doc.seq(doc.need(seg, where, "blocks"), where + "['blocks']");
     for (std::size_t b = 0; b < blocks.size(); ++b) {
       const std::string bw = where + "['blocks'][" + std::to_string(b) + "]";
       const std::size_t size = doc.size(blocks[b], bw, "size");

@@ -103,11 +103,11 @@ PickleValue S(std::string s) { return PickleValue::str(std::move(s)); }
 
 PickleValue expected_python_value(int protocol) {
   PickleValue ints = PickleValue::list();
-  for (std::int64_t v : {std::int64_t{0}, std::int64_t{1}, std::int64_t{255}, std::int64_t{256},
-                         std::int64_t{65535}, std::int64_t{65536}, std::int64_t{-1},
-                         std::int64_t{INT32_MIN}, std::int64_t{1} << 31, std::int64_t{1} << 40,
-                         std::numeric_limits<std::int64_t>::min(),
-                         std::numeric_limits<std::int64_t>::max()}) {
+  for (std::int64_t v :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{255}, std::int64_t{256}, std::int64_t{65535},
+        std::int64_t{65536}, std::int64_t{-1}, std::int64_t{INT32_MIN}, std::int64_t{1} << 31,
+        std::int64_t{1} << 40, std::numeric_limits<std::int64_t>::min(),
+        std::numeric_limits<std::int64_t>::max()}) {
     ints.append(I(v));
   }
   PickleValue tups = PickleValue::list();
@@ -119,8 +119,8 @@ PickleValue expected_python_value(int protocol) {
   PickleValue shared = PickleValue::list({S("x"), S("y")});
   PickleValue d = PickleValue::dict();
   d.add("ints", ints);
-  d.add("f", PickleValue::list({PickleValue::real(3.5), PickleValue::real(-0.0),
-                                PickleValue::real(1e300)}));
+  d.add("f", PickleValue::list(
+                 {PickleValue::real(3.5), PickleValue::real(-0.0), PickleValue::real(1e300)}));
   d.add("n", PickleValue::none());
   d.add("t", PickleValue::boolean(true));
   d.add("fa", PickleValue::boolean(false));
@@ -160,11 +160,11 @@ TEST(PickleWrite, RoundTripsThroughTheReader) {
 
 TEST(PickleWrite, IntegersAtEveryEncodingBoundary) {
   PickleValue l = PickleValue::list();
-  for (std::int64_t base : {std::int64_t{0}, std::int64_t{255}, std::int64_t{65535},
-                            std::int64_t{INT32_MAX}, std::int64_t{INT32_MIN}, std::int64_t{1} << 39,
-                            -(std::int64_t{1} << 39), std::int64_t{1} << 55,
-                            std::numeric_limits<std::int64_t>::max() - 1,
-                            std::numeric_limits<std::int64_t>::min() + 1}) {
+  for (std::int64_t base :
+       {std::int64_t{0}, std::int64_t{255}, std::int64_t{65535}, std::int64_t{INT32_MAX},
+        std::int64_t{INT32_MIN}, std::int64_t{1} << 39, -(std::int64_t{1} << 39),
+        std::int64_t{1} << 55, std::numeric_limits<std::int64_t>::max() - 1,
+        std::numeric_limits<std::int64_t>::min() + 1}) {
     for (std::int64_t d : {-1, 0, 1}) l.append(I(base + d));
   }
   EXPECT_EQ(read_pickle(write_pickle(l)), l);
@@ -185,7 +185,10 @@ TEST(PickleWrite, RepeatedStringsComeFromTheMemo) {
 
 TEST(PickleRead, MemoSharesObjectsLikePython) {
   // x = []; y = [x, x]; x.append(1): both places see [1] (APPEND after the BINGET).
-  const std::string p = B("\x80\x02]q\x00(]q\x01h\x01" "eh\x01K\x01" "a0.");
+  const std::string p =
+      B("\x80\x02]q\x00(]q\x01h\x01"
+        "eh\x01K\x01"
+        "a0.");
   // Stack: outer [x, x], then x fetched again, 1 appended to it, popped; STOP returns outer.
   const PickleValue v = read_pickle(p);
   ASSERT_EQ(v.items().size(), 2u);
@@ -196,7 +199,8 @@ TEST(PickleRead, MemoSharesObjectsLikePython) {
 TEST(PickleRead, IntsBeyond64BitsAreKeptNotRefused) {
   // PyTorch writes max_split_size as SIZE_MAX; Python pickles it as LONG1 of 9 bytes, and
   // protocol 0 as decimal text. Both read as the same bytes and write back the same.
-  const PickleValue binary = read_pickle(B("\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."));
+  const PickleValue binary =
+      read_pickle(B("\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."));
   const PickleValue text = read_pickle("L18446744073709551615L\n.");
   ASSERT_EQ(binary.kind(), PickleValue::Kind::kBigInt);
   EXPECT_EQ(binary, text);
@@ -229,11 +233,21 @@ void expect_refused(const std::string& data, const std::vector<std::string>& par
 }
 
 TEST(PickleRead, RefusesEveryCodeRunningOpcodeByName) {
-  const std::pair<char, const char*> refused[] = {
-      {'c', "GLOBAL"},     {'\x93', "STACK_GLOBAL"}, {'R', "REDUCE"},  {'b', "BUILD"},
-      {'i', "INST"},       {'o', "OBJ"},             {'\x81', "NEWOBJ"}, {'\x92', "NEWOBJ_EX"},
-      {'P', "PERSID"},     {'Q', "BINPERSID"},       {'\x82', "EXT1"}, {'\x83', "EXT2"},
-      {'\x84', "EXT4"},    {'\x97', "NEXT_BUFFER"},  {'\x98', "READONLY_BUFFER"}};
+  const std::pair<char, const char*> refused[] = {{'c', "GLOBAL"},
+                                                  {'\x93', "STACK_GLOBAL"},
+                                                  {'R', "REDUCE"},
+                                                  {'b', "BUILD"},
+                                                  {'i', "INST"},
+                                                  {'o', "OBJ"},
+                                                  {'\x81', "NEWOBJ"},
+                                                  {'\x92', "NEWOBJ_EX"},
+                                                  {'P', "PERSID"},
+                                                  {'Q', "BINPERSID"},
+                                                  {'\x82', "EXT1"},
+                                                  {'\x83', "EXT2"},
+                                                  {'\x84', "EXT4"},
+                                                  {'\x97', "NEXT_BUFFER"},
+                                                  {'\x98', "READONLY_BUFFER"}};
   for (const auto& [op, name] : refused) {
     // After PROTO 2 and two empty tuples (what REDUCE/BUILD/OBJ would consume): offset 4.
     expect_refused(std::string("\x80\x02))") + op + "XXXX.",
@@ -255,9 +269,9 @@ TEST(PickleRead, ClassicExploitsAreRefusedWithoutSideEffects) {
                      "q\x01\x85q\x02Rq\x03.",
                  {"byte 2", "GLOBAL"});
   // Protocol 4: STACK_GLOBAL after two strings, then REDUCE.
-  expect_refused(std::string("\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94") + "\x8c\x04" +
-                     "true\x85R.",
-                 {"byte 16", "STACK_GLOBAL"});
+  expect_refused(
+      std::string("\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94") + "\x8c\x04" + "true\x85R.",
+      {"byte 16", "STACK_GLOBAL"});
   EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "the payload ran";
 }
 
@@ -271,7 +285,8 @@ TEST(PickleRead, TruncatedInputIsRefusedAtEveryLength) {
       EXPECT_NE(std::string(e.what()).find("cut.pickle: byte "), std::string::npos) << e.what();
     }
   }
-  expect_refused(B("\x80\x02X\x10\x00\x00\x00" "abc"),
+  expect_refused(B("\x80\x02X\x10\x00\x00\x00"
+                   "abc"),
                  {"byte 2", "truncated", "BINUNICODE", "ends at byte 10"});
   expect_refused("\x80\x02]", {"byte 3", "without a STOP"});
 }
@@ -324,7 +339,9 @@ TEST(PickleRead, MemoExpansionIsRefusedByTheElementLimit) {
 }
 
 TEST(PickleRead, SelfReferenceIsRefused) {
-  expect_refused(B("\x80\x02]q\x00h\x00" "a."), {"contains itself"});
+  expect_refused(B("\x80\x02]q\x00h\x00"
+                   "a."),
+                 {"contains itself"});
 }
 
 TEST(PickleRead, HugeLengthsAndMemoIdsAreRefusedBeforeAllocating) {
@@ -335,7 +352,10 @@ TEST(PickleRead, HugeLengthsAndMemoIdsAreRefusedBeforeAllocating) {
   expect_refused("\x80\x02h\x05.", {"no such memo entry"});
   expect_refused("\x80\x06N.", {"protocol 6"});
   expect_refused("\x80\x02K\x01K\x02u.", {"without a MARK"});
-  expect_refused("\x80\x02K\x01K\x02" "a.", {"APPEND", "int"});
+  expect_refused(
+      "\x80\x02K\x01K\x02"
+      "a.",
+      {"APPEND", "int"});
   expect_refused("", {"empty input"});
 }
 
