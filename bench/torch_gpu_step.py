@@ -19,6 +19,13 @@ Fixed work: 2 warm-up steps, then MEMFIT_BENCH_STEPS (default 5) timed steps eac
 torch.cuda.synchronize(); median step time; peaks from torch.cuda.max_memory_allocated /
 max_memory_reserved, reset before each timed step.
 Without torch or a CUDA device it prints "SKIP: ..." and exits 0.
+
+    python3 bench/torch_gpu_step.py --compare memfit.json torch.json
+
+prints memfit's JSON (gpu_step_bench's "JSON ..." line) beside PyTorch's, variant by variant,
+with issue 6's targets: tokens/s >= PyTorch eager at equal settings, peak allocated <= PyTorch's,
+offload step <= 1.15x the on-device optimizer step. torch.json may be {} (no anchor). Needs no
+torch. tests/gpu/run.sh calls it.
 """
 import argparse
 import json
@@ -38,10 +45,63 @@ def env_int(name, default):
         return default
 
 
+def gib(b):
+    return f"{b / 2**30:.2f}G"
+
+
+def compare(memfit_path, torch_path):
+    with open(memfit_path) as f:
+        m = json.load(f)
+    with open(torch_path) as f:
+        t = json.load(f)
+    tb = {r["name"]: r for r in t.get("results", []) if "step_ms" in r}
+    anchor = (f"PyTorch {t.get('torch', '?')} eager ({t.get('attention', '?')} attention)"
+              if t else "PyTorch: not run")
+    print(f"GPT-2 124M step, seq {m.get('seq')}, batch {m.get('batch')} on {m.get('device')}: "
+          f"memfit vs {anchor}")
+    print(f"{'variant':<24}{'memfit tok/s':>13}{'torch tok/s':>12}{'ratio':>7}{'':>3}"
+          f"{'memfit peak':>12}{'torch peak':>11}{'ratio':>7}")
+    missed = []
+    for r in m.get("results", []):
+        name = r["name"]
+        if "step_ms" not in r:
+            print(f"{name:<24} memfit FAILED: {r.get('error', '?')[:80]}")
+            missed.append(name + " failed")
+            continue
+        o = tb.get(name)
+        if o is None:
+            print(f"{name:<24}{r['tokens_per_s']:>13.0f}{'-':>12}{'-':>7}{'':>3}"
+                  f"{gib(r['peak_allocated']):>12}{'-':>11}{'-':>7}")
+            continue
+        tr = r["tokens_per_s"] / o["tokens_per_s"]
+        pr = r["peak_allocated"] / o["peak_allocated"]
+        flag = ("" if tr >= 1 else " tok/s<torch") + ("" if pr <= 1 else " peak>torch")
+        if flag:
+            missed.append(name + flag)
+        print(f"{name:<24}{r['tokens_per_s']:>13.0f}{o['tokens_per_s']:>12.0f}{tr:>7.2f}{'':>3}"
+              f"{gib(r['peak_allocated']):>12}{gib(o['peak_allocated']):>11}{pr:>7.2f}{flag}")
+    ratio = m.get("offload_ratio", 0)
+    line = (f"offload step / on-device step (bf16+ckpt): memfit {ratio:.2f}x "
+            f"(target <= {m.get('offload_target', 1.15)}: {'met' if 0 < ratio <= 1.15 else 'MISSED'})"
+            f"; with delayed update {m.get('offload_ratio_dpu', 0):.2f}x")
+    if t.get("offload_ratio"):
+        line += f"; PyTorch (simple CPU AdamW) {t['offload_ratio']:.2f}x"
+    print(line)
+    if ratio == 0 or ratio > 1.15:
+        missed.append("offload ratio")
+    if tb:
+        print("targets: " + ("all met" if not missed else "MISSED: " + ", ".join(missed)))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sdpa", action="store_true", help="fused scaled_dot_product_attention")
+    ap.add_argument("--compare", nargs=2, metavar=("MEMFIT_JSON", "TORCH_JSON"),
+                    help="print memfit beside PyTorch from the two benchmarks' JSON lines")
     args = ap.parse_args()
+    if args.compare:
+        return compare(*args.compare)
     try:
         import torch
         import torch.nn as nn
