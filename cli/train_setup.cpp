@@ -19,9 +19,7 @@
 #include "policies/planner.h"
 #include "profiler/atomic_file.h"
 
-// CUPTI's tracer lands with the profiler's CUDA code (profiler/cuda/); until then CUDA builds
-// profile without GPU activity.
-#if MEMFIT_HAVE_CUDA && __has_include("profiler/cuda/cupti_tracer.h")
+#if MEMFIT_HAVE_CUDA
 #include "profiler/cuda/cupti_tracer.h"
 #define MEMFIT_CLI_CUPTI 1
 #else
@@ -436,7 +434,11 @@ Session open_session(const Run& p, const std::string& budget_text, bool record) 
     std::string why;
     if (s.env.name == "cuda") {
       if (CuptiTracer::available(&why)) {
-        s.cupti = std::make_unique<CuptiSession>();
+        try {
+          s.cupti = std::make_unique<CuptiSession>();
+        } catch (const Error& e) {  // the run is still worth recording without GPU activity
+          std::printf("  (no GPU activity in the report: CUPTI failed to start: %s)\n", e.what());
+        }
       } else {
         std::printf("  (no GPU activity in the report: CUPTI unavailable: %s)\n", why.c_str());
       }
