@@ -35,6 +35,10 @@ nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a
 }
 
 int run_train(const TrainArgs& a, const TrainOnly& t) {
+  if (given(a, "--formats") && a.report.empty()) {
+    throw InvalidArgument("--formats " + a.formats +
+                          " chooses the report's files: give --report DIR");
+  }
   Prepared prep = prepare(a);
   const Run& p = prep.run;
   const TextDataset data(a.data);

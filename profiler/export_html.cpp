@@ -99,8 +99,15 @@ std::vector<Sample> samples(const Recording& rec) {
       out.push_back(s);
       continue;
     }
-    if (i % per_bucket == 0 || s.allocated < lo.allocated) lo = s, lo_i = i;
-    if (i % per_bucket == 0 || s.allocated > hi.allocated) hi = s, hi_i = i;
+    const bool bucket_start = i % per_bucket == 0;
+    if (bucket_start || s.allocated < lo.allocated) {
+      lo = s;
+      lo_i = i;
+    }
+    if (bucket_start || s.allocated > hi.allocated) {
+      hi = s;
+      hi_i = i;
+    }
     if (i % per_bucket == per_bucket - 1 || i + 1 == n) {
       if (lo_i == hi_i) {
         out.push_back(hi);

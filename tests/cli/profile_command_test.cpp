@@ -217,7 +217,8 @@ TEST(TrainReport, BadFormatsOrBackendFailBeforeTraining) {
   const std::string out = tmp("trainbad");
   const std::string base =
       "train --model " + model_file() + " --data " + kCorpus + " --steps 1 --batch 2";
-  const std::string extras[] = {" --report " + out + " --formats nope", " --backend gpu"};
+  const std::string extras[] = {" --report " + out + " --formats nope", " --backend gpu",
+                                " --formats summary"};  // without --report
   for (const std::string& extra : extras) {
     const ProgramRun r = run_memfit(base + extra);
     EXPECT_EQ(r.exit_code, 2) << extra << "\n" << r.output;
