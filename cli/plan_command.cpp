@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/runtime_env.h"
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "memory/check.h"
@@ -32,6 +33,7 @@ struct PlanArgs {
   std::string out;
   std::int64_t top = 0;
   std::string alloc_conf;
+  bool measure_context = false;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -154,10 +156,30 @@ void validate(const PlanArgs& a) {
   if (a.top < 0) throw InvalidArgument("--top " + std::to_string(a.top) + " must be >= 0");
 }
 
-PlannerOptions planner_options(const PlanArgs& a) {
+// --measure-context: what the CUDA context and the backend's library handles take on this
+// machine's GPU (cudaMemGetInfo, CudaBackend::context_info via RuntimeEnv) replaces the
+// device file's estimate. Returns the figure the file had.
+std::size_t measure_context(DeviceSpec& device) {
+  std::string why;
+  if (!cuda_runtime_available(&why)) {
+    throw InvalidArgument("--measure-context needs a CUDA device here (" + why +
+                          "); without it the device's own context figure is used (" +
+                          format_bytes(device.context_bytes) + " for " + device.name + ")");
+  }
+  const std::size_t before = device.context_bytes;
+  const RuntimeEnv env = make_runtime("cuda", AllocatorConfig{});
+  device.context_bytes = env.context_bytes;
+  return before;
+}
+
+PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nullptr) {
   PlannerOptions o;
   o.spec = ModelSpec::load(a.model);
   o.device = DeviceSpec::load(a.device);
+  if (a.measure_context) {
+    const std::size_t was = measure_context(o.device);
+    if (context_was != nullptr) *context_was = was;
+  }
   if (!a.budget.empty()) {
     o.budget = parse_size(a.budget);
     if (o.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 24GiB)");
@@ -185,7 +207,8 @@ PlannerOptions planner_options(const PlanArgs& a) {
 
 int run_plan(const PlanArgs& a) {
   validate(a);
-  const PlannerOptions o = planner_options(a);
+  std::size_t context_was = 0;
+  const PlannerOptions o = planner_options(a, &context_was);
   const PlanResult r = plan(o);
   MEMFIT_CHECK(!r.candidates.empty());  // the planner throws when nothing fits
   const Plan& rec = r.recommended;
@@ -208,6 +231,11 @@ int run_plan(const PlanArgs& a) {
         o.budget ? "" : " (the device's memory less its context)",
         o.global_batch > 0 ? ("fastest global batch of " + std::to_string(o.global_batch)).c_str()
                            : "largest micro-batch");
+    if (a.measure_context) {
+      std::printf("  context measured on this GPU: %s (%s's file says %s)\n",
+                  format_bytes(o.device.context_bytes).c_str(), o.device.name.c_str(),
+                  format_bytes(context_was).c_str());
+    }
     if (o.ranks > 1) {
       std::printf("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
     }
@@ -307,6 +335,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--alloc-conf", a->alloc_conf,
                   "allocator settings for the dry runs, MEMFIT_ALLOC_CONF syntax (default: the "
                   "variable)");
+  cmd->add_flag("--measure-context", a->measure_context,
+                "CUDA builds with a GPU: measure what the CUDA context and cuBLASLt/cuDNN handles "
+                "take (cudaMemGetInfo) and use it instead of the device's context figure");
   cmd->callback([a, &exit_code] {
     if (a->alloc_conf.empty()) {
       if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;

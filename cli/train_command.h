@@ -1,9 +1,10 @@
 // `memfit train`: trains a model (a built-in name or a YAML spec) on a byte-level text file on
-// the CPU backend, with the memory policies given on the command line, under an optional
-// budget, and reports what it measured.
+// the CPU backend (or with --backend cuda on the GPU), with the memory policies given on the
+// command line, under an optional budget, and reports what it measured.
 //
 //   memfit train --model gpt-tiny --data data/corpus.txt --steps 20 --batch 8 \
 //       --dtype bf16 --checkpoint all --budget 96MiB --predict --summary-json out/train.json
+//   memfit train ... --report out/report --formats summary,trace,html
 //
 // One progress line per step (step, loss, loss scale when f16, tokens/s, peak memory; a bar
 // that redraws in place on a terminal), a final summary, and with --summary-json a JSON file
@@ -11,9 +12,11 @@
 // peak_by_category, and with --predict predicted_peak_reserved_bytes /
 // predicted_peak_allocated_bytes: one step of the same plan dry-run on the meta backend over a
 // NullProvider, through the same allocator configuration).
-// --budget limits the allocator's reserved bytes on the CPU "device" (GEMM scratch included).
+// --budget limits the allocator's reserved bytes on the device (GEMM scratch included).
 // A budget too small for the first step is an error that lists, from dry runs, what each
-// alternative plan would need. Bad input is a memfit::Error (the program exits 2).
+// alternative plan would need. --report DIR records the run and writes the profile report
+// `memfit profile` writes (cli/profile_command.h). Bad input is a memfit::Error (the program
+// exits 2); the options shared with `memfit profile` live in cli/train_setup.h.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -108,7 +108,12 @@ DryRunResult dry_run(const DryRunRequest& q) {
   MetaBackend meta;
   NullProvider null;
   CachingAllocator alloc(null, q.alloc_conf, &meta.stream_sync());
-  if (q.cpu_gemm_scratch) meta.set_workspace_allocator(&alloc);
+  if (q.gpu_gemm_workspace > 0) {
+    meta.set_workspace_allocator(&alloc);
+    meta.set_gemm_workspace_bytes(q.gpu_gemm_workspace);
+  } else if (q.cpu_gemm_scratch) {
+    meta.set_workspace_allocator(&alloc);
+  }
   LayerContext ctx{meta, alloc, kDefaultStream, q.policy.dtype};
   DryRunResult r;
   bool in_step = false;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -47,7 +48,16 @@ struct DryRunRequest {
   // same scratch allocations (MetaBackend::set_workspace_allocator). false: a CPU run whose
   // scratch comes from the backend's own pool, outside the budget.
   bool cpu_gemm_scratch = true;
+  // > 0: a GPU run instead: every GEMM takes this fixed workspace from the budgeted allocator
+  // (CudaBackend's cuBLASLt workspace comes from the training allocator, RuntimeEnv, and is at
+  // most CudaBackendOptions::gemm_workspace_bytes: with that cap here the prediction is an
+  // upper bound); cpu_gemm_scratch is then ignored.
+  std::size_t gpu_gemm_workspace = 0;
 };
+
+// CudaBackendOptions::gemm_workspace_bytes' default (core/cuda/cuda_backend.h; a static_assert
+// in cli/runtime_env.cpp keeps the two equal in CUDA builds): what the planner models for GPUs.
+inline constexpr std::size_t kGpuGemmWorkspaceBytes = std::size_t{32} << 20;
 
 struct DryRunResult {
   bool fits = false;

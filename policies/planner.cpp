@@ -227,8 +227,10 @@ class Searcher {
     q.seq_len = c_.seq_len;
     q.alloc_conf = c_.o.alloc_conf;
     // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
-    // need none (cuBLASLt's workspace is modelled with the CUDA backend).
-    q.cpu_gemm_scratch = c_.o.device.name == "cpu";
+    // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
+    const bool cpu = c_.o.device.name == "cpu";
+    q.cpu_gemm_scratch = cpu;
+    q.gpu_gemm_workspace = cpu ? 0 : c_.o.gemm_workspace_bytes;
     return q;
   }
 

@@ -20,8 +20,11 @@
 // ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
 // gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
 // ranks comes later; this is the arithmetic).
-// Dry runs include the CPU backend's GEMM scratch only when the device is "cpu" (a GPU needs
-// none; DryRunRequest::cpu_gemm_scratch).
+// Dry runs include the CPU backend's GEMM scratch when the device is "cpu"
+// (DryRunRequest::cpu_gemm_scratch), and for any other device a fixed per-GEMM workspace,
+// gemm_workspace_bytes (cuBLASLt's in the CUDA backend; DryRunRequest::gpu_gemm_workspace).
+// The device's context bytes (DeviceSpec::context_bytes, or the figure `memfit plan
+// --measure-context` measured) come off its memory when no budget is given.
 // Errors (ConfigError / InvalidArgument, each saying what would be valid): a budget below
 // what the weights need even with every policy on (says how much, for what), seq_len above
 // the model's maximum, a global batch no micro-batch can reach, nothing fits.
@@ -34,6 +37,7 @@
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "policies/device_spec.h"
+#include "policies/dry_run.h"  // kGpuGemmWorkspaceBytes
 #include "policies/plan.h"
 
 namespace memfit {
@@ -53,6 +57,9 @@ struct PlannerOptions {
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)
   int threads = 0;                 // combinations searched in parallel; 0: the CPU count
+  // Non-cpu devices: the workspace every GEMM takes (CudaBackendOptions::gemm_workspace_bytes);
+  // 0 models none.
+  std::size_t gemm_workspace_bytes = kGpuGemmWorkspaceBytes;
 };
 
 struct PlanResult {

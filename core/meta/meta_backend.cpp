@@ -105,7 +105,14 @@ void MetaBackend::count(MetaOp op, std::int64_t read, std::int64_t written, std:
 
 void MetaBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                           const Tensor& c) {
-  if (workspace_ != nullptr) {
+  if (workspace_ != nullptr && gemm_workspace_bytes_ > 0) {
+    // A GPU backend's fixed per-call workspace (CudaBackend: cuBLASLt's), whatever the shapes;
+    // a GEMM with no output (m, n or batch 0) launches nothing and takes none.
+    if (d.m > 0 && d.n > 0 && d.batch > 0) {
+      Block ws = workspace_->allocate(gemm_workspace_bytes_, Category::kWorkspace, stream,
+                                      "cuda.gemm.workspace");
+    }
+  } else if (workspace_ != nullptr) {
     const std::size_t floats = cpu::gemm_scratch_floats(d, a, b, c);
     if (floats != 0) {
       // Taken and given back as the CPU backend's run_gemm does around its sgemm call.

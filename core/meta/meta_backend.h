@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 
@@ -107,6 +108,17 @@ class MetaBackend final : public cpu::InlineBackend {
   // instead (its own allocation sequence).
   void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
 
+  // ---- GPU GEMM workspace (gpuinteg) ----
+  // bytes > 0: each GEMM with work allocates exactly `bytes` from the workspace allocator
+  // instead of the CPU scratch (Category::kWorkspace, tag "cuda.gemm.workspace", on the op's
+  // stream, freed on return): CudaBackend's cuBLASLt workspace, which is what the chosen
+  // algorithm asks for and at most CudaBackendOptions::gemm_workspace_bytes, so with that cap
+  // here a dry run for a GPU holds an upper bound of it. 0 (the default): the CPU scratch
+  // above. Needs set_workspace_allocator() to take effect.
+  void set_gemm_workspace_bytes(std::size_t bytes) { gemm_workspace_bytes_ = bytes; }
+  std::size_t gemm_workspace_bytes() const { return gemm_workspace_bytes_; }
+  // ---- end GPU GEMM workspace ----
+
  protected:
   void do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                const Tensor& c) override;
@@ -176,6 +188,7 @@ class MetaBackend final : public cpu::InlineBackend {
   mutable std::mutex mu_;
   MetaStats stats_;
   CachingAllocator* workspace_ = nullptr;
+  std::size_t gemm_workspace_bytes_ = 0;  // gpuinteg: see set_gemm_workspace_bytes
 };
 
 }  // namespace memfit

@@ -8,7 +8,10 @@
 # check the build dependencies (install missing ones with apt-get when apt is usable, else
 # list them and exit 2); log nvidia-smi; configure a Release build with -DMEMFIT_CUDA=ON in
 # build-gpu; build with -j16; run memfit_gpu_tests (every test binary built from tests/gpu);
-# run the GPU benchmarks (bench binaries whose name contains gpu or cuda), if any. Logs go to
+# run the GPU benchmarks (bench binaries whose name contains gpu or cuda), if any; run the
+# PyTorch anchor (bench/torch_gpu_step.py, when a python3 with torch and CUDA is there; skipped
+# with the reason otherwise) and print memfit's GPT-2 steps beside it with the issue's targets
+# (tokens/s >= PyTorch eager, peak <= PyTorch's, offload step <= 1.15x). Logs go to
 # $OUT when set, else build-gpu/gpu-logs (one file per step). The last thing printed, and
 # summary.txt in the log folder, is a table (step, result, seconds) followed by the details
 # that explain it: failed test names, the first compiler errors, why no GPU was usable, and
@@ -188,7 +191,10 @@ row configure "ok (benchmarks $BENCH)" "$(since "$t0")"
 
 # Targets: the GPU test binary, GPU/CUDA benchmarks, and with --all every test suite.
 all_targets=$(cmake --build "$BUILD" --target help 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]+): .*/\1/p')
+# tests/gpu/*_isolated_test.cpp build alone as memfit_<file name> (tests/CMakeLists.txt).
+gpu_isolated=$(for f in tests/gpu/*_isolated_test.cpp; do [[ -e "$f" ]] && echo "memfit_$(basename "$f" .cpp)"; done)
 targets=$(grep -E '^memfit_gpu_tests$|^memfit_.*(gpu|cuda).*_tests$|(gpu|cuda).*_bench$' <<<"$all_targets")
+targets="$targets $gpu_isolated"
 ((RUN_ALL)) && targets="$targets $(grep -E '^memfit_[a-z]+_tests$' <<<"$all_targets")"
 # shellcheck disable=SC2086
 targets=$(echo $targets | tr ' ' '\n' | sort -u | tr '\n' ' ')
@@ -255,6 +261,9 @@ for b in "$BUILD"/tests/memfit_*_tests; do
   n=$(basename "$b")
   if [[ "$n" == *gpu* || "$n" == *cuda* ]] || ((RUN_ALL)); then test_bins+=("$b"); fi
 done
+for n in $gpu_isolated; do
+  [[ -x "$BUILD/tests/$n" ]] && test_bins+=("$BUILD/tests/$n")
+done
 if ((${#test_bins[@]} == 0)); then
   row tests "FAIL: no test binary in $BUILD/tests" 0
   FAILED=1
@@ -262,6 +271,15 @@ fi
 for b in "${test_bins[@]}"; do run_test_binary "$b"; done
 
 # ---- 5. benchmarks --------------------------------------------------------------------------
+# Each GPU benchmark runs with no arguments (they are plain programs with a fixed work target;
+# some take an optional size as their first argument). One that found no device prints a line
+# with "no CUDA device" and exits 0: SKIPPED, as for the tests.
+bench_limit() {  # seconds a benchmark may take: the GPT-2 steps need longer than a GEMM sweep
+  case "$1" in
+    gpu_step_bench) echo 180 ;;
+    *) echo 120 ;;
+  esac
+}
 benches=()
 for b in "$BUILD"/bench/*; do
   n=$(basename "$b")
@@ -276,15 +294,69 @@ for b in "${benches[@]}"; do
     continue
   fi
   t0=$(date +%s)
-  run_logged "$LOGS/$n.log" 120 "$b" --benchmark_color=false
+  run_logged "$LOGS/$n.log" "$(bench_limit "$n")" "$b"
   rc=$?
-  if ((rc == 0)); then
+  why=$(grep -m1 -oE 'no CUDA device: .*' "$LOGS/$n.log")
+  if ((rc == 0)) && [[ -n "$why" ]]; then
+    row "$n" "SKIPPED: no CUDA device" "$(since "$t0")"
+    NO_DEVICE=${NO_DEVICE:-${why#no CUDA device: }}
+  elif ((rc == 0)); then
     row "$n" ok "$(since "$t0")"
   else
     row "$n" "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
+    detail "$n: $(grep -vE '^\s*$' "$LOGS/$n.log" | tail -1)"
     FAILED=1
   fi
 done
+
+# ---- 5b. the PyTorch anchor: the same GPT-2 steps in PyTorch eager on the same GPU ----------
+# Debian's python3 first (it has python3-torch), else the python3 on PATH. Skipped, saying why,
+# when there is no python3, no torch, or torch without CUDA; that does not fail the run.
+TORCH_JSON=""
+MEMFIT_JSON=""
+[[ -f "$LOGS/gpu_step_bench.log" ]] && MEMFIT_JSON=$(sed -n 's/^JSON //p' "$LOGS/gpu_step_bench.log" | tail -1)
+PY=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import torch' >/dev/null 2>&1; then PY=$p; break; fi
+done
+t0=$(date +%s)
+if [[ -z "$MEMFIT_JSON" ]]; then
+  row "torch anchor" "not run (no gpu_step_bench result to compare)" 0
+elif [[ -z "$PY" ]]; then
+  row "torch anchor" "SKIPPED: no python3 with torch" 0
+elif (($(remaining) <= 20)); then
+  row "torch anchor" "NOT RUN (time budget spent)" 0
+else
+  run_logged "$LOGS/torch_gpu_step.log" 180 "$PY" bench/torch_gpu_step.py
+  rc=$?
+  skip=$(grep -m1 '^SKIP' "$LOGS/torch_gpu_step.log")
+  TORCH_JSON=$(sed -n 's/^JSON //p' "$LOGS/torch_gpu_step.log" | tail -1)
+  if [[ -n "$skip" ]]; then
+    row "torch anchor" "SKIPPED: ${skip#SKIP: }" "$(since "$t0")"
+  elif ((rc == 0)) && [[ -n "$TORCH_JSON" ]]; then
+    row "torch anchor" "ok ($PY)" "$(since "$t0")"
+  else
+    # The anchor is a reference, not a check of memfit: its failure is reported, not fatal.
+    row "torch anchor" "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
+    detail "torch anchor: $(grep -vE '^\s*$' "$LOGS/torch_gpu_step.log" | tail -1)"
+  fi
+fi
+# memfit beside PyTorch, with the issue's targets; any python3 does (json only).
+if [[ -n "$MEMFIT_JSON" ]] && command -v python3 >/dev/null; then
+  CMP_PY=${PY:-python3}
+  printf '%s\n' "$MEMFIT_JSON" >"$LOGS/gpu_step.memfit.json"
+  if [[ -n "$TORCH_JSON" ]]; then
+    printf '%s\n' "$TORCH_JSON" >"$LOGS/gpu_step.torch.json"
+  else
+    echo '{}' >"$LOGS/gpu_step.torch.json"  # memfit's figures alone, against the targets
+  fi
+  if "$CMP_PY" bench/torch_gpu_step.py --compare "$LOGS/gpu_step.memfit.json" \
+      "$LOGS/gpu_step.torch.json" >"$LOGS/gpu_step_compare.txt" 2>&1; then
+    while IFS= read -r line; do detail "$line"; done <"$LOGS/gpu_step_compare.txt"
+  else
+    detail "comparison failed: $(tail -1 "$LOGS/gpu_step_compare.txt")"
+  fi
+fi
 
 # ---- 6. verdict -----------------------------------------------------------------------------
 row total "" "$(since "$START")"

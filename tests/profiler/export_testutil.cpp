@@ -1,0 +1,274 @@
+#include "tests/profiler/export_testutil.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <filesystem>
+#include <set>
+
+namespace memfit::exporttest {
+
+RecordingBuilder::RecordingBuilder(std::int64_t start_ns) : now_(start_ns) {
+  rec_.start_ns = start_ns;
+  rec_.end_ns = start_ns;
+}
+
+void RecordingBuilder::push(TimelineEvent e) {
+  now_ += 1000;  // 1 us between events
+  e.time_ns = now_;
+  std::size_t& cat = rec_.current_by_category[category_index(e.category)];
+  if (e.kind == EventKind::kAlloc) {
+    cat += e.size;
+    rec_.current_allocated += e.size;
+  } else if (e.kind == EventKind::kFreeRequested) {
+    cat -= e.size;
+    rec_.current_allocated -= e.size;
+  } else if (e.kind == EventKind::kSegmentAlloc) {
+    rec_.current_reserved += e.size;
+  } else if (e.kind == EventKind::kSegmentFree) {
+    rec_.current_reserved -= e.size;
+  }
+  e.allocated = rec_.current_allocated;
+  e.reserved = rec_.current_reserved;
+  rec_.peak_reserved = std::max(rec_.peak_reserved, rec_.current_reserved);
+  if (rec_.current_allocated > rec_.peak.allocated) {
+    PeakInfo& p = rec_.peak;
+    p.allocated = rec_.current_allocated;
+    p.time_ns = e.time_ns;
+    p.by_category = rec_.current_by_category;
+    p.phase = e.phase;
+    p.block = e.block;
+    std::map<std::uint32_t, std::size_t> per_block;
+    for (const auto& [addr, l] : live_) per_block[l.block] += l.size;
+    p.blocks.clear();
+    for (const auto& [b, n] : per_block) p.blocks.push_back({b, n});
+    std::stable_sort(p.blocks.begin(), p.blocks.end(),
+                     [](const BlockBytes& a, const BlockBytes& b) { return a.bytes > b.bytes; });
+  }
+  rec_.events.push_back(e);
+  rec_.end_ns = now_;
+}
+
+RecordingBuilder& RecordingBuilder::segment_alloc(std::uintptr_t addr, std::size_t size) {
+  segments_[addr] = size;
+  TimelineEvent e;
+  e.kind = EventKind::kSegmentAlloc;
+  e.addr = addr;
+  e.size = size;
+  push(e);
+  return *this;
+}
+
+RecordingBuilder& RecordingBuilder::segment_free(std::uintptr_t addr) {
+  TimelineEvent e;
+  e.kind = EventKind::kSegmentFree;
+  e.addr = addr;
+  e.size = segments_.at(addr);
+  segments_.erase(addr);
+  push(e);
+  return *this;
+}
+
+RecordingBuilder& RecordingBuilder::alloc(std::uintptr_t addr, std::size_t size, Category c,
+                                          const std::string& phase, const std::string& block) {
+  TimelineEvent e;
+  e.kind = EventKind::kAlloc;
+  e.addr = addr;
+  e.size = size;
+  e.category = c;
+  e.phase = intern_name(phase);
+  e.phase_kind = phase.empty() ? RangeKind::kOther : RangeKind::kForward;
+  e.block = intern_name(block);
+  live_[addr] = {size, c, e.block};
+  push(e);
+  return *this;
+}
+
+RecordingBuilder& RecordingBuilder::free(std::uintptr_t addr) {
+  const Live l = live_.at(addr);
+  live_.erase(addr);
+  TimelineEvent e;
+  e.kind = EventKind::kFreeRequested;
+  e.addr = addr;
+  e.size = l.size;
+  e.category = l.category;
+  push(e);
+  e.kind = EventKind::kFreeCompleted;
+  push(e);
+  return *this;
+}
+
+RecordingBuilder& RecordingBuilder::range(RangeKind kind, const std::string& name,
+                                          std::int64_t begin_ns, std::int64_t end_ns,
+                                          std::uint64_t thread, int depth) {
+  rec_.ranges.push_back({kind, intern_name(name), begin_ns, end_ns, thread, depth});
+  return *this;
+}
+
+Recording RecordingBuilder::build() const { return rec_; }
+
+ProfileReport sample_report(const std::string& block_name) {
+  RecordingBuilder b;
+  const std::int64_t t0 = b.now();
+  b.segment_alloc(0x10000, 4 << 20)
+      .alloc(0x10000, 1 << 20, Category::kParameter, "", "embedding")
+      .alloc(0x110000, 512 << 10, Category::kOptimizerState, "optimizer", "")
+      .alloc(0x190000, 1 << 20, Category::kActivation, "forward", block_name)
+      .alloc(0x290000, 256 << 10, Category::kTemporary, "forward, \"quoted\"", block_name)
+      .free(0x290000)
+      .free(0x190000)
+      .alloc(0x190000, 512 << 10, Category::kGradient, "backward", "head")
+      .free(0x190000);
+  b.range(RangeKind::kStep, "step 1", t0 + 500, b.now(), 1, 0)
+      .range(RangeKind::kForward, "forward", t0 + 600, t0 + 6000, 1, 1)
+      .range(RangeKind::kBlock, block_name, t0 + 700, t0 + 5000, 1, 2);
+  ProfileReport r;
+  r.model = "gpt-test";
+  r.backend = "cpu";
+  r.steps = 1;
+  r.recording = b.build();
+  const Recording& rec = r.recording;
+  // Stats as an allocator that served exactly these events would report them.
+  r.stats.allocated_bytes[kStatAll].current = static_cast<std::int64_t>(rec.current_allocated);
+  r.stats.allocated_bytes[kStatAll].peak = static_cast<std::int64_t>(rec.peak.allocated);
+  r.stats.reserved_bytes[kStatAll].current = static_cast<std::int64_t>(rec.current_reserved);
+  r.stats.reserved_bytes[kStatAll].peak = static_cast<std::int64_t>(rec.peak_reserved);
+  r.stats.num_device_alloc = 1;
+  return r;
+}
+
+std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row;
+  std::string field;
+  bool quoted = false, any = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        field += c;
+      }
+      continue;
+    }
+    if (c == '"') {
+      quoted = true;
+      any = true;
+    } else if (c == ',') {
+      row.push_back(field);
+      field.clear();
+      any = true;
+    } else if (c == '\n') {
+      row.push_back(field);
+      rows.push_back(row);
+      row.clear();
+      field.clear();
+      any = false;
+    } else if (c != '\r') {
+      field += c;
+      any = true;
+    }
+  }
+  if (any) {
+    row.push_back(field);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string html_balance_error(const std::string& html) {
+  static const std::set<std::string> kVoid = {"meta", "br",   "hr",   "img", "input", "link",
+                                              "col",  "area", "base", "wbr", "source"};
+  std::vector<std::string> open;
+  std::size_t i = 0;
+  while (i < html.size()) {
+    const char c = html[i];
+    if (c == '&') {
+      std::size_t j = i + 1;
+      while (j < html.size() &&
+             (std::isalnum(static_cast<unsigned char>(html[j])) || html[j] == '#'))
+        ++j;
+      if (j == i + 1 || j >= html.size() || html[j] != ';') {
+        return "a bare '&' at offset " + std::to_string(i);
+      }
+      i = j + 1;
+      continue;
+    }
+    if (c == '>') return "a bare '>' at offset " + std::to_string(i);
+    if (c != '<') {
+      ++i;
+      continue;
+    }
+    if (html.compare(i, 4, "<!--") == 0) {
+      const std::size_t e = html.find("-->", i);
+      if (e == std::string::npos) return "an unclosed comment";
+      i = e + 3;
+      continue;
+    }
+    if (html.compare(i, 2, "<!") == 0) {
+      const std::size_t e = html.find('>', i);
+      if (e == std::string::npos) return "an unclosed declaration";
+      i = e + 1;
+      continue;
+    }
+    const bool closing = i + 1 < html.size() && html[i + 1] == '/';
+    std::size_t j = i + (closing ? 2 : 1);
+    const std::size_t name_start = j;
+    while (j < html.size() && (std::isalnum(static_cast<unsigned char>(html[j])))) ++j;
+    std::string name = html.substr(name_start, j - name_start);
+    if (name.empty()) return "a '<' that starts no tag at offset " + std::to_string(i);
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    // Attributes: skip to the closing '>' outside quotes.
+    char quote = 0;
+    while (j < html.size() && (quote != 0 || html[j] != '>')) {
+      if (quote != 0 && html[j] == quote)
+        quote = 0;
+      else if (quote == 0 && (html[j] == '"' || html[j] == '\''))
+        quote = html[j];
+      else if (quote == 0 && html[j] == '<')
+        return "a '<' inside tag <" + name + ">";
+      ++j;
+    }
+    if (j >= html.size()) return "an unterminated tag <" + name + ">";
+    const bool self_closing = html[j - 1] == '/';
+    i = j + 1;
+    if (name == "script") return "a <script> element (the page must have none)";
+    if (closing) {
+      if (open.empty() || open.back() != name) {
+        return "</" + name + "> closes " +
+               (open.empty() ? std::string("nothing") : "<" + open.back() + ">");
+      }
+      open.pop_back();
+    } else if (!self_closing && kVoid.count(name) == 0) {
+      open.push_back(name);
+      if (name == "style") {  // raw text up to </style>
+        const std::size_t e = html.find("</style>", i);
+        if (e == std::string::npos) return "an unclosed <style>";
+        i = e;
+      }
+    }
+  }
+  if (!open.empty()) return "<" + open.back() + "> is never closed";
+  return "";
+}
+
+std::string temp_dir(const std::string& name) {
+  static std::atomic<int> counter{0};
+  const auto base =
+      std::filesystem::temp_directory_path() / ("memfit_export_" + std::to_string(::getpid()) +
+                                                "_" + std::to_string(counter++) + "_" + name);
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base);
+  return base.string();
+}
+
+bool is_root() { return ::geteuid() == 0; }
+
+}  // namespace memfit::exporttest
