@@ -90,6 +90,21 @@ RuntimeEnv::~RuntimeEnv() {
   backend.reset();
 }
 
+RuntimeEnv& RuntimeEnv::operator=(RuntimeEnv&& other) noexcept {
+  if (this == &other) return *this;
+  detach_workspace(backend.get());
+  alloc.reset();
+  provider.reset();
+  backend.reset();
+  name = std::move(other.name);
+  backend = std::move(other.backend);
+  provider = std::move(other.provider);
+  alloc = std::move(other.alloc);
+  device_total_bytes = other.device_total_bytes;
+  context_bytes = other.context_bytes;
+  return *this;
+}
+
 RuntimeEnv make_runtime(std::string_view backend, const AllocatorConfig& conf,
                         const RuntimeOptions& options) {
   if (backend == "cpu") return make_cpu(conf, options);

@@ -41,7 +41,9 @@ struct RuntimeEnv {
 
   RuntimeEnv() = default;
   RuntimeEnv(RuntimeEnv&&) = default;
-  RuntimeEnv& operator=(RuntimeEnv&&) = default;
+  // Tears down what it held in the destructor's order first (a defaulted member-wise move
+  // would destroy the old backend while the old allocator still used its stream_sync).
+  RuntimeEnv& operator=(RuntimeEnv&& other) noexcept;
   ~RuntimeEnv();  // resets alloc, then provider, then backend
 };
 

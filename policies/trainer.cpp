@@ -96,6 +96,12 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
 }  // namespace
 
 struct Trainer::Offload {
+  // Page-locked through the CUDA driver when the model is on a GPU (the offload copies are
+  // then truly asynchronous); mlock otherwise, so CPU training in a CUDA build on a GPU
+  // machine does not create a CUDA context (and its device memory) for nothing.
+  explicit Offload(Device d)
+      : pinned(d == Device::kCuda ? PinnedHostProvider::Mode::kCudaHostAlloc
+                                  : PinnedHostProvider::Mode::kMlock) {}
   PinnedHostProvider pinned;
 };
 
@@ -113,7 +119,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
   }
   if (options_.init_model) model_.init(options_.seed, ctx_);
   if (options_.offload) {
-    offload_ = std::make_unique<Offload>();
+    offload_ = std::make_unique<Offload>(ctx_.device());
     OffloadOptions o;
     o.adamw = options_.adamw;
     o.delayed_update = options_.delayed_update;

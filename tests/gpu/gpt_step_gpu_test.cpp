@@ -396,32 +396,44 @@ std::size_t free_device_bytes() {
 
 TEST(GptStepGpuPolicies, ReservedBytesMatchTheDriversFreeMemoryDropDuringAStep) {
   MEMFIT_REQUIRE_GPU();
-  GpuRig gpu(DType::kBF16);  // context and library handles exist before the first reading
-  const ModelSpec spec = step_spec(4);
-  const Batch b = make_batch(8, spec.seq_len, spec.vocab, 41);
-  const std::size_t free0 = free_device_bytes();
-  {
+  GpuRig gpu(DType::kBF16);
+  ModelSpec spec = step_spec(4);  // big enough that the step reserves hundreds of MiB
+  spec.vocab = 8192;
+  spec.seq_len = 256;
+  spec.hidden = 512;
+  spec.heads = 8;
+  const Batch b = make_batch(16, spec.seq_len, spec.vocab, 41);
+  auto train_once = [&](auto&& inspect) {
     Model m(spec, gpu.ctx);
     Trainer t(m, gpu.ctx, TrainerOptions{});
     const StepResult r = t.step(b);
     gpu.be.synchronize(kDefaultStream);
+    inspect(r);
+  };
+  // A first step loads every kernel this step uses (lazy module loading maps their code into
+  // device memory on first launch) and builds the cuBLASLt plans; then the cache goes back.
+  train_once([](const StepResult&) {});
+  gpu.alloc.empty_cache();
+  const std::size_t free0 = free_device_bytes();
+  train_once([&](const StepResult& r) {
     const AllocatorStats s = gpu.alloc.stats();
     const auto reserved = static_cast<std::size_t>(s.reserved_bytes[kStatAll].current);
     const auto segments = static_cast<std::size_t>(s.segment[kStatAll].current);
     const std::size_t drop = free0 - free_device_bytes();
     // The driver maps device memory in 2 MiB pages: a segment can cost up to one more page.
-    // Libraries may map a little of their own on first use (cuBLASLt kernels' modules); 16 MiB
-    // covers that, and anything above it is memory the allocator does not account for.
-    const std::size_t slack = segments * 2 * kMiB + 16 * kMiB;
-    EXPECT_GE(drop + segments * 2 * kMiB, reserved);
-    EXPECT_LE(drop, reserved + slack);
+    // 8 MiB on top for whatever a library maps on its own; more than that is device memory the
+    // allocator does not account for.
+    const std::size_t granules = segments * 2 * kMiB;
+    EXPECT_GE(drop + granules, reserved);
+    EXPECT_LE(drop, reserved + granules + 8 * kMiB);
+    EXPECT_GT(reserved, 100 * kMiB);  // the comparison means something
     EXPECT_LE(r.peak_reserved, static_cast<std::size_t>(s.reserved_bytes[kStatAll].peak));
     print_figure("gpt step: allocator reserved vs driver free-memory drop",
                  format_bytes(reserved) + " in " + std::to_string(segments) + " segments vs " +
                      format_bytes(drop) + "; workspace peak " +
                      format_bytes(static_cast<std::size_t>(
                          s.category_bytes[category_index(Category::kWorkspace)].peak)));
-  }
+  });
   gpu.alloc.empty_cache();
 }
 

@@ -24,7 +24,8 @@
 # (the CUDA runtime), not by nvidia-smi, which is logged for information only.
 #
 # Environment: MEMFIT_JOBS (default 16), MEMFIT_GPU_BUILD_DIR (default build-gpu),
-# MEMFIT_GPU_BUDGET_S (default 470: total seconds for everything).
+# MEMFIT_GPU_BUDGET_S (default 470: total seconds for everything; a larger one also lengthens
+# each step's own limit in proportion, e.g. 3000 to try the script on a slow machine).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -46,12 +47,14 @@ row() { ROWS+=("$1|$2|$3"); }
 detail() { DETAILS+=("$1"); }
 since() { echo $(($(date +%s) - $1)); }
 remaining() { echo $((BUDGET_S - ($(date +%s) - START))); }
-# step_timeout WANTED: WANTED seconds, or what is left of the budget if that is less; at least
-# 1, because `timeout 0` would mean no limit at all.
+# step_timeout WANTED: WANTED seconds (scaled up alike when the budget is above the default
+# 470 s, for a slower machine), or what is left of the budget if that is less; at least 1,
+# because `timeout 0` would mean no limit at all.
 step_timeout() {
-  local t
+  local t want=$1
+  ((BUDGET_S > 470)) && want=$((want * BUDGET_S / 470))
   t=$(remaining)
-  ((t > $1)) && t=$1
+  ((t > want)) && t=$want
   ((t < 1)) && t=1
   echo "$t"
 }
