@@ -103,7 +103,8 @@ std::string snapshot_pickle(const ProfileReport& r);  // bytes
 std::string report_html(const ProfileReport& r);
 
 // DeepSpeed's see_memory_usage line: "MA <alloc> Max_MA <peak alloc> CA <reserved> Max_CA
-// <peak reserved>" in GB (1e9 bytes, two decimals), as deepspeed.runtime.utils prints it.
+// <peak reserved>", as deepspeed.runtime.utils prints it: "GB" there means 1024^3 bytes, the
+// first three rounded to two decimals and Max_CA to a whole number (DeepSpeed's own rounding).
 std::string see_memory_usage_line(const AllocatorStats& s);
 
 }  // namespace memfit
