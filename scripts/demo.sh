@@ -17,4 +17,4 @@ cmake -S . -B build-release -G Ninja -DMEMFIT_CUDA=AUTO -DCMAKE_BUILD_TYPE=Relea
 cmake --build build-release -j "${MEMFIT_JOBS:-$(nproc)}" --target memfit_cli
 mkdir -p out
 build-release/memfit train --model gpt-tiny --data data/corpus.txt --steps 8 --budget 64MiB \
-  --summary-json out/train.json "$@"
+  --summary-json out/train.json --report out/report "$@"
