@@ -179,7 +179,7 @@ std::int64_t correct(LayerContext& ctx, const Tensor& logits, const HostBatch& h
 struct Args {
   std::string backend = "cpu";
   DType dtype = DType::kF32;
-  int steps = 150;
+  int steps = 100;
 };
 
 Args parse(int argc, char** argv) {
