@@ -141,7 +141,7 @@ TEST(GlobalAvgPoolTest, GradientsMatchFiniteDifferences) {
   GlobalAvgPool p("pool", 6, 5);
   testing::check_gradients(p, Shape{3, 6, 5}, pool_ref(6, 5), 3);
   EXPECT_TRUE(p.parameters().empty());
-  testing::expect_invalid([] { GlobalAvgPool("bad", 0, 4); }, {"pool", "positions"});
+  testing::expect_invalid([] { GlobalAvgPool("bad", 0, 4); }, {"GlobalAvgPool 'bad'", "positions"});
 }
 
 TEST(GlobalAvgPoolTest, LowPrecisionAndRecompute) {
