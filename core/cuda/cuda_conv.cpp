@@ -191,9 +191,9 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
                                                                     cd.x_, perf.algo, &ws_bytes));
     CudaScratch ws(*this, stream, ws_bytes, "cuda.conv.workspace");
     // beta = 0: dinp is written, whatever it held.
-    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, cd.w_, weight.raw(), cd.y_,
-                                                    dout.raw(), cd.conv_, perf.algo, ws.data(),
-                                                    ws.size(), &zero, cd.x_, dinp->raw()));
+    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, cd.w_, weight.raw(), cd.y_, dout.raw(),
+                                                    cd.conv_, perf.algo, ws.data(), ws.size(),
+                                                    &zero, cd.x_, dinp->raw()));
   }
 
   ConvDescs cd(d, dt, options_.allow_tf32);
@@ -209,9 +209,9 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
   CudaScratch ws(*this, stream, ws_bytes, "cuda.conv.workspace");
   if (dt == DType::kF32) {
     // The filter gradient's descriptor is the weight's (f32): accumulate in place, beta = 1.
-    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, cd.x_, inp.raw(), cd.y_,
-                                                      dout.raw(), cd.conv_, perf.algo, ws.data(),
-                                                      ws.size(), &one, cd.w_, dweight.raw()));
+    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, cd.x_, inp.raw(), cd.y_, dout.raw(),
+                                                      cd.conv_, perf.algo, ws.data(), ws.size(),
+                                                      &one, cd.w_, dweight.raw()));
     return;
   }
   // f16/bf16: cuDNN writes the filter gradient in the data type, so it goes through a
