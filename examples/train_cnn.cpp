@@ -316,7 +316,7 @@ int main(int argc, char** argv) {
     HostProvider host;
     return train(be, host, args);
   } catch (const Error& e) {
-    std::fprintf(stderr, "train_cnn: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
 }
