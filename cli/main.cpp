@@ -7,6 +7,7 @@
 #include "cli/demo_command.h"
 #include "cli/devices_command.h"
 #include "cli/plan_command.h"
+#include "cli/replay_command.h"
 #include "cli/train_command.h"
 #include "memory/error.h"
 
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   memfit::cli::add_train_command(app, exit_code);
   memfit::cli::add_plan_command(app, exit_code);
   memfit::cli::add_devices_command(app, exit_code);
+  memfit::cli::add_replay_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "memory/error.h"
+#include "profiler/scoped_range.h"
 
 namespace memfit {
 
@@ -15,6 +16,11 @@ void check_lr(double lr) {
     throw InvalidArgument("DeviceAdamW: lr = " + std::to_string(lr) +
                           "; valid: a finite value >= 0");
   }
+}
+
+std::uint32_t adamw_range_id() {
+  static const std::uint32_t id = intern_name("device_adamw");
+  return id;
 }
 
 }  // namespace
@@ -60,6 +66,7 @@ DeviceAdamW::DeviceAdamW(std::vector<Parameter*> params, AdamWOptions options, L
 }
 
 void DeviceAdamW::step(LayerContext& ctx, double grad_scale) {
+  const ScopedRange r(RangeKind::kOptimizer, adamw_range_id());
   // Validates options, step and grad_scale before any parameter is touched.
   const AdamWConstants k = adamw_constants(options_, steps_ + 1, grad_scale);
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -1,9 +1,11 @@
 #include "core/executor.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "memory/error.h"
+#include "profiler/scoped_range.h"
 
 namespace memfit {
 
@@ -46,6 +48,36 @@ std::vector<char> outputs_read_later(const Schedule& s, int n) {
   return needed;
 }
 
+// The profiler's names for this model's stages: block i's layer name, "embedding", "head".
+// Interned once per run() (n + 2 lookups per micro-batch), so each range costs a push and a pop.
+struct RangeIds {
+  explicit RangeIds(Model& model) {
+    blocks.reserve(static_cast<std::size_t>(model.num_blocks()));
+    for (int i = 0; i < model.num_blocks(); ++i)
+      blocks.push_back(intern_name(model.block(i).name()));
+    embedding = intern_name("embedding");
+    head = intern_name("head");
+  }
+  std::vector<std::uint32_t> blocks;
+  std::uint32_t embedding = 0, head = 0;
+};
+
+// The phase range open around the ops: consecutive ops of one phase share it (a forward pass
+// is one "forward" range, a recomputation inside the backwards its own "recompute" range).
+class PhaseRange {
+ public:
+  void enter(RangeKind kind) {
+    if (range_ && kind_ == kind) return;
+    range_.reset();
+    kind_ = kind;
+    range_.emplace(kind);
+  }
+
+ private:
+  RangeKind kind_ = RangeKind::kOther;
+  std::optional<ScopedRange> range_;
+};
+
 }  // namespace
 
 Executor::Executor(Model& model, LayerContext ctx) : model_(model), ctx_(ctx) {}
@@ -57,6 +89,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   check_batch(mb, ctx_);
   stats_ = ExecutorStats{};
   const std::vector<char> needed = outputs_read_later(schedule, n);
+  const RangeIds ids(model_);
 
   std::vector<Act> x(static_cast<std::size_t>(n) + 1);  // x[i]: block i's input
   Act dy;                                               // the gradient at x[next backward + 1]
@@ -67,7 +100,13 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
     if (h > stats_.max_held_inputs) stats_.max_held_inputs = h;
   };
   try {
-    x[0] = model_.embedding().forward(ctx_, mb.tokens);
+    // Declared inside the try: a failing op closes its ranges before the cleanup below runs.
+    PhaseRange phase;
+    phase.enter(RangeKind::kForward);
+    {
+      ScopedRange b(RangeKind::kBlock, ids.embedding);
+      x[0] = model_.embedding().forward(ctx_, mb.tokens);
+    }
     count_held();
     bool head_ran = false;
     const auto& ops = schedule.ops();
@@ -76,6 +115,8 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
       const auto i = static_cast<std::size_t>(op.block);
       Layer& blk = model_.block(op.block);
       if (op.kind == ScheduleOp::Kind::kForward) {
+        phase.enter(op.recompute ? RangeKind::kRecompute : RangeKind::kForward);
+        std::optional<ScopedRange> block_range(std::in_place, RangeKind::kBlock, ids.blocks[i]);
         Act y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
         ++stats_.forwards;
         if (op.recompute) ++stats_.recomputes;
@@ -85,17 +126,25 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         if (needed[j] && !x[i + 1]) x[i + 1] = std::move(y);
         y.reset();
         count_held();
+        block_range.reset();
         if (op.block == n - 1 && !head_ran) {
           head_ran = true;
           Act xn = std::move(x[static_cast<std::size_t>(n)]);
-          losses = model_.head().forward(ctx_, xn, mb.targets);
-          xn.reset();  // the head holds what its backward needs
+          {
+            ScopedRange h(RangeKind::kBlock, ids.head);
+            losses = model_.head().forward(ctx_, xn, mb.targets);
+            xn.reset();  // the head holds what its backward needs
+          }
           // Backward right away: the logits (the largest tensor of a small-vocabulary GPT)
           // become dlogits and go before any block's backward adds its temporaries.
+          phase.enter(RangeKind::kBackward);
+          ScopedRange h(RangeKind::kBlock, ids.head);
           dy = model_.head().backward(ctx_, mb.targets, dloss);
           if (hooks.after_head_backward) hooks.after_head_backward();
         }
       } else {
+        phase.enter(RangeKind::kBackward);
+        ScopedRange block_range(RangeKind::kBlock, ids.blocks[i]);
         Act dx = blk.backward(ctx_, dy);
         dy = std::move(dx);
         ++stats_.backwards;
@@ -104,6 +153,8 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         if (hooks.after_block_backward) hooks.after_block_backward(op.block);
       }
     }
+    phase.enter(RangeKind::kBackward);
+    ScopedRange b(RangeKind::kBlock, ids.embedding);
     model_.embedding().backward(ctx_, mb.tokens, dy);
     dy.reset();
     if (hooks.after_embedding_backward) hooks.after_embedding_backward();
@@ -124,14 +175,21 @@ Act Executor::forward_only(const MicroBatch& mb) {
   stats_ = ExecutorStats{};
   Act x;
   Act losses;
+  const RangeIds ids(model_);
   try {
-    x = model_.embedding().forward(ctx_, mb.tokens);
+    ScopedRange phase(RangeKind::kForward);
+    {
+      ScopedRange b(RangeKind::kBlock, ids.embedding);
+      x = model_.embedding().forward(ctx_, mb.tokens);
+    }
     for (int i = 0; i < model_.num_blocks(); ++i) {
+      ScopedRange b(RangeKind::kBlock, ids.blocks[static_cast<std::size_t>(i)]);
       Act y = model_.block(i).forward(ctx_, x, /*save=*/false);
       x = std::move(y);
       ++stats_.forwards;
     }
     stats_.max_held_inputs = 1;
+    ScopedRange h(RangeKind::kBlock, ids.head);
     losses = model_.head().forward(ctx_, x, mb.targets);
     x.reset();
     model_.head().release_saved();  // the head always saves; nothing here runs its backward

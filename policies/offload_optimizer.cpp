@@ -24,6 +24,7 @@
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "profiler/scoped_range.h"
 
 namespace memfit {
 namespace {
@@ -31,6 +32,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kAlign = 64;
+
+// The profiler's names for what this optimizer does (kOffload ranges), interned once.
+struct OffloadRangeIds {
+  std::uint32_t grads_to_host = intern_name("grads_to_host");
+  std::uint32_t wait_grads = intern_name("wait_grads");
+  std::uint32_t host_adamw = intern_name("host_adamw");
+  std::uint32_t weights_to_device = intern_name("weights_to_device");
+};
+const OffloadRangeIds& range_ids() {
+  static const OffloadRangeIds ids;
+  return ids;
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -111,6 +124,7 @@ struct OffloadOptimizer::Impl {
   // far (which produced them); one event marks the batch.
   void copy_grads(LayerContext& ctx, const std::vector<std::size_t>& which) {
     if (which.empty()) return;
+    const ScopedRange r(RangeKind::kOffload, range_ids().grads_to_host);
     finish_update();  // a delayed update may still read the staging
     const EventHandle produced = be->record_event(ctx.stream);
     be->wait_event(copy, produced);
@@ -153,6 +167,7 @@ struct OffloadOptimizer::Impl {
   // H2D copies of the updated weights; the compute stream waits for them, and so does the host
   // before the next update writes the staging (or masters) they read.
   void copy_weights_back(LayerContext& ctx) {
+    const ScopedRange r(RangeKind::kOffload, range_ids().weights_to_device);
     const auto t0 = Clock::now();
     for (const Slot& s : slots) {
       if (s.n > 0) be->copy(copy, host_weights(s), s.p->weight.view());
@@ -171,6 +186,8 @@ struct OffloadOptimizer::Impl {
   }
 
   double run_adamw(const AdamWConstants& k) {
+    // On the calling thread or, for a delayed update, on std::async's: each has its own stack.
+    const ScopedRange r(RangeKind::kOffload, range_ids().host_adamw);
     const auto t0 = Clock::now();
     for (const Run& r : runs) {
       if (r.n == 0) continue;
@@ -327,7 +344,10 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   m.land_update(ctx);
   m.copy_remaining_grads(ctx);
   const auto t0 = Clock::now();
-  m.wait_grads();  // FIFO: the H2D copies queued before them are done too
+  {
+    const ScopedRange r(RangeKind::kOffload, range_ids().wait_grads);
+    m.wait_grads();  // FIFO: the H2D copies queued before them are done too
+  }
   m.timing.wait_grads_s = seconds_since(t0);
   m.wait_h2d();  // already complete; releases their events
   ++m.steps;

@@ -11,6 +11,7 @@
 #include "memory/size.h"
 #include "policies/accumulation.h"
 #include "policies/offload_optimizer.h"
+#include "profiler/scoped_range.h"
 
 namespace memfit {
 
@@ -158,6 +159,11 @@ void check_batch(const Batch& b, const ModelSpec& spec) {
   }
 }
 
+// "micro_batch 0", "micro_batch 1", ...: interned once each (a step reuses the same few).
+std::uint32_t micro_batch_name(std::size_t m) {
+  return intern_name("micro_batch " + std::to_string(m));
+}
+
 std::vector<std::int64_t> micro_sizes(const TrainerOptions& o, std::int64_t batch) {
   if (o.accum > 0) return split_batch(batch, o.accum);
   if (o.micro_batch > 0) return micro_batch_split(batch, o.micro_batch);
@@ -168,6 +174,8 @@ std::vector<std::int64_t> micro_sizes(const TrainerOptions& o, std::int64_t batc
 
 StepResult Trainer::step(const Batch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Named for the step it would be if it succeeds (StepResult::step).
+  const ScopedRange step_range(RangeKind::kStep, "step " + std::to_string(attempted_ + 1));
   check_batch(batch, model_.spec());
   const std::vector<std::int64_t> sizes = micro_sizes(options_, batch.batch);
   const std::int64_t rows = batch.batch * batch.seq_len;
@@ -191,6 +199,7 @@ StepResult Trainer::step(const Batch& batch) {
     model_.zero_grad(ctx_);
     std::int64_t row0 = 0;
     for (std::size_t m = 0; m < sizes.size(); ++m) {
+      const ScopedRange mb_range(RangeKind::kMicroBatch, micro_batch_name(m));
       DeviceBatch d = upload(ctx_, batch, row0, sizes[m]);
       ExecutorHooks hooks;
       if (m + 1 == sizes.size()) {
@@ -229,6 +238,7 @@ StepResult Trainer::step(const Batch& batch) {
   const LossScalerState before = scaler_.state();
   const bool skip = scaler_.update(found_inf);
   try {
+    const ScopedRange opt_range(RangeKind::kOptimizer);
     if (skip) {
       optimizer_->skip(ctx_);
     } else {

@@ -102,6 +102,9 @@ struct Recording {
   CategoryBytes current_by_category{};
   std::size_t current_allocated = 0;
   std::size_t current_reserved = 0;
+  // Events or ranges a listener failed to store (out of host memory): the totals and the peak
+  // stay exact, the replay from base and the per-block figures may not. 0 in practice.
+  std::uint64_t listener_failures = 0;
 
   // by_category after events[i], replayed from base (O(i)); exporters walk events in order
   // instead and keep a running sum.

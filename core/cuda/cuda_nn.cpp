@@ -1,0 +1,182 @@
+// CudaBackend's neural-network ops (core/backend.h, "neural-network ops"): each resolves the
+// validated shapes into sizes, makes the backend's device current, takes scratch where a
+// reduction needs it, and calls its launcher in nn_kernels.cu. Every launcher's status (the
+// cudaGetLastError after its launches, or CUB's status) becomes CudaError naming the call.
+#include <cstdint>
+#include <string>
+
+#include "core/cuda/cuda_backend.h"
+#include "core/cuda/cuda_backend_impl.h"
+#include "core/cuda/nn_kernels.h"
+#include "memory/cuda/cuda_check.h"
+#include "memory/error.h"
+
+namespace memfit {
+
+static_assert(static_cast<int>(DType::kF32) == cuda::kCodeF32);
+static_assert(static_cast<int>(DType::kF16) == cuda::kCodeF16);
+static_assert(static_cast<int>(DType::kBF16) == cuda::kCodeBF16);
+
+namespace {
+
+int code(const Tensor& t) { return static_cast<int>(t.dtype()); }
+std::int64_t last_dim(const Tensor& t) { return t.size(t.ndim() - 1); }
+std::int64_t rows_of(const Tensor& t) {
+  const std::int64_t c = last_dim(t);
+  return c == 0 ? 0 : t.numel() / c;
+}
+float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
+
+}  // namespace
+
+void CudaBackend::do_layernorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                                       const Tensor& bias, float eps, const Tensor& out,
+                                       const Tensor& mean, const Tensor& rstd) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_layernorm_forward(
+      inp.raw(), code(inp), weight.raw(), code(weight), bias.raw(), code(bias), eps, out.raw(),
+      code(out), f32(mean), f32(rstd), rows_of(inp), last_dim(inp), cuda_stream(stream)));
+}
+
+void CudaBackend::do_layernorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd, const Tensor& dinp,
+                                        const Tensor& dweight, const Tensor& dbias) {
+  cuda::DeviceGuard guard(options_.device);
+  const std::int64_t n = rows_of(inp), c = last_dim(inp);
+  CudaScratch partials(*this, stream, cuda::layernorm_backward_scratch_bytes(n, c),
+                       "cuda.layernorm_backward.partials");
+  MEMFIT_CUDA_CHECK(cuda::launch_layernorm_backward(
+      dout.raw(), code(dout), inp.raw(), code(inp), weight.raw(), code(weight), f32(mean),
+      f32(rstd), dinp.raw(), code(dinp), f32(dweight), f32(dbias), n, c, partials.data(),
+      cuda_stream(stream)));
+}
+
+void CudaBackend::do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_gelu_forward(inp.raw(), code(inp), out.raw(), code(out),
+                                              inp.numel(), cuda_stream(stream)));
+}
+
+void CudaBackend::do_gelu_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                   const Tensor& dinp) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_gelu_backward(dout.raw(), code(dout), inp.raw(), code(inp),
+                                               dinp.raw(), code(dinp), inp.numel(),
+                                               cuda_stream(stream)));
+}
+
+void CudaBackend::do_add(StreamId stream, const Tensor& a, const Tensor& b, const Tensor& out) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_add(a.raw(), code(a), b.raw(), code(b), out.raw(), code(out),
+                                     a.numel(), cuda_stream(stream)));
+}
+
+void CudaBackend::do_add_bias(StreamId stream, const Tensor& bias, const Tensor& out) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_add_bias(bias.raw(), code(bias), out.raw(), code(out),
+                                          rows_of(out), last_dim(out), cuda_stream(stream)));
+}
+
+void CudaBackend::do_bias_backward(StreamId stream, const Tensor& dout, const Tensor& dbias) {
+  cuda::DeviceGuard guard(options_.device);
+  const std::int64_t n = rows_of(dout), oc = last_dim(dout);
+  CudaScratch partials(*this, stream, cuda::bias_backward_scratch_bytes(n, oc),
+                       "cuda.bias_backward.partials");
+  MEMFIT_CUDA_CHECK(cuda::launch_bias_backward(dout.raw(), code(dout), f32(dbias), n, oc,
+                                               partials.data(), cuda_stream(stream)));
+}
+
+void CudaBackend::do_softmax_causal_forward(StreamId stream, const Tensor& preatt, float scale,
+                                            const Tensor& att, std::int64_t t) {
+  if (t == 0) return;
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(
+      cuda::launch_softmax_causal_forward(preatt.raw(), code(preatt), scale, att.raw(), code(att),
+                                          preatt.numel() / (t * t), t, cuda_stream(stream)));
+}
+
+void CudaBackend::do_softmax_causal_backward(StreamId stream, const Tensor& datt, const Tensor& att,
+                                             float scale, const Tensor& dpreatt, std::int64_t t) {
+  if (t == 0) return;
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_softmax_causal_backward(
+      datt.raw(), code(datt), att.raw(), code(att), scale, dpreatt.raw(), code(dpreatt),
+      att.numel() / (t * t), t, cuda_stream(stream)));
+}
+
+void CudaBackend::do_split_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                                 const HeadDims& d) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b, d.t,
+                                               d.parts, d.heads, d.hs, true, cuda_stream(stream)));
+}
+
+void CudaBackend::do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
+                                 const HeadDims& d) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b, d.t,
+                                               d.parts, d.heads, d.hs, false, cuda_stream(stream)));
+}
+
+void CudaBackend::do_embedding_forward(StreamId stream, const IndexTensor& tokens,
+                                       const Tensor& wte, const Tensor& wpe, const Tensor& out) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_embedding_forward(
+      tokens.data, wte.raw(), code(wte), wpe.raw(), code(wpe), out.raw(), code(out),
+      tokens.shape[0], tokens.shape[1], wte.size(1), wte.size(0), cuda_stream(stream)));
+}
+
+void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
+                                        const IndexTensor& tokens, const Tensor& dwte,
+                                        const Tensor& dwpe) {
+  const std::int64_t b = tokens.shape[0], t = tokens.shape[1], c = dwte.size(1),
+                     vocab = dwte.size(0);
+  if (b * t == 0 || c == 0) return;
+  // The gradient sorts (id, position) pairs with int32 positions (nn_kernels.cu).
+  if (b * t > INT32_MAX || vocab > INT32_MAX) {
+    throw InvalidArgument("Backend::embedding_backward (cuda): tokens is int32 " +
+                          tokens.shape.str() + " with dwte " + dwte.shape().str() +
+                          "; valid on this backend: B*T and V each < 2^31");
+  }
+  cuda::DeviceGuard guard(options_.device);
+  std::size_t bytes = 0;
+  MEMFIT_CUDA_CHECK(cuda::embedding_backward_scratch_bytes(b * t, vocab, &bytes));
+  CudaScratch sort(*this, stream, bytes, "cuda.embedding_backward.sort");
+  MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(dout.raw(), code(dout), tokens.data, f32(dwte),
+                                                    f32(dwpe), b, t, c, vocab, sort.data(),
+                                                    sort.size(), cuda_stream(stream)));
+}
+
+void CudaBackend::do_crossentropy_forward(StreamId stream, const Tensor& logits,
+                                          const IndexTensor& targets, std::int64_t vocab,
+                                          const Tensor& losses, const Tensor& lse) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_crossentropy_forward(logits.raw(), code(logits), targets.data,
+                                                      vocab, f32(losses), f32(lse), targets.numel(),
+                                                      last_dim(logits), cuda_stream(stream)));
+}
+
+void CudaBackend::do_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,
+                                           const IndexTensor& targets, std::int64_t vocab,
+                                           float dloss, const Tensor* dlosses,
+                                           const Tensor& dlogits) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_crossentropy_backward(
+      logits.raw(), code(logits), f32(lse), targets.data, vocab, dloss,
+      dlosses != nullptr ? f32(*dlosses) : nullptr, dlogits.raw(), code(dlogits), targets.numel(),
+      last_dim(logits), cuda_stream(stream)));
+}
+
+void CudaBackend::do_adamw(StreamId stream, const AdamWConstants& k, const Tensor& param,
+                           const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                           const Tensor* param_out) {
+  cuda::DeviceGuard guard(options_.device);
+  const bool out = param_out != nullptr && param_out->numel() > 0;
+  MEMFIT_CUDA_CHECK(cuda::launch_adamw(k, f32(param), grad.raw(), code(grad), f32(exp_avg),
+                                       f32(exp_avg_sq), out ? param_out->raw() : nullptr,
+                                       out ? code(*param_out) : cuda::kCodeF32, param.numel(),
+                                       cuda_stream(stream)));
+}
+
+}  // namespace memfit

@@ -1,0 +1,127 @@
+// `memfit replay` end to end: the committed PyTorch-layout snapshot in table and JSON form,
+// a memfit text trace, a malicious pickle refused with the clear error (exit 2, nothing run),
+// a missing file.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/cli/cli_testutil.h"
+
+namespace {
+
+using namespace memfit::clitest;  // NOLINT: test helpers
+
+const std::string kFixture =
+    std::string(MEMFIT_TEST_SOURCE_DIR) + "/tests/profiler/data/torch_snapshot.pickle";
+
+std::string tmp(const std::string& name) {
+  return testing::TempDir() + "replay_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+TEST(ReplayCommand, SnapshotJsonHasTheFixturesFigures) {
+  const ProgramRun r = run_memfit("replay " + kFixture + " --format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["kind"], "snapshot");
+  // scripts/make_snapshot_fixture.py prints these.
+  EXPECT_EQ(j["replay"]["peak_live_bytes"], 13688608);
+  EXPECT_EQ(j["file_segments"]["reserved_bytes"], 23068672);
+  EXPECT_EQ(j["file_segments"]["trace_peak_reserved_bytes"], 23068672);
+  EXPECT_EQ(j["file_segments"]["num_segments"], 2);
+  EXPECT_EQ(j["file_segments"]["largest_segment_bytes"], 20971520);
+  EXPECT_EQ(j["import"]["num_initially_live"], 3);
+  EXPECT_EQ(j["import"]["num_ooms"], 1);
+  const std::int64_t reserved = j["replay"]["peak_reserved_bytes"];
+  EXPECT_GE(reserved, 13688608);
+  EXPECT_NEAR(j["replay"]["reserved_over_live"].get<double>(), double(reserved) / 13688608.0, 1e-9);
+  EXPECT_GT(j["replay"]["provider_allocs"].get<std::int64_t>(), 0);
+}
+
+TEST(ReplayCommand, AllocConfChangesTheReplay) {
+  // Rounding to powers of two can only grow what is reserved for the same requests.
+  const ProgramRun plain = run_memfit("replay " + kFixture + " --format json", false);
+  const ProgramRun pow2 = run_memfit(
+      "replay " + kFixture + " --format json --alloc-conf roundup_power2_divisions:1", false);
+  ASSERT_EQ(pow2.exit_code, 0) << pow2.output;
+  const auto a = nlohmann::json::parse(plain.output), b = nlohmann::json::parse(pow2.output);
+  EXPECT_EQ(b["alloc_conf"], "roundup_power2_divisions:1");
+  EXPECT_GE(b["replay"]["peak_allocated_bytes"].get<std::int64_t>(),
+            a["replay"]["peak_allocated_bytes"].get<std::int64_t>());
+  EXPECT_EQ(run_memfit("replay " + kFixture + " --alloc-conf bogus:1").exit_code, 2);
+}
+
+TEST(ReplayCommand, SnapshotTable) {
+  const ProgramRun r = run_memfit("replay " + kFixture);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"memory_viz snapshot", "reserved peak", "live peak", "reserved peak / live",
+                        "provider allocs/frees", "13.05 MiB", "22.00 MiB", "largest segment"}) {
+    EXPECT_TRUE(contains(r.output, s)) << s << "\n" << r.output;
+  }
+}
+
+TEST(ReplayCommand, TextTrace) {
+  const std::string path = tmp("trace.txt");
+  std::ofstream(path) << "# two steps\nstep 0\nalloc 1 1048576 parameter 0 w\nalloc 2 4096 "
+                         "activation 0 a\nfree 2\nstep 1\nalloc 3 4096 activation 0 a\nfree 3\n";
+  const ProgramRun r = run_memfit("replay " + path + " --format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["kind"], "trace");
+  EXPECT_TRUE(j["file_segments"].is_null());
+  EXPECT_EQ(j["replay"]["peak_live_bytes"], 1048576 + 4096);
+  EXPECT_EQ(j["replay"]["has_steady_state"], true);
+  EXPECT_EQ(j["replay"]["provider_allocs_after_first_step"], 0);  // step 1 reuses the cache
+  const ProgramRun table = run_memfit("replay " + path);
+  EXPECT_EQ(table.exit_code, 0);
+  EXPECT_TRUE(contains(table.output, "after the first step")) << table.output;
+
+  std::ofstream(path) << "alloc 1 10 nonsense 0 x\n";
+  const ProgramRun bad = run_memfit("replay " + path);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.output, "trace.txt:1:")) << bad.output;
+  ::unlink(path.c_str());
+}
+
+TEST(ReplayCommand, MaliciousPickleIsRefusedAndNothingRuns) {
+  const std::string marker = tmp("pwned");
+  const std::string path = tmp("evil.pickle");
+  // pickle.dumps of an object whose __reduce__ is (os.system, ('touch MARKER',)), protocol 2.
+  const std::string cmd = "touch " + marker;
+  std::string p = std::string("\x80\x02") + "cposix\nsystem\nq\x00X";
+  p += std::string(1, char(cmd.size())) + std::string(3, '\0') + cmd + "q\x01\x85q\x02Rq\x03.";
+  std::ofstream(path, std::ios::binary) << p;
+  const ProgramRun r = run_memfit("replay " + path);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const char* s : {"evil.pickle", "byte 2", "GLOBAL", "plain data only"}) {
+    EXPECT_TRUE(contains(r.output, s)) << s << "\n" << r.output;
+  }
+  EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "the payload ran";
+
+  std::ofstream(path, std::ios::binary) << std::string("\x80\x02]q\x00(K\x01", 8);  // truncated
+  const ProgramRun cut = run_memfit("replay " + path);
+  EXPECT_EQ(cut.exit_code, 2);
+  EXPECT_TRUE(contains(cut.output, "without a STOP")) << cut.output;
+  ::unlink(path.c_str());
+}
+
+TEST(ReplayCommand, ValidPickleThatIsNoSnapshot) {
+  const std::string path = tmp("list.pickle");
+  std::ofstream(path, std::ios::binary) << std::string("\x80\x02}q\x00.", 6);  // {}
+  const ProgramRun r = run_memfit("replay " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.output, "no key 'segments'")) << r.output;
+  ::unlink(path.c_str());
+}
+
+TEST(ReplayCommand, MissingFile) {
+  const ProgramRun r = run_memfit("replay /nonexistent/snapshot.pickle");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.output, "/nonexistent/snapshot.pickle")) << r.output;
+  EXPECT_TRUE(contains(r.output, "cannot open")) << r.output;
+  EXPECT_EQ(run_memfit("replay " + kFixture + " --format yaml").exit_code, 2);
+}
+
+}  // namespace

@@ -1,0 +1,175 @@
+// snapshot_pickle(): read back by memfit's reader (keys, values, an "unknown" category, frames
+// from phases and blocks) and, with /usr/bin/python3, by Python's pickle through
+// tests/profiler/check_snapshot.py (memory_viz's layout and MemoryViz.js's rules; torch's
+// _memory_viz functions when that torch reads the dict layout).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "memory/caching_allocator.h"
+#include "memory/null_provider.h"
+#include "memory/size.h"
+#include "profiler/pickle.h"
+#include "profiler/report.h"
+#include "profiler/scoped_range.h"
+#include "profiler/snapshot_import.h"
+
+namespace memfit {
+namespace {
+
+// A Recording made by hand from the allocator's events (the Recorder's job, profiler/recorder.h),
+// so this test needs nothing but the allocator: phases and blocks are set per event.
+struct RecordedRun {
+  ProfileReport report;
+  std::size_t events = 0;
+};
+
+RecordedRun make_run() {
+  NullProvider null;
+  CachingAllocator alloc(null);
+  RecordedRun run;
+  Recording& rec = run.report.recording;
+  std::uint32_t phase = 0, block = 0;
+  const ListenerId listener = alloc.add_listener([&](const AllocatorEvent& e) {
+    TimelineEvent t;
+    t.time_ns = e.time_ns;
+    t.kind = e.kind;
+    t.category = e.category;
+    t.stream = e.stream;
+    t.addr = e.addr;
+    t.size = e.size;
+    t.tag = intern_name(e.tag);
+    t.phase = phase;
+    t.block = block;
+    rec.events.push_back(t);
+  });
+  rec.start_ns = 1;
+  phase = intern_name("forward");
+  block = intern_name("h0");
+  void* w = alloc.allocate_raw(3 * kMiB, Category::kParameter, kDefaultStream, "h0.attn.w");
+  void* a = alloc.allocate_raw(5 * kMiB, Category::kActivation, kDefaultStream, "h0.attn.out");
+  void* t = alloc.allocate_raw(1000, Category::kTemporary, 1, "scratch");
+  phase = intern_name("backward");
+  alloc.free(a);
+  alloc.free(t);
+  block = 0;
+  void* g = alloc.allocate_raw(3 * kMiB, Category::kGradient, kDefaultStream, "h0.attn.w.grad");
+  alloc.empty_cache();
+  run.report.snapshot = alloc.snapshot();
+  run.report.stats = alloc.stats();
+  run.report.config = alloc.config();
+  rec.end_ns = rec.events.empty() ? 2 : rec.events.back().time_ns + 1000;
+  run.events = rec.events.size();
+  alloc.remove_listener(listener);
+  alloc.free(w);
+  alloc.free(g);
+  return run;
+}
+
+TEST(ExportPickle, ReadsBackWithMemoryVizKeys) {
+  const RecordedRun run = make_run();
+  const std::string bytes = snapshot_pickle(run.report);
+  ASSERT_GE(bytes.size(), 2u);
+  EXPECT_EQ(bytes.substr(0, 2), std::string("\x80\x02"));  // protocol 2
+  const PickleValue snap = read_pickle(bytes, "snapshot.pickle");
+  for (const char* k : {"segments", "device_traces", "allocator_settings"}) {
+    EXPECT_NE(snap.find(k), nullptr) << k;
+  }
+  const auto& segments = snap.find("segments")->items();
+  ASSERT_EQ(segments.size(), run.report.snapshot.segments.size());
+  ASSERT_FALSE(segments.empty());
+  std::size_t reserved = 0;
+  for (const PickleValue& s : segments) {
+    for (const char* k : {"device", "address", "total_size", "allocated_size", "active_size",
+                          "requested_size", "stream", "segment_type", "blocks", "frames"}) {
+      EXPECT_NE(s.find(k), nullptr) << k;
+    }
+    reserved += static_cast<std::size_t>(s.find("total_size")->as_int());
+    std::int64_t next = s.find("address")->as_int();
+    for (const PickleValue& b : s.find("blocks")->items()) {
+      EXPECT_EQ(b.find("address")->as_int(), next);  // blocks tile the segment
+      next += b.find("size")->as_int();
+      for (const char* k : {"requested_size", "state", "frames"}) EXPECT_NE(b.find(k), nullptr);
+    }
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(reserved), run.report.stats.reserved_bytes[kStatAll].current);
+
+  const auto& traces = snap.find("device_traces")->items();
+  ASSERT_EQ(traces.size(), 1u);
+  const auto& trace = traces[0].items();
+  ASSERT_EQ(trace.size(), run.events + 1);  // + the closing "snapshot" entry
+  std::set<std::string> actions, categories, frame_names;
+  for (const PickleValue& e : trace) {
+    for (const char* k : {"action", "addr", "size", "stream", "time_us", "frames", "category"}) {
+      EXPECT_NE(e.find(k), nullptr) << k;
+    }
+    actions.insert(e.find("action")->as_str());
+    categories.insert(e.find("category")->as_str());
+    for (const PickleValue& f : e.find("frames")->items()) {
+      frame_names.insert(f.find("filename")->as_str() + ":" + f.find("name")->as_str());
+    }
+  }
+  for (const char* a :
+       {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "snapshot"}) {
+    EXPECT_TRUE(actions.count(a)) << a;
+  }
+  EXPECT_TRUE(categories.count("unknown"));  // MemoryViz.js needs it whenever categories exist
+  EXPECT_TRUE(categories.count("activation"));
+  EXPECT_TRUE(frame_names.count("phase:forward"));
+  EXPECT_TRUE(frame_names.count("phase:backward"));
+  EXPECT_TRUE(frame_names.count("block:h0"));
+  EXPECT_TRUE(frame_names.count("tensor:h0.attn.out"));
+  // The stream of the temporary survives.
+  bool stream1 = false;
+  for (const PickleValue& e : trace) stream1 |= e.find("stream")->as_int() == 1;
+  EXPECT_TRUE(stream1);
+}
+
+TEST(ExportPickle, ImportsBackToTheRecordedLivePeak) {
+  const RecordedRun run = make_run();
+  const ImportedSnapshot s = import_snapshot(read_pickle(snapshot_pickle(run.report)), "x");
+  EXPECT_EQ(s.num_allocs, 4u);
+  EXPECT_EQ(s.num_frees, 2u);
+  EXPECT_EQ(static_cast<std::int64_t>(s.segments.reserved_bytes),
+            run.report.stats.reserved_bytes[kStatAll].current);
+  // Live (block sizes, as memfit's events carry) peaks at w + a + t, all live at once.
+  std::size_t peak = 0, live = 0;
+  for (const TimelineEvent& e : run.report.recording.events) {
+    if (e.kind == EventKind::kAlloc) live += e.size;
+    if (e.kind == EventKind::kFreeCompleted) live -= e.size;
+    peak = std::max(peak, live);
+  }
+  EXPECT_EQ(s.trace.validate().peak_live_bytes, peak);
+}
+
+TEST(ExportPickle, PythonReadsItAsMemoryVizDoes) {
+  if (::access("/usr/bin/python3", X_OK) != 0) {
+    GTEST_SKIP()
+        << "/usr/bin/python3 not installed: the Python check of snapshot.pickle did not run";
+  }
+  const std::string path =
+      testing::TempDir() + "export_pickle_" + std::to_string(::getpid()) + ".pickle";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << snapshot_pickle(make_run().report);
+  }
+  const std::string cmd = std::string("/usr/bin/python3 ") + MEMFIT_TEST_SOURCE_DIR +
+                          "/tests/profiler/check_snapshot.py " + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("ok"), std::string::npos) << out;
+  std::printf("%s", out.c_str());
+  ::unlink(path.c_str());
+}
+
+}  // namespace
+}  // namespace memfit
