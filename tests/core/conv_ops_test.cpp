@@ -2,8 +2,8 @@
 // backward is itself checked against central finite differences; strides, padding and odd
 // sizes in every storage dtype; determinism across thread counts and worker streams; and the
 // argument checks every backend shares (backend_conv.cpp).
-#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -171,21 +171,13 @@ TEST(ConvOps, DeterministicAcrossThreadsAndStreams) {
     be.synchronize(s);
     return Run{bytes_of(out), bytes_of(dinp), bytes_of(dw)};
   };
-  // libgomp comes in with libmemfit (a private dependency the test binary does not link), so
-  // its thread controls are looked up at run time.
-  using GetFn = int (*)();
-  using SetFn = void (*)(int);
-  const auto get_threads = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
-  const auto set_threads = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  ASSERT_NE(get_threads, nullptr);
-  ASSERT_NE(set_threads, nullptr);
   CpuBackend inline_be;
-  const int threads = get_threads();
-  set_threads(std::max(threads, 2));  // a team even on a one-core machine
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(threads, 2));  // a team even on a one-core machine
   const Run team = run(inline_be, s0);
-  set_threads(1);
+  omp_set_num_threads(1);
   const Run one = run(inline_be, s0);
-  set_threads(threads);
+  omp_set_num_threads(threads);
   CpuBackend worker_be({.worker_streams = true});
   const StreamId ws = worker_be.create_stream();
   const Run worker = run(worker_be, ws);
