@@ -296,14 +296,13 @@ class Backend {
   // the element counts of their layouts, so (B, H*W, C) activations pass as they are. Outputs
   // overlap nothing. Deterministic on every backend (no float atomics in the reductions).
   // inp (N,H,W,C), weight (K,R,S,C) -> out (N,P,Q,K), written.
-  void conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
-                      const Tensor& weight, const Tensor& out);
+  void conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp, const Tensor& weight,
+                      const Tensor& out);
   // dout (N,P,Q,K), inp (N,H,W,C), weight (K,R,S,C)
   //   -> dinp (N,H,W,C) written, when not null (the first layer of a network needs none);
   //   -> dweight (K,R,S,C) f32 += (parameter gradients accumulate in FP32, as elsewhere).
-  void conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout,
-                       const Tensor& inp, const Tensor& weight, const Tensor* dinp,
-                       const Tensor& dweight);
+  void conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor& dout, const Tensor& inp,
+                       const Tensor& weight, const Tensor* dinp, const Tensor& dweight);
   // ---- end conv2d ----
 
  protected:

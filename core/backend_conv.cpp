@@ -65,13 +65,13 @@ std::string Conv2dDesc::invalid_reason() const {
     std::int64_t v;
     std::int64_t lo;
   };
-  for (const Named& f : {Named{"n", n, 0}, Named{"h", h, 1}, Named{"w", w, 1}, Named{"c", c, 1},
-                         Named{"k", k, 1}, Named{"r", r, 1}, Named{"s", s, 1},
-                         Named{"stride_h", stride_h, 1}, Named{"stride_w", stride_w, 1},
-                         Named{"pad_h", pad_h, 0}, Named{"pad_w", pad_w, 0}}) {
+  for (const Named& f :
+       {Named{"n", n, 0}, Named{"h", h, 1}, Named{"w", w, 1}, Named{"c", c, 1}, Named{"k", k, 1},
+        Named{"r", r, 1}, Named{"s", s, 1}, Named{"stride_h", stride_h, 1},
+        Named{"stride_w", stride_w, 1}, Named{"pad_h", pad_h, 0}, Named{"pad_w", pad_w, 0}}) {
     if (f.v < f.lo || f.v > kInt32Max) {
-      return std::string(f.name) + " = " + num(f.v) + "; valid: " + num(f.lo) +
-             " <= " + f.name + " <= 2^31 - 1";
+      return std::string(f.name) + " = " + num(f.v) + "; valid: " + num(f.lo) + " <= " + f.name +
+             " <= 2^31 - 1";
     }
   }
   // Both fit int32, so these sums cannot overflow int64.
@@ -116,8 +116,7 @@ void need_numel(const Where& w, const char* role, const Tensor& t, std::int64_t 
 }
 
 // The data operands share one dtype (cuDNN's convolution configurations take one).
-void need_dtype(const Where& w, const char* role, const Tensor& t, const char* ref_role,
-                DType dt) {
+void need_dtype(const Where& w, const char* role, const Tensor& t, const char* ref_role, DType dt) {
   if (t.dtype() != dt) {
     throw InvalidArgument(w + ": " + role + " is " + tensor_desc(t) + " but " + ref_role + " is " +
                           dtype_name(dt) + "; valid: the same dtype as " + ref_role +
@@ -173,9 +172,8 @@ void Backend::conv2d_backward(StreamId stream, const Conv2dDesc& d, const Tensor
     throw InvalidArgument(w + ": dweight is " + tensor_desc(dweight) +
                           "; valid: f32 (parameter gradients accumulate in FP32)");
   }
-  for (const auto& [role, t] : {std::pair<const char*, const Tensor*>{"dout", &dout},
-                                {"inp", &inp},
-                                {"weight", &weight}}) {
+  for (const auto& [role, t] :
+       {std::pair<const char*, const Tensor*>{"dout", &dout}, {"inp", &inp}, {"weight", &weight}}) {
     need_disjoint(w, "dweight", dweight, role, *t);
     if (dinp != nullptr) need_disjoint(w, "dinp", *dinp, role, *t);
   }

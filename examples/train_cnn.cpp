@@ -48,7 +48,7 @@ constexpr std::int64_t kSide = 12, kPositions = kSide * kSide, kClasses = 4, kBa
 constexpr std::int64_t kSegment = 4;
 
 struct HostBatch {
-  std::vector<float> images;        // (B, 144, 1)
+  std::vector<float> images;         // (B, 144, 1)
   std::vector<std::int32_t> labels;  // (B)
 };
 
@@ -63,28 +63,33 @@ HostBatch make_batch(std::int64_t b, Rng& rng) {
     const auto label = static_cast<std::int32_t>(rng.below(kClasses));
     const std::int64_t y0 = rng.below(kSide - kSegment + 1);
     const std::int64_t x0 = rng.below(kSide - kSegment + 1);
-    for (std::int64_t t = 0; t < kSegment; ++t) {
-      std::int64_t y = y0, x = x0;
-      switch (label) {
-        case 0: x += t; break;                          // horizontal
-        case 1: y += t; break;                          // vertical
-        case 2: y += t; x += t; break;                  // diagonal
-        default: y += t; x += kSegment - 1 - t; break;  // anti-diagonal
-      }
-      img[y * kSide + x] = 1.0f;
-    }
+    // (dy, dx) from one pixel of the segment to the next: horizontal, vertical, diagonal,
+    // anti-diagonal (which starts at the right end of its box).
+    constexpr std::int64_t kStep[kClasses][2] = {{0, 1}, {1, 0}, {1, 1}, {1, -1}};
+    const std::int64_t dy = kStep[label][0], dx = kStep[label][1];
+    const std::int64_t xs = dx < 0 ? x0 + kSegment - 1 : x0;
+    for (std::int64_t t = 0; t < kSegment; ++t) img[(y0 + t * dy) * kSide + xs + t * dx] = 1.0f;
     hb.labels[static_cast<std::size_t>(i)] = label;
   }
   return hb;
 }
 
 struct Net {
-  Conv2d conv1{"conv1", Conv2dSpec{.height = kSide, .width = kSide, .in_channels = 1,
-                                   .out_channels = 16, .pad_h = 1, .pad_w = 1}};
+  Conv2d conv1{"conv1", Conv2dSpec{.height = kSide,
+                                   .width = kSide,
+                                   .in_channels = 1,
+                                   .out_channels = 16,
+                                   .pad_h = 1,
+                                   .pad_w = 1}};
   GELU act1{"act1", 16};
-  Conv2d conv2{"conv2", Conv2dSpec{.height = kSide, .width = kSide, .in_channels = 16,
-                                   .out_channels = 32, .stride_h = 2, .stride_w = 2,
-                                   .pad_h = 1, .pad_w = 1}};
+  Conv2d conv2{"conv2", Conv2dSpec{.height = kSide,
+                                   .width = kSide,
+                                   .in_channels = 16,
+                                   .out_channels = 32,
+                                   .stride_h = 2,
+                                   .stride_w = 2,
+                                   .pad_h = 1,
+                                   .pad_w = 1}};
   GELU act2{"act2", 32};
   GlobalAvgPool pool{"pool", conv2.out_positions(), 32};
   Linear fc{"fc", 32, kClasses, /*bias=*/true, /*init_std=*/0.1f};
@@ -147,8 +152,8 @@ DeviceBatch upload(LayerContext& ctx, const HostBatch& hb) {
     ctx.backend.cast(ctx.stream, staged->view(), d.images->view());
     ctx.backend.synchronize(ctx.stream);  // before `staged` goes (a CPU worker would need it)
   }
-  d.labels = ctx.alloc.allocate(static_cast<std::size_t>(b) * 4, Category::kInput, ctx.stream,
-                                "labels");
+  d.labels =
+      ctx.alloc.allocate(static_cast<std::size_t>(b) * 4, Category::kInput, ctx.stream, "labels");
   ctx.backend.copy(
       ctx.stream,
       Tensor(const_cast<std::int32_t*>(hb.labels.data()), Shape{b}, DType::kF32, Device::kCpu),
@@ -179,7 +184,7 @@ std::int64_t correct(LayerContext& ctx, const Tensor& logits, const HostBatch& h
 struct Args {
   std::string backend = "cpu";
   DType dtype = DType::kF32;
-  int steps = 150;
+  int steps = 100;
 };
 
 Args parse(int argc, char** argv) {
@@ -301,8 +306,9 @@ int main(int argc, char** argv) {
       CudaProvider gpu(0);
       return train(be, gpu, args);
 #else
-      std::fprintf(stderr, "train_cnn: this build has no CUDA backend (configure with "
-                           "-DMEMFIT_CUDA=ON)\n");
+      std::fprintf(stderr,
+                   "train_cnn: this build has no CUDA backend (configure with "
+                   "-DMEMFIT_CUDA=ON)\n");
       return 2;
 #endif
     }
@@ -310,7 +316,7 @@ int main(int argc, char** argv) {
     HostProvider host;
     return train(be, host, args);
   } catch (const Error& e) {
-    std::fprintf(stderr, "train_cnn: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
 }

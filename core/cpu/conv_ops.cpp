@@ -29,8 +29,8 @@ struct Dims {
 };
 
 Dims dims_of(const Conv2dDesc& d) {
-  return {d.n,        d.h,        d.w,     d.c,     d.k,     d.r,     d.s,
-          d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.p(),   d.q(),   d.r * d.s * d.c};
+  return {d.n,        d.h,        d.w,     d.c,     d.k,   d.r,   d.s,
+          d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.p(), d.q(), d.r * d.s * d.c};
 }
 
 // t[off, off + n) as f32: t's own memory when it is f32, else widened into buf.
@@ -45,16 +45,12 @@ const float* f32_run(const Tensor& t, std::int64_t off, std::int64_t n, float* b
 struct ThreadBufs {
   ThreadBufs(int threads, std::int64_t per_thread)
       : per(per_thread), data(static_cast<std::size_t>(threads * per_thread)) {}
-  float* get() {
-    return data.data() + static_cast<std::size_t>(omp_get_thread_num()) * per;
-  }
+  float* get() { return data.data() + static_cast<std::size_t>(omp_get_thread_num()) * per; }
   std::int64_t per;
   std::vector<float> data;
 };
 
-int team_size(std::int64_t work) {
-  return work >= kNnParallelMin ? omp_get_max_threads() : 1;
-}
+int team_size(std::int64_t work) { return work >= kNnParallelMin ? omp_get_max_threads() : 1; }
 
 // The R input rows under output row p of image n: rows[rr] points at W*C floats, or is null
 // where the row falls in the padding.
@@ -69,8 +65,8 @@ void input_rows(const Tensor& inp, const Dims& d, std::int64_t n, std::int64_t p
 
 }  // namespace
 
-void CpuBackend::run_conv2d_forward(const Conv2dDesc& desc, const Tensor& inp,
-                                    const Tensor& weight, const Tensor& out) {
+void CpuBackend::run_conv2d_forward(const Conv2dDesc& desc, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& out) {
   const Dims d = dims_of(desc);
   const std::int64_t rows = d.n * d.p;
   if (rows == 0) return;
@@ -115,8 +111,8 @@ void CpuBackend::run_conv2d_forward(const Conv2dDesc& desc, const Tensor& inp,
   }
 }
 
-void CpuBackend::run_conv2d_backward(const Conv2dDesc& desc, const Tensor& dout,
-                                     const Tensor& inp, const Tensor& weight, const Tensor* dinp,
+void CpuBackend::run_conv2d_backward(const Conv2dDesc& desc, const Tensor& dout, const Tensor& inp,
+                                     const Tensor& weight, const Tensor* dinp,
                                      const Tensor& dweight) {
   const Dims d = dims_of(desc);
   if (d.n == 0) return;

@@ -13,7 +13,7 @@
 // (Backend's contract: no float atomics in reductions, which rules out backward-filter
 // algorithms 0 and 3 and backward-data algorithm 0) and, for f32 without allow_tf32, not a
 // tensor-op (TF32) one. Its math type is then set on the descriptor, as the heuristics
-// reported it. Workspace: CudaScratch, "cuda.conv.workspace".
+// reported it (f32 without TF32 stays at FMA). Workspace: CudaScratch, "cuda.conv.workspace".
 #include <array>
 #include <cstddef>
 #include <string>
@@ -53,7 +53,45 @@ class ConvDescs {
  public:
   ConvDescs(const Conv2dDesc& d, DType dt, bool allow_tf32)
       : tf32_(allow_tf32 && dt == DType::kF32), f32_(dt == DType::kF32) {
-    const cudnnDataType_t type = cudnn_type(dt);
+    try {
+      init(d, cudnn_type(dt));
+    } catch (...) {
+      destroy();  // a constructor that throws gets no destructor call
+      throw;
+    }
+  }
+  ~ConvDescs() { destroy(); }
+  ConvDescs(const ConvDescs&) = delete;
+  ConvDescs& operator=(const ConvDescs&) = delete;
+
+  void set_math(cudnnMathType_t m) { MEMFIT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m)); }
+
+  // Whether a heuristic result may run: supported, deterministic when asked, and no TF32 for
+  // f32 unless allowed.
+  template <typename Perf>
+  bool usable(const Perf& p, bool need_deterministic) const {
+    if (p.status != CUDNN_STATUS_SUCCESS) return false;
+    if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
+    if (f32_ && !tf32_ && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH) {
+      return false;
+    }
+    return true;
+  }
+
+  // Sets the math type the chosen algorithm was rated with, as PyTorch does after the
+  // heuristics; f32 without TF32 stays at FMA whatever the rating (DEFAULT_MATH would let
+  // cuDNN pick TF32 kernels on Ampere and later).
+  template <typename Perf>
+  void apply(const Perf& p) {
+    set_math(f32_ && !tf32_ ? CUDNN_FMA_MATH : p.mathType);
+  }
+
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+
+ private:
+  void init(const Conv2dDesc& d, cudnnDataType_t type) {
     MEMFIT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
     MEMFIT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
     MEMFIT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
@@ -75,35 +113,17 @@ class ConvDescs {
         << d.str();
     MEMFIT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NHWC, type, n, c, h, w));
   }
-  ~ConvDescs() {
-    // Destroy statuses are ignored: nothing useful can be done with them in a destructor.
+  void destroy() noexcept {
+    // Destroy statuses are ignored: nothing useful can be done with them here.
     if (conv_ != nullptr) cudnnDestroyConvolutionDescriptor(conv_);
     if (w_ != nullptr) cudnnDestroyFilterDescriptor(w_);
     if (y_ != nullptr) cudnnDestroyTensorDescriptor(y_);
     if (x_ != nullptr) cudnnDestroyTensorDescriptor(x_);
+    conv_ = nullptr;
+    w_ = nullptr;
+    y_ = nullptr;
+    x_ = nullptr;
   }
-  ConvDescs(const ConvDescs&) = delete;
-  ConvDescs& operator=(const ConvDescs&) = delete;
-
-  void set_math(cudnnMathType_t m) { MEMFIT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m)); }
-
-  // Whether a heuristic result may run: supported, deterministic when asked, and no TF32 for
-  // f32 unless allowed.
-  template <typename Perf>
-  bool usable(const Perf& p, bool need_deterministic) const {
-    if (p.status != CUDNN_STATUS_SUCCESS) return false;
-    if (need_deterministic && p.determinism != CUDNN_DETERMINISTIC) return false;
-    if (f32_ && !tf32_ && p.mathType != CUDNN_FMA_MATH && p.mathType != CUDNN_DEFAULT_MATH) {
-      return false;
-    }
-    return true;
-  }
-
-  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
-  cudnnFilterDescriptor_t w_ = nullptr;
-  cudnnConvolutionDescriptor_t conv_ = nullptr;
-
- private:
   static int i32(std::int64_t v) { return static_cast<int>(v); }
   bool tf32_ = false;
   bool f32_ = false;
@@ -138,7 +158,7 @@ void CudaBackend::do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const 
                                                             kMaxAlgos, &returned, perfs.data()));
   // Deterministic too: a checkpointed block's recomputed forward must give the same bits.
   const auto& perf = choose(cd, perfs, returned, true, "conv2d_forward", d, inp.dtype());
-  cd.set_math(perf.mathType);
+  cd.apply(perf);
   std::size_t ws_bytes = 0;
   MEMFIT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, cd.x_, cd.w_, cd.conv_, cd.y_,
                                                              perf.algo, &ws_bytes));
@@ -165,15 +185,15 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
     MEMFIT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, cd.w_, cd.y_, cd.conv_, cd.x_, kMaxAlgos, &returned, perfs.data()));
     const auto& perf = choose(cd, perfs, returned, true, "conv2d_backward", d, dt);
-    cd.set_math(perf.mathType);
+    cd.apply(perf);
     std::size_t ws_bytes = 0;
     MEMFIT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, cd.w_, cd.y_, cd.conv_,
                                                                     cd.x_, perf.algo, &ws_bytes));
     CudaScratch ws(*this, stream, ws_bytes, "cuda.conv.workspace");
     // beta = 0: dinp is written, whatever it held.
-    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, cd.w_, weight.raw(), cd.y_,
-                                                    dout.raw(), cd.conv_, perf.algo, ws.data(),
-                                                    ws.size(), &zero, cd.x_, dinp->raw()));
+    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, cd.w_, weight.raw(), cd.y_, dout.raw(),
+                                                    cd.conv_, perf.algo, ws.data(), ws.size(),
+                                                    &zero, cd.x_, dinp->raw()));
   }
 
   ConvDescs cd(d, dt, options_.allow_tf32);
@@ -182,16 +202,16 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
   MEMFIT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
       h, cd.x_, cd.y_, cd.conv_, cd.w_, kMaxAlgos, &returned, perfs.data()));
   const auto& perf = choose(cd, perfs, returned, true, "conv2d_backward", d, dt);
-  cd.set_math(perf.mathType);
+  cd.apply(perf);
   std::size_t ws_bytes = 0;
   MEMFIT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, cd.x_, cd.y_, cd.conv_,
                                                                     cd.w_, perf.algo, &ws_bytes));
   CudaScratch ws(*this, stream, ws_bytes, "cuda.conv.workspace");
   if (dt == DType::kF32) {
     // The filter gradient's descriptor is the weight's (f32): accumulate in place, beta = 1.
-    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, cd.x_, inp.raw(), cd.y_,
-                                                      dout.raw(), cd.conv_, perf.algo, ws.data(),
-                                                      ws.size(), &one, cd.w_, dweight.raw()));
+    MEMFIT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, cd.x_, inp.raw(), cd.y_, dout.raw(),
+                                                      cd.conv_, perf.algo, ws.data(), ws.size(),
+                                                      &one, cd.w_, dweight.raw()));
     return;
   }
   // f16/bf16: cuDNN writes the filter gradient in the data type, so it goes through a

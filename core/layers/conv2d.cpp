@@ -25,11 +25,11 @@ Conv2d::Conv2d(std::string name, const Conv2dSpec& spec) : Layer(std::move(name)
   if (!why.empty()) {
     throw InvalidArgument("Conv2d '" + this->name() + "': geometry " + desc_.str() + ": " + why);
   }
-  const float std = spec.init_std > 0.0f
-                        ? spec.init_std
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(
-                                                       spec.kernel_h * spec.kernel_w *
-                                                       spec.in_channels)));
+  const float std =
+      spec.init_std > 0.0f
+          ? spec.init_std
+          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.kernel_h * spec.kernel_w *
+                                                                   spec.in_channels)));
   layers::init_param(w_, this->name() + ".weight",
                      Shape{spec.out_channels, spec.kernel_h, spec.kernel_w, spec.in_channels},
                      ParamInit::Kind::kNormal, std);
@@ -62,8 +62,8 @@ Act Conv2d::forward(LayerContext& ctx, const Act& x, bool save) {
                           " positions, channels last");
   }
   const std::int64_t b = xs[0];
-  Act y = ctx.make(Shape{b, out_positions(), spec_.out_channels}, ctx.dtype,
-                   Category::kActivation, name());
+  Act y = ctx.make(Shape{b, out_positions(), spec_.out_channels}, ctx.dtype, Category::kActivation,
+                   name());
   ctx.backend.conv2d_forward(ctx.stream, desc(b), x->view(), w_.weight.view(), y->view());
   if (spec_.bias) ctx.backend.add_bias(ctx.stream, b_.weight.view(), y->view());
   if (save) x_ = x;
@@ -86,9 +86,9 @@ Act Conv2d::backward(LayerContext& ctx, const Act& dy) {
 
 LayerCost Conv2d::cost(std::int64_t seq_len, DType dtype) const {
   if (seq_len != in_positions()) {
-    throw InvalidArgument("Conv2d '" + name() + "': cost at seq_len " + std::to_string(seq_len) +
-                          "; valid: the input's positions, height * width = " +
-                          std::to_string(in_positions()));
+    throw InvalidArgument(
+        "Conv2d '" + name() + "': cost at seq_len " + std::to_string(seq_len) +
+        "; valid: the input's positions, height * width = " + std::to_string(in_positions()));
   }
   LayerCost c;
   c.saves_input = true;

@@ -55,8 +55,8 @@ class Conv2d final : public Layer {
   const Conv2dSpec& spec() const { return spec_; }
   std::int64_t out_height() const { return desc_.p(); }
   std::int64_t out_width() const { return desc_.q(); }
-  std::int64_t in_positions() const { return spec_.height * spec_.width; }       // T in
-  std::int64_t out_positions() const { return desc_.p() * desc_.q(); }           // T out
+  std::int64_t in_positions() const { return spec_.height * spec_.width; }  // T in
+  std::int64_t out_positions() const { return desc_.p() * desc_.q(); }      // T out
   // The backend descriptor for a batch of b images.
   Conv2dDesc desc(std::int64_t b) const;
   Parameter& weight() { return w_; }

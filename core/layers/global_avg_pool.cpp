@@ -45,8 +45,7 @@ Act GlobalAvgPool::forward(LayerContext& ctx, const Act& x, bool save) {
 }
 
 Act GlobalAvgPool::backward(LayerContext& ctx, const Act& dy) {
-  MEMFIT_CHECK(has_saved()) << "GlobalAvgPool '" << name()
-                            << "': backward without a saved forward";
+  MEMFIT_CHECK(has_saved()) << "GlobalAvgPool '" << name() << "': backward without a saved forward";
   const std::int64_t b = saved_batch_;
   layers::check_grad("GlobalAvgPool", name(), dy, Shape{b, 1, channels_}, ctx);
   Act dx = ctx.make(Shape{b, positions_, channels_}, ctx.dtype, Category::kTemporary, name());

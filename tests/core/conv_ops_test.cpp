@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -60,7 +61,8 @@ TEST(ConvDesc, SizesAndFlops) {
 // differences in inp and w.
 TEST(ConvOps, ReferenceBackwardMatchesFiniteDifferences) {
   std::mt19937 rng(3);
-  for (const Conv2dDesc& d : {conv(2, 5, 4, 2, 3, 3, 2, 2, 1, 1, 1), conv(1, 4, 5, 3, 2, 2, 3, 1, 2, 0, 2)}) {
+  for (const Conv2dDesc& d :
+       {conv(2, 5, 4, 2, 3, 3, 2, 2, 1, 1, 1), conv(1, 4, 5, 3, 2, 2, 3, 1, 2, 0, 2)}) {
     const Vec inp = rand_vec(static_cast<std::size_t>(d.n * d.h * d.w * d.c), rng);
     const Vec w = rand_vec(static_cast<std::size_t>(d.k * d.r * d.s * d.c), rng);
     const Vec dout = rand_vec(static_cast<std::size_t>(d.n * d.p() * d.q() * d.k), rng);
@@ -75,9 +77,9 @@ TEST(ConvOps, ReferenceBackwardMatchesFiniteDifferences) {
 // Odd sizes, strides, asymmetric padding, 1x1 filters, a filter as large as the padded image,
 // channel counts that are not multiples of a vector width.
 const Conv2dDesc kCases[] = {
-    conv(2, 5, 7, 3, 4, 3, 3, 1, 1, 1, 1),  conv(3, 9, 6, 5, 7, 3, 2, 2, 3, 1, 0),
-    conv(1, 8, 8, 17, 9, 1, 1, 1, 1, 0, 0), conv(2, 3, 4, 2, 3, 5, 6, 1, 1, 1, 1),
-    conv(2, 11, 10, 4, 6, 4, 3, 3, 2, 2, 1), conv(1, 1, 1, 1, 1, 1, 1),
+    conv(2, 5, 7, 3, 4, 3, 3, 1, 1, 1, 1),     conv(3, 9, 6, 5, 7, 3, 2, 2, 3, 1, 0),
+    conv(1, 8, 8, 17, 9, 1, 1, 1, 1, 0, 0),    conv(2, 3, 4, 2, 3, 5, 6, 1, 1, 1, 1),
+    conv(2, 11, 10, 4, 6, 4, 3, 3, 2, 2, 1),   conv(1, 1, 1, 1, 1, 1, 1),
     conv(4, 12, 12, 16, 32, 3, 3, 2, 2, 1, 1),  // the example's second layer (parallel paths)
 };
 
@@ -170,8 +172,9 @@ TEST(ConvOps, DeterministicAcrossThreadsAndStreams) {
     return Run{bytes_of(out), bytes_of(dinp), bytes_of(dw)};
   };
   CpuBackend inline_be;
-  const Run team = run(inline_be, s0);
   const int threads = omp_get_max_threads();
+  omp_set_num_threads(std::max(threads, 2));  // a team even on a one-core machine
+  const Run team = run(inline_be, s0);
   omp_set_num_threads(1);
   const Run one = run(inline_be, s0);
   omp_set_num_threads(threads);
@@ -222,8 +225,7 @@ TEST(ConvChecks, RejectBadCallsAndWriteNothing) {
   HostBuf shared(DType::kF32, ni + no);  // out's first element is inp's last
   expect_invalid([&] { be.conv2d_forward(s0, d, shared.at(0, ni), w, shared.at(ni - 1, no)); },
                  {"conv2d_forward", "out", "overlap"});
-  expect_invalid([&] { be.conv2d_forward(StreamId{77}, d, inp, w, out); },
-                 {"conv2d_forward"});
+  expect_invalid([&] { be.conv2d_forward(StreamId{77}, d, inp, w, out); }, {"conv2d_forward"});
   const Tensor meta_inp(Tensor(inp).raw(), Shape{ni}, DType::kF32, Device::kMeta);
   expect_invalid([&] { be.conv2d_forward(s0, d, meta_inp, w, out); },
                  {"conv2d_forward", "inp", "meta"});
@@ -241,9 +243,9 @@ TEST(ConvChecks, RejectBadCallsAndWriteNothing) {
   zero_c.c = 0;
   neg_n.n = -1;
   big.h = std::int64_t{1} << 31;
-  for (const Bad& b : {Bad{neg_pad, "pad_w = -1"}, Bad{zero_stride, "stride_h = 0"},
-                       Bad{small_img, "h + 2*pad_h"}, Bad{zero_c, "c = 0"}, Bad{neg_n, "n = -1"},
-                       Bad{big, "2^31 - 1"}}) {
+  for (const Bad& b :
+       {Bad{neg_pad, "pad_w = -1"}, Bad{zero_stride, "stride_h = 0"}, Bad{small_img, "h + 2*pad_h"},
+        Bad{zero_c, "c = 0"}, Bad{neg_n, "n = -1"}, Bad{big, "2^31 - 1"}}) {
     expect_invalid([&] { be.conv2d_forward(s0, b.d, inp, w, out); },
                    {"conv2d_forward", "descriptor", b.part});
     expect_invalid([&] { be.conv2d_backward(s0, b.d, dout, inp, w, &dinp_t, dw); },
@@ -264,13 +266,11 @@ TEST(ConvChecks, RejectBadCallsAndWriteNothing) {
   expect_invalid([&] { be.conv2d_backward(s0, d, dout, inp, w16, &dinp_t, dw); },
                  {"conv2d_backward", "weight", "same dtype as inp"});
   const Tensor inp_as_dinp = inp;
-  expect_invalid(
-      [&] { be.conv2d_backward(s0, d, dout, inp, w, &inp_as_dinp, dw); },
-      {"conv2d_backward", "dinp", "inp"});
+  expect_invalid([&] { be.conv2d_backward(s0, d, dout, inp, w, &inp_as_dinp, dw); },
+                 {"conv2d_backward", "dinp", "inp"});
   const Tensor dw_over_dinp(Tensor(dinp).raw(), Shape{nw}, DType::kF32, Device::kCpu);
-  expect_invalid(
-      [&] { be.conv2d_backward(s0, d, dout, inp, w, &dinp_t, dw_over_dinp); },
-      {"conv2d_backward", "dinp", "dweight"});
+  expect_invalid([&] { be.conv2d_backward(s0, d, dout, inp, w, &dinp_t, dw_over_dinp); },
+                 {"conv2d_backward", "dinp", "dweight"});
 
   // Nothing was written by any refused call.
   for (double v : out.vals()) ASSERT_EQ(v, 7.0);

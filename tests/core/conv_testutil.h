@@ -52,8 +52,8 @@ inline std::vector<double> ref_conv_forward(const Conv2dDesc& d, const std::vect
                                             const std::vector<double>& w) {
   std::vector<double> out(static_cast<std::size_t>(d.n * d.p() * d.q() * d.k), 0.0);
   for_conv_terms(d, [&](std::int64_t o, std::int64_t i, std::int64_t j) {
-    out[static_cast<std::size_t>(o)] += inp[static_cast<std::size_t>(i)] *
-                                        w[static_cast<std::size_t>(j)];
+    out[static_cast<std::size_t>(o)] +=
+        inp[static_cast<std::size_t>(i)] * w[static_cast<std::size_t>(j)];
   });
   return out;
 }

@@ -70,7 +70,7 @@ TEST(MetaConv, CountsFlopsAndBytes) {
   be.conv2d_backward(kDefaultStream, d, dout, inp, w, &dinp, dw);
   s = be.stats();
   EXPECT_EQ(s.calls(MetaOp::kConv2dBackward), 1);
-  EXPECT_EQ(s.gemm_flops, 2 * flops);  // dinp and dweight
+  EXPECT_EQ(s.gemm_flops, 2 * flops);                    // dinp and dweight
   EXPECT_EQ(s.bytes_read, 2 * (no + ni + nw) + 4 * nw);  // dweight accumulates: read too
   EXPECT_EQ(s.bytes_written, 2 * ni + 4 * nw);
 

@@ -57,8 +57,10 @@ struct Gpu {
 };
 
 const Conv2dDesc kCases[] = {
-    conv(2, 5, 7, 3, 4, 3, 3, 1, 1, 1, 1),     conv(3, 9, 6, 5, 7, 3, 2, 2, 3, 1, 0),
-    conv(1, 8, 8, 17, 9, 1, 1),                conv(2, 11, 10, 4, 6, 4, 3, 3, 2, 2, 1),
+    conv(2, 5, 7, 3, 4, 3, 3, 1, 1, 1, 1),
+    conv(3, 9, 6, 5, 7, 3, 2, 2, 3, 1, 0),
+    conv(1, 8, 8, 17, 9, 1, 1),
+    conv(2, 11, 10, 4, 6, 4, 3, 3, 2, 2, 1),
     conv(8, 16, 16, 32, 64, 3, 3, 1, 1, 1, 1),  // tensor-core friendly channel counts
     conv(4, 12, 12, 16, 32, 3, 3, 2, 2, 1, 1),  // examples/train_cnn's second layer
 };
@@ -85,7 +87,8 @@ TEST(ConvGpu, MatchesCpuInEveryDtype) {
       const Tensor dinp_ref_t = dinp_ref;
       cpu.conv2d_backward(kDefaultStream, d, dout, inp, w, &dinp_ref_t, dw_ref);
       // GPU, outputs poisoned.
-      Dev di(g.alloc, si, dt), dwt(g.alloc, sw, dt), ddo(g.alloc, so, dt), dout_dev(g.alloc, so, dt);
+      Dev di(g.alloc, si, dt), dwt(g.alloc, sw, dt), ddo(g.alloc, so, dt),
+          dout_dev(g.alloc, so, dt);
       Dev ddi(g.alloc, si, dt), ddw(g.alloc, sw, DType::kF32);
       di.upload(g.be, inp);
       dwt.upload(g.be, w);
@@ -102,8 +105,7 @@ TEST(ConvGpu, MatchesCpuInEveryDtype) {
       // Both sides accumulate in FP32 in different orders and round once to dt; f32 runs
       // without TF32 (the backend's default). The absolute slack grows with the term count.
       expect_close(out, out_ref.vals(), dt, "out", 1 + static_cast<double>(d.r * d.s * d.c) / 8);
-      expect_close(dinp, dinp_ref.vals(), dt, "dinp",
-                   1 + static_cast<double>(d.r * d.s * d.k) / 8);
+      expect_close(dinp, dinp_ref.vals(), dt, "dinp", 1 + static_cast<double>(d.r * d.s * d.k) / 8);
       // f16/bf16 filter gradients pass through a dt temporary on the GPU (cuda_backend.h), so
       // they carry dt's rounding; f32 ones accumulate in place.
       expect_close(dw, dw_ref.vals(), dt, "dweight",

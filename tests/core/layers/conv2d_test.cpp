@@ -1,11 +1,12 @@
 // Conv2d and GlobalAvgPool, the layers a small CNN needs: against the naive convolution
 // (tests/core/conv_testutil.h) and finite differences, low precision, recomputation, the
 // saved-state contract and memory against cost() on the meta backend.
+#include "core/layers/conv2d.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 
-#include "core/layers/conv2d.h"
 #include "core/layers/global_avg_pool.h"
 #include "memory/check.h"
 #include "memory/error.h"
@@ -22,17 +23,25 @@ constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 Conv2dSpec spec(std::int64_t h, std::int64_t w, std::int64_t c, std::int64_t k, std::int64_t r,
                 std::int64_t s, std::int64_t stride = 1, std::int64_t pad = 0, bool bias = true) {
-  return Conv2dSpec{.height = h, .width = w, .in_channels = c, .out_channels = k, .kernel_h = r,
-                    .kernel_w = s, .stride_h = stride, .stride_w = stride, .pad_h = pad,
-                    .pad_w = pad, .bias = bias};
+  return Conv2dSpec{.height = h,
+                    .width = w,
+                    .in_channels = c,
+                    .out_channels = k,
+                    .kernel_h = r,
+                    .kernel_w = s,
+                    .stride_h = stride,
+                    .stride_w = stride,
+                    .pad_h = pad,
+                    .pad_w = pad,
+                    .bias = bias};
 }
 
 // y = conv(x, W) + b for x (B, H*W, C).
 testing::RefFn conv_ref(const Conv2dSpec& sp) {
   return [sp](const Vec& x, const Params& p) {
-    Conv2dDesc d = testing::conv(0, sp.height, sp.width, sp.in_channels, sp.out_channels,
-                                 sp.kernel_h, sp.kernel_w, sp.stride_h, sp.stride_w, sp.pad_h,
-                                 sp.pad_w);
+    Conv2dDesc d =
+        testing::conv(0, sp.height, sp.width, sp.in_channels, sp.out_channels, sp.kernel_h,
+                      sp.kernel_w, sp.stride_h, sp.stride_w, sp.pad_h, sp.pad_w);
     d.n = static_cast<std::int64_t>(x.size()) / (sp.height * sp.width * sp.in_channels);
     Vec y = testing::ref_conv_forward(d, x, p[0]);
     if (sp.bias) {
@@ -141,7 +150,7 @@ TEST(GlobalAvgPoolTest, GradientsMatchFiniteDifferences) {
   GlobalAvgPool p("pool", 6, 5);
   testing::check_gradients(p, Shape{3, 6, 5}, pool_ref(6, 5), 3);
   EXPECT_TRUE(p.parameters().empty());
-  testing::expect_invalid([] { GlobalAvgPool("bad", 0, 4); }, {"pool", "positions"});
+  testing::expect_invalid([] { GlobalAvgPool("bad", 0, 4); }, {"GlobalAvgPool 'bad'", "positions"});
 }
 
 TEST(GlobalAvgPoolTest, LowPrecisionAndRecompute) {
