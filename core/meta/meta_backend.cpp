@@ -63,6 +63,10 @@ const char* meta_op_name(MetaOp op) {
       return "crossentropy_backward";
     case MetaOp::kAdamW:
       return "adamw";
+    case MetaOp::kConv2dForward:
+      return "conv2d_forward";
+    case MetaOp::kConv2dBackward:
+      return "conv2d_backward";
     case MetaOp::kCount:
       break;
   }

@@ -99,3 +99,14 @@ TEST(MetaConv, RejectsWhatEveryBackendRejects) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+TEST(MetaConv, OpsHaveNames) {
+  EXPECT_STREQ(meta_op_name(MetaOp::kConv2dForward), "conv2d_forward");
+  EXPECT_STREQ(meta_op_name(MetaOp::kConv2dBackward), "conv2d_backward");
+}
+
+}  // namespace
+}  // namespace memfit
