@@ -27,6 +27,7 @@
 
 #include "core/cuda/cuda_lib_check.h"
 #include "memory/check.h"
+#include "memory/cuda/cuda_check.h"  // DeviceGuard
 #endif
 
 namespace memfit {
@@ -85,7 +86,13 @@ class ConvDescs {
   ConvDescs(const ConvDescs&) = delete;
   ConvDescs& operator=(const ConvDescs&) = delete;
 
-  void set_math(cudnnMathType_t m) { MEMFIT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m)); }
+  // Review fix: f32 without allow_tf32 always runs FMA_MATH. usable() accepts a result the
+  // heuristics report as DEFAULT_MATH, and DEFAULT_MATH permits TF32 on Ampere and later, so
+  // setting the reported type verbatim could run TF32 (PyTorch pins FMA_MATH the same way).
+  void set_math(cudnnMathType_t m) {
+    if (f32_ && !tf32_) m = CUDNN_FMA_MATH;
+    MEMFIT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, m));
+  }
 
   // Whether a heuristic result may run: supported, deterministic when asked, and no TF32 for
   // f32 unless allowed.
@@ -128,6 +135,9 @@ const Perf& choose(const ConvDescs& cd, const std::array<Perf, kMaxAlgos>& perfs
 void CudaBackend::do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
                                     const Tensor& weight, const Tensor& out) {
   if (d.n == 0) return;  // cuDNN rejects empty tensors; nothing to compute
+  // Review fix: cuDNN calls run on the current device; make the backend's current, as
+  // every other CudaBackend op does (a caller on another device would otherwise fail).
+  cuda::DeviceGuard guard(options_.device);
   cudaStream_t cs = impl().stream(stream);
   cudnnHandle_t h = impl().cudnn(cs);
   ConvDescs cd(d, inp.dtype(), options_.allow_tf32);
@@ -153,6 +163,9 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
                                      const Tensor& inp, const Tensor& weight, const Tensor* dinp,
                                      const Tensor& dweight) {
   if (d.n == 0) return;  // dweight += 0
+  // Review fix: cuDNN calls run on the current device; make the backend's current, as
+  // every other CudaBackend op does (a caller on another device would otherwise fail).
+  cuda::DeviceGuard guard(options_.device);
   cudaStream_t cs = impl().stream(stream);
   cudnnHandle_t h = impl().cudnn(cs);
   const DType dt = inp.dtype();
