@@ -27,6 +27,7 @@
 
 #include "core/cuda/cuda_lib_check.h"
 #include "memory/check.h"
+#include "memory/cuda/cuda_check.h"
 #endif
 
 namespace memfit {
@@ -148,6 +149,7 @@ const Perf& choose(const ConvDescs& cd, const std::array<Perf, kMaxAlgos>& perfs
 void CudaBackend::do_conv2d_forward(StreamId stream, const Conv2dDesc& d, const Tensor& inp,
                                     const Tensor& weight, const Tensor& out) {
   if (d.n == 0) return;  // cuDNN rejects empty tensors; nothing to compute
+  cuda::DeviceGuard guard(options_.device);  // cuDNN works on the current device
   cudaStream_t cs = impl().stream(stream);
   cudnnHandle_t h = impl().cudnn(cs);
   ConvDescs cd(d, inp.dtype(), options_.allow_tf32);
@@ -173,6 +175,7 @@ void CudaBackend::do_conv2d_backward(StreamId stream, const Conv2dDesc& d, const
                                      const Tensor& inp, const Tensor& weight, const Tensor* dinp,
                                      const Tensor& dweight) {
   if (d.n == 0) return;  // dweight += 0
+  cuda::DeviceGuard guard(options_.device);  // cuDNN works on the current device
   cudaStream_t cs = impl().stream(stream);
   cudnnHandle_t h = impl().cudnn(cs);
   const DType dt = inp.dtype();

@@ -208,6 +208,14 @@ std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t lt, const GemmKey& key) {
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)));
   MEMFIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)));
+  // Split-K only with partials kept in the compute type (f32): the default mask also allows
+  // CUBLASLT_REDUCTION_SCHEME_INPLACE and _OUTPUT_TYPE, which sum the partials in C's type, so a
+  // f16/bf16 C would be rounded once per K slice, not once at the end as backend.h and the CPU
+  // backend do (cublasLt.h, cublasLtReductionScheme_t).
+  const std::uint32_t reductions =
+      CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  MEMFIT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions, sizeof(reductions)));
 
   int returned = 0;
   MEMFIT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->la, plan->lb,

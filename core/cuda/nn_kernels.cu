@@ -532,7 +532,9 @@ __global__ void crossentropy_forward_kernel(In<T> logits, const std::int32_t* ta
       if (x > acc.m) {
         acc.s = acc.s * expf(acc.m - x) + 1.0f;
         acc.m = x;
-      } else {
+      } else if (x != -INFINITY) {
+        // Review fix: a -inf logit adds exp(-inf) = 0; with acc.m still -inf (the thread's
+        // first logits all -inf) exp(-inf - -inf) would be NaN where the CPU gives a finite lse.
         acc.s += expf(x - acc.m);
       }
     }

@@ -184,12 +184,15 @@ struct CuptiTracer::Impl {
 
   void add(const CUpti_Activity* rec) {
     GpuActivity a;
+    std::uint64_t raw_start = 1, raw_end = 1;  // CUPTI's own start/end, where a record has them
     switch (rec->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const KernelRecord*>(rec);
         a.kind = GpuActivityKind::kKernel;
         a.name = k->name != nullptr ? k->name : "kernel";
+        raw_start = k->start;
+        raw_end = k->end;
         a.start_ns = to_steady(k->start);
         a.end_ns = to_steady(k->end);
         a.stream = k->streamId;
@@ -199,6 +202,8 @@ struct CuptiTracer::Impl {
         const auto* m = reinterpret_cast<const MemcpyRecord*>(rec);
         a.kind = GpuActivityKind::kMemcpy;
         a.name = memcpy_name(m->copyKind);
+        raw_start = m->start;
+        raw_end = m->end;
         a.start_ns = to_steady(m->start);
         a.end_ns = to_steady(m->end);
         a.stream = m->streamId;
@@ -209,6 +214,8 @@ struct CuptiTracer::Impl {
         const auto* m = reinterpret_cast<const MemsetRecord*>(rec);
         a.kind = GpuActivityKind::kMemset;
         a.name = "memset";
+        raw_start = m->start;
+        raw_end = m->end;
         a.start_ns = to_steady(m->start);
         a.end_ns = to_steady(m->end);
         a.stream = m->streamId;
@@ -259,6 +266,15 @@ struct CuptiTracer::Impl {
       }
       default:
         return;
+    }
+    // cuptiActivityGetNextRecord's documentation: kernel records (and records of some other
+    // kinds) may carry 0 timestamps when CUPTI had no device memory to time them. Converted,
+    // those would land at an arbitrary steady_clock time; count them as lost instead.
+    if ((a.kind == GpuActivityKind::kKernel || a.kind == GpuActivityKind::kMemcpy ||
+         a.kind == GpuActivityKind::kMemset) &&
+        (raw_start == 0 || raw_end == 0)) {
+      ++cupti_dropped;
+      return;
     }
     records.push_back(std::move(a));
   }
