@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
+#include "tests/core/golden_testutil.h"
 #include "tests/core/conv_testutil.h"
 #include "tests/core/nn_testutil.h"
 
@@ -22,85 +23,12 @@ namespace {
 
 using namespace testing;  // NOLINT
 
-struct Entry {
-  std::uint32_t dtype = 0;  // 0 f32, 1 i32
-  std::vector<std::int64_t> dims;
-  std::vector<float> f;
-  std::vector<std::int32_t> i;
-};
-
-std::string golden_path() {
-  const char* dir = std::getenv("MEMFIT_SOURCE_DIR");
-  return std::string(dir ? dir : MEMFIT_TEST_SOURCE_DIR) + "/tests/core/data/conv_golden.bin";
-}
-
-// The MFGOLDEN layout (scripts/make_conv_golden.py); ADD_FAILURE and an empty map when the
-// file is missing or any byte is malformed.
-std::map<std::string, Entry> read_golden(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  const std::vector<char> data((std::istreambuf_iterator<char>(f)),
-                               std::istreambuf_iterator<char>());
-  std::size_t off = 0;
-  bool ok = true;
-  const auto take = [&](void* dst, std::size_t n) {
-    if (!ok || n > data.size() - off) {
-      ok = false;
-      return;
-    }
-    std::memcpy(dst, data.data() + off, n);
-    off += n;
-  };
-  char magic[8] = {};
-  std::uint32_t version = 0, count = 0;
-  take(magic, 8);
-  take(&version, 4);
-  take(&count, 4);
-  if (!ok || std::memcmp(magic, "MFGOLDEN", 8) != 0 || version != 1) {
-    ADD_FAILURE() << path << ": missing, or not a version 1 MFGOLDEN file";
-    return {};
-  }
-  std::map<std::string, Entry> out;
-  for (std::uint32_t e = 0; e < count && ok; ++e) {
-    std::uint32_t len = 0, ndim = 0;
-    take(&len, 4);
-    if (!ok || len > 256) break;
-    std::string name(len, '\0');
-    take(name.data(), len);
-    Entry en;
-    take(&en.dtype, 4);
-    take(&ndim, 4);
-    if (!ok || ndim > 8 || en.dtype > 1) {
-      ok = false;
-      break;
-    }
-    en.dims.resize(ndim);
-    take(en.dims.data(), 8 * ndim);
-    std::int64_t numel = 1;
-    for (std::int64_t d : en.dims) numel = (d < 0 || d > (1 << 20) || numel < 0) ? -1 : numel * d;
-    if (!ok || numel < 0 || numel > (1 << 20)) {
-      ok = false;
-      break;
-    }
-    if (en.dtype == 0) {
-      en.f.resize(static_cast<std::size_t>(numel));
-      take(en.f.data(), 4 * en.f.size());
-    } else {
-      en.i.resize(static_cast<std::size_t>(numel));
-      take(en.i.data(), 4 * en.i.size());
-    }
-    ok = ok && out.emplace(name, std::move(en)).second;
-  }
-  if (!ok || off != data.size()) {
-    ADD_FAILURE() << path << ": malformed at byte " << off;
-    return {};
-  }
-  return out;
-}
+using testing::GoldenEntry;
 
 Vec as_vec(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 
 TEST(ConvGolden, CpuMatchesPyTorch) {
-  const auto g = read_golden(golden_path());
+  const auto g = testing::read_golden(testing::golden_data_path("conv_golden.bin"));
   ASSERT_FALSE(g.empty());
   ASSERT_EQ(g.count("cases"), 1u);
   const int cases = g.at("cases").i.at(0);

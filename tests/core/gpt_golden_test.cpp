@@ -36,6 +36,7 @@
 #include "core/device_adamw.h"
 #include "core/executor.h"
 #include "core/model.h"
+#include "tests/core/golden_testutil.h"
 #include "tests/core/exec_testutil.h"
 
 namespace memfit {
@@ -45,78 +46,7 @@ using testing::Batch;
 using testing::Rig;
 using testing::to_host;
 
-struct Entry {
-  std::uint32_t dtype = 0;  // 0 f32, 1 i32
-  std::vector<std::int64_t> dims;
-  std::vector<float> f;
-  std::vector<std::int32_t> i;
-};
-
-std::string golden_path() {
-  const char* dir = std::getenv("MEMFIT_SOURCE_DIR");
-  return std::string(dir ? dir : MEMFIT_TEST_SOURCE_DIR) + "/tests/core/data/gpt_golden.bin";
-}
-
-// Reads the whole file; ADD_FAILURE (and an empty map) on any malformed byte.
-std::map<std::string, Entry> read_golden(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::size_t off = 0;
-  bool ok = true;
-  const auto take = [&](void* dst, std::size_t n) {
-    if (!ok || off + n > data.size()) {
-      ok = false;
-      return;
-    }
-    std::memcpy(dst, data.data() + off, n);
-    off += n;
-  };
-  std::map<std::string, Entry> out;
-  char magic[8] = {};
-  std::uint32_t version = 0, count = 0;
-  take(magic, 8);
-  take(&version, 4);
-  take(&count, 4);
-  if (!ok || std::memcmp(magic, "MFGOLDEN", 8) != 0 || version != 1) {
-    ADD_FAILURE() << path << ": missing, or not a version 1 MFGOLDEN file";
-    return {};
-  }
-  for (std::uint32_t e = 0; e < count && ok; ++e) {
-    std::uint32_t len = 0, ndim = 0;
-    take(&len, 4);
-    if (!ok || len > 4096) break;
-    std::string name(len, '\0');
-    take(name.data(), len);
-    Entry en;
-    take(&en.dtype, 4);
-    take(&ndim, 4);
-    if (!ok || ndim > 8 || en.dtype > 1) {
-      ok = false;
-      break;
-    }
-    en.dims.resize(ndim);
-    take(en.dims.data(), 8 * ndim);
-    std::int64_t numel = 1;
-    for (std::int64_t d : en.dims) numel = d < 0 || d > (1 << 24) ? -1 : numel * d;
-    if (!ok || numel < 0 || numel > (1 << 24)) {
-      ok = false;
-      break;
-    }
-    if (en.dtype == 0) {
-      en.f.resize(static_cast<std::size_t>(numel));
-      take(en.f.data(), 4 * en.f.size());
-    } else {
-      en.i.resize(static_cast<std::size_t>(numel));
-      take(en.i.data(), 4 * en.i.size());
-    }
-    ok = ok && out.emplace(name, std::move(en)).second;
-  }
-  if (!ok || off != data.size()) {
-    ADD_FAILURE() << path << ": malformed at byte " << off;
-    return {};
-  }
-  return out;
-}
+using testing::GoldenEntry;
 
 struct Errors {
   double worst_ratio = 0;  // max over elements of |a-b| / tolerance
@@ -146,7 +76,7 @@ Errors compare(const std::vector<float>& a, const std::vector<float>& b, double 
 class GptGolden : public ::testing::Test {
  protected:
   void SetUp() override {
-    g_ = read_golden(golden_path());
+    g_ = testing::read_golden(testing::golden_data_path("gpt_golden.bin"));
     ASSERT_FALSE(g_.empty());
     for (const char* k : {"config", "adamw", "tokens", "targets", "logits", "loss", "trajectory"}) {
       ASSERT_TRUE(g_.count(k)) << "entry " << k << " missing";
@@ -195,7 +125,7 @@ class GptGolden : public ::testing::Test {
       in_model.insert(p->name);
       const auto it = g_.find("param/" + p->name);
       ASSERT_NE(it, g_.end()) << p->name << " not in the golden file";
-      const Entry& e = it->second;
+      const GoldenEntry& e = it->second;
       ASSERT_EQ(Shape::of(e.dims.data(), static_cast<int>(e.dims.size())), p->shape) << p->name;
       const Tensor src(const_cast<float*>(e.f.data()), p->shape, DType::kF32, Device::kCpu);
       ctx.backend.copy(ctx.stream, src, p->master_view());
@@ -204,7 +134,7 @@ class GptGolden : public ::testing::Test {
     ctx.backend.synchronize(ctx.stream);
   }
 
-  std::map<std::string, Entry> g_;
+  std::map<std::string, GoldenEntry> g_;
   ModelSpec spec_;
   std::int64_t b_ = 0, t_ = 0, steps_ = 0;
   AdamWOptions adamw_;
