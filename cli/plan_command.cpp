@@ -4,10 +4,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "cli/runtime_env.h"
+#include "cli/run_args.h"
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "memory/check.h"
@@ -15,6 +16,7 @@
 #include "memory/size.h"
 #include "policies/device_spec.h"
 #include "policies/planner.h"
+#include "policies/runtime_env.h"
 
 namespace memfit::cli {
 
@@ -87,32 +89,33 @@ std::string short_rate(double r) {
   return buf;
 }
 
-std::size_t category(const Plan& p, Category c) {
-  return p.predicted.peak_by_category[category_index(c)];
-}
-
+// The breakdown columns are the bytes by category at the moment of the reserved peak plus the
+// cached bytes then, so each row's columns add up to its peak.
 void print_table(const PlanResult& r, std::int64_t top) {
-  std::printf("%-5s %-10s %-7s %6s %5s | %9s | %8s %8s %8s %8s %8s | %9s %9s\n", "dtype",
-              "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
-              "activ", "other", "step", "tokens/s");
-  std::printf("%s\n", std::string(116, '-').c_str());
+  std::printf("%-5s %-10s %-7s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
+              "dtype", "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads",
+              "optim", "activ", "other", "cached", "host", "step", "tokens/s");
+  std::printf("%s\n", std::string(139, '-').c_str());
   std::int64_t shown = 0;
   for (const Plan& p : r.candidates) {
     if (top > 0 && shown == top) break;
     ++shown;
-    const std::size_t other = category(p, Category::kTemporary) + category(p, Category::kInput) +
-                              category(p, Category::kWorkspace) + category(p, Category::kUnknown);
-    std::printf("%-5s %-10s %-7s %6lld %5lld | %9s | %8s %8s %8s %8s %8s | %9s %9s\n",
-                dtype_name(p.dtype), checkpoint_label(p.checkpoint).c_str(),
-                p.offload ? "on" : "off", static_cast<long long>(p.micro_batch),
-                static_cast<long long>(p.accum_steps),
-                short_bytes(p.predicted.peak_reserved).c_str(),
-                short_bytes(category(p, Category::kParameter)).c_str(),
-                short_bytes(category(p, Category::kGradient)).c_str(),
-                short_bytes(category(p, Category::kOptimizerState)).c_str(),
-                short_bytes(category(p, Category::kActivation)).c_str(), short_bytes(other).c_str(),
-                short_seconds(p.predicted.step_seconds).c_str(),
-                short_rate(p.predicted.tokens_per_second).c_str());
+    const PeakFigures& k = p.predicted.peaks;
+    const std::size_t other = k.at_peak_of(Category::kTemporary) +
+                              k.at_peak_of(Category::kInput) +
+                              k.at_peak_of(Category::kWorkspace) + k.at_peak_of(Category::kUnknown);
+    std::printf(
+        "%-5s %-10s %-7s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
+        dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
+        p.policy.offload.any() ? "on" : "off", static_cast<long long>(p.policy.micro_batch),
+        static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
+        short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
+        short_bytes(k.at_peak_of(Category::kGradient)).c_str(),
+        short_bytes(k.at_peak_of(Category::kOptimizerState)).c_str(),
+        short_bytes(k.at_peak_of(Category::kActivation)).c_str(), short_bytes(other).c_str(),
+        short_bytes(k.cached()).c_str(), short_bytes(k.host_pinned).c_str(),
+        short_seconds(p.predicted.step_seconds).c_str(),
+        short_rate(p.predicted.tokens_per_second).c_str());
   }
   if (shown < static_cast<std::int64_t>(r.candidates.size())) {
     std::printf("(%lld more; --top 0 shows all)\n",
@@ -137,9 +140,6 @@ void validate(const PlanArgs& a) {
       !ends_with(a.out, ".json")) {
     throw InvalidArgument("--out '" + a.out +
                           "': the format follows the extension; valid are .yaml, .yml, .json");
-  }
-  if (a.seq_len < 0) {
-    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + " must be >= 1");
   }
   if (a.global_batch < 0) {
     throw InvalidArgument("--global-batch " + std::to_string(a.global_batch) + " must be >= 1");
@@ -167,7 +167,7 @@ std::size_t measure_context(DeviceSpec& device) {
                           format_bytes(device.context_bytes) + " for " + device.name + ")");
   }
   const std::size_t before = device.context_bytes;
-  const RuntimeEnv env = make_runtime("cuda", AllocatorConfig{});
+  const RuntimeEnv env = make_runtime(DeviceKind::kCuda, AllocatorConfig{});
   device.context_bytes = env.context_bytes;
   return before;
 }
@@ -181,8 +181,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
     if (context_was != nullptr) *context_was = was;
   }
   if (!a.budget.empty()) {
-    o.budget = parse_size(a.budget);
-    if (o.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 24GiB)");
+    o.budget = parse_budget(a.budget);
     if (o.budget > o.device.memory_bytes) {
       throw InvalidArgument("--budget " + a.budget + " (" + format_bytes(o.budget) +
                             ") is more than " + o.device.name + " has (" +
@@ -190,12 +189,11 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
                             format_bytes(o.device.usable_bytes()) + " after its context)");
     }
   }
-  if (a.seq_len > o.spec.seq_len) {
-    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": " + o.spec.name +
-                          " takes at most " + std::to_string(o.spec.seq_len) +
-                          " tokens (valid: 1.." + std::to_string(o.spec.seq_len) + ")");
+  try {
+    o.seq_len = o.spec.resolve_seq_len(a.seq_len);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--" + std::string(e.what()).replace(0, 7, "seq-len"));
   }
-  o.seq_len = a.seq_len;
   o.global_batch = a.global_batch;
   o.ranks = a.ranks;
   o.zero_stage = a.zero;
@@ -214,10 +212,12 @@ int run_plan(const PlanArgs& a) {
   const Plan& rec = r.recommended;
 
   if (a.format == "json") {
-    nlohmann::json j;
-    j["recommended"] = plan_json(rec);
-    j["candidates"] = nlohmann::json::array();
-    for (const Plan& p : r.candidates) j["candidates"].push_back(plan_json(p));
+    // Each plan is Plan::to_json's document: what --out plan.json writes, key for key.
+    auto doc = [](const Plan& p) { return nlohmann::ordered_json::parse(p.to_json()); };
+    nlohmann::ordered_json j;
+    j["recommended"] = doc(rec);
+    j["candidates"] = nlohmann::ordered_json::array();
+    for (const Plan& p : r.candidates) j["candidates"].push_back(doc(p));
     j["infeasible"] = r.infeasible;
     std::printf("%s\n", j.dump(2).c_str());
   } else if (a.format == "yaml") {
@@ -242,8 +242,11 @@ int run_plan(const PlanArgs& a) {
     std::printf("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
                 o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
     print_table(r, a.top);
+    std::printf(
+        "(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
+        "bytes; each category's own peak: --format json, predicted.category_peaks)\n");
     std::printf("\nrecommended: %s\n  predicted peak reserved %s, %s per step, %s tokens/s\n",
-                describe_plan(rec).c_str(), format_bytes(rec.predicted.peak_reserved).c_str(),
+                rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
                 short_seconds(rec.predicted.step_seconds).c_str(),
                 short_rate(rec.predicted.tokens_per_second).c_str());
     std::printf("  why: %s\n", rec.why.c_str());
@@ -257,54 +260,6 @@ int run_plan(const PlanArgs& a) {
 }
 
 }  // namespace
-
-std::string checkpoint_label(const std::string& checkpoint) {
-  // Only a solver's op list has spaces ("F0:all F1:input ... B0"); names never do.
-  return checkpoint.find(' ') == std::string::npos ? checkpoint : "optimal";
-}
-
-std::string describe_plan(const Plan& p) {
-  std::string s = std::string(dtype_name(p.dtype)) + ", checkpoint " +
-                  checkpoint_label(p.checkpoint) + ", offload " + (p.offload ? "on" : "off") +
-                  ", micro-batch " + std::to_string(p.micro_batch);
-  if (p.accum_steps > 1) {
-    s += " x " + std::to_string(p.accum_steps) + " accumulated (global batch " +
-         std::to_string(p.global_batch) + ")";
-  }
-  if (p.ranks > 1) {
-    s += ", " + std::to_string(p.ranks) + " ranks ZeRO-" + std::to_string(p.zero_stage);
-  }
-  return s;
-}
-
-nlohmann::json plan_json(const Plan& p) {
-  nlohmann::json j;
-  j["model"] = p.model.name;
-  j["device"] = p.device;
-  j["budget_bytes"] = p.budget;
-  j["seq_len"] = p.seq_len;
-  j["activation_dtype"] = dtype_name(p.dtype);
-  j["checkpoint"] = p.checkpoint;
-  j["solver"] = checkpoint_label(p.checkpoint);
-  j["offload"] = p.offload;
-  j["delayed_update"] = p.delayed_update;
-  j["micro_batch"] = p.micro_batch;
-  j["accum_steps"] = p.accum_steps;
-  j["global_batch"] = p.global_batch;
-  j["ranks"] = p.ranks;
-  j["zero_stage"] = p.zero_stage;
-  j["predicted_peak_reserved_bytes"] = p.predicted.peak_reserved;
-  j["predicted_peak_allocated_bytes"] = p.predicted.peak_allocated;
-  nlohmann::json cats = nlohmann::json::object();
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    cats[category_name(static_cast<Category>(c))] = p.predicted.peak_by_category[c];
-  }
-  j["predicted_peak_by_category"] = cats;
-  j["predicted_step_seconds"] = p.predicted.step_seconds;
-  j["predicted_tokens_per_second"] = p.predicted.tokens_per_second;
-  j["why"] = p.why;
-  return j;
-}
 
 void add_plan_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<PlanArgs>();

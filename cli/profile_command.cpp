@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "cli/train_setup.h"
+#include "cli/run_args.h"
 #include "core/text_dataset.h"
 #include "memory/size.h"
 #include "profiler/atomic_file.h"
@@ -30,29 +30,30 @@ TextDataset synthetic_data(std::int64_t seq_len) {
 int run_profile(const TrainArgs& a) {
   if (a.report.empty()) throw InvalidArgument("--out DIR is required");
   Prepared prep = prepare(a);
-  const Run& p = prep.run;
-  const TextDataset data = a.data.empty() ? synthetic_data(p.seq_len) : TextDataset(a.data);
-  data.require_seq_len(p.seq_len);
+  const RunSpec& p = prep.run;
+  const std::int64_t seq_len = p.resolved_seq_len();
+  const TextDataset data = a.data.empty() ? synthetic_data(seq_len) : TextDataset(a.data);
+  data.require_seq_len(seq_len);
   print_plan_source("profile", a, prep);
   // Plan vs measured whenever there is something to compare against: a plan, or a budget the
   // command line's policies must fit (a dry run says what they should take).
   predict(prep, a, !a.budget.empty());
   ensure_writable_dir(a.report);
 
-  Session s = open_session(p, a.budget, /*record=*/true);
+  const std::unique_ptr<RunSetup> run = open_run(prep, a, /*record=*/true);
   std::printf("memfit profile: %s (%lld parameters), backend %s, %lld steps on %s\n",
-              p.describe().c_str(), static_cast<long long>(s.model->parameter_count()),
-              s.env.name.c_str(), static_cast<long long>(a.steps), data.source().c_str());
+              p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
+              run->runtime().name(), static_cast<long long>(a.steps), data.source().c_str());
   std::fflush(stdout);
   for (std::int64_t i = 1; i <= a.steps; ++i) {
-    const Batch b = data.sample(p.batch, p.seq_len, s.trainer->rng());
-    const StepResult r = train_step(s, p, a.budget, b, i == 1);
+    const Batch b = data.sample(p.batch, seq_len, run->trainer().rng());
+    const StepResult r = train_step(*run, a, b);
     std::printf("%s\n", progress_line(r, i, a.steps, static_cast<double>(r.tokens) / r.seconds,
-                                      s.trainer->scaler().enabled(), /*tty=*/false)
+                                      run->trainer().scaler().enabled(), /*tty=*/false)
                             .c_str());
     std::fflush(stdout);
   }
-  write_report(finish_report(s, prep, a.steps), a.report, prep.formats);
+  write_report(finish_report(*run, prep, a.steps), a.report, prep.formats);
   return 0;
 }
 

@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/plan_command.h"
-#include "cli/train_setup.h"
+#include "cli/run_args.h"
 #include "core/text_dataset.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -34,44 +33,55 @@ nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a
   return j;
 }
 
+// The peaks as summary.json and --summary-json name them, with `prefix` ("" or "predicted_").
+void put_peaks(nlohmann::json& j, const std::string& prefix, const PeakFigures& p) {
+  j[prefix + "peak_reserved_bytes"] = p.reserved;
+  j[prefix + "peak_allocated_bytes"] = p.allocated;
+  j[prefix + "peak_by_category"] = by_category_json(p.at_peak);
+  j[prefix + "cached_bytes_at_peak"] = p.cached();
+  j[prefix + "category_peaks"] = by_category_json(p.category_peaks);
+  j[prefix + "host_pinned_bytes"] = p.host_pinned;
+}
+
 int run_train(const TrainArgs& a, const TrainOnly& t) {
   if (given(a, "--formats") && a.report.empty()) {
     throw InvalidArgument("--formats " + a.formats +
                           " chooses the report's files: give --report DIR");
   }
   Prepared prep = prepare(a);
-  const Run& p = prep.run;
+  const RunSpec& p = prep.run;
+  const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data(a.data);
-  data.require_seq_len(p.seq_len);
+  data.require_seq_len(seq_len);
   print_plan_source("train", a, prep);
   predict(prep, a);
-  const std::optional<Peaks>& predicted = prep.predicted;
+  const std::optional<PeakFigures>& predicted = prep.predicted;
   const bool report = !a.report.empty();
   if (report) ensure_writable_dir(a.report);  // before training: a bad directory costs nothing
 
-  Session s = open_session(p, a.budget, report);
-  Trainer& trainer = *s.trainer;
+  const std::unique_ptr<RunSetup> run = open_run(prep, a, report);
+  Trainer& trainer = run->trainer();
   if (!t.resume.empty()) trainer.load(t.resume);
   const std::int64_t start = trainer.steps_attempted();
 
   std::printf("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n",
-              p.describe().c_str(), static_cast<long long>(s.model->parameter_count()),
-              a.data.c_str(), static_cast<long long>(data.size()), s.env.name.c_str());
+              p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
+              a.data.c_str(), static_cast<long long>(data.size()), run->runtime().name());
   std::printf("  schedule %s, %s, loss scaling %s%s%s\n", trainer.schedule().name().c_str(),
               trainer.optimizer().name(), trainer.scaler().enabled() ? "on" : "off",
-              p.conf.budget ? (", budget " + format_bytes(p.conf.budget)).c_str() : "",
+              p.alloc.budget ? (", budget " + format_bytes(p.alloc.budget)).c_str() : "",
               t.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
   std::fflush(stdout);
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
-  Peaks measured;
+  PeakFigures measured;
   std::vector<double> losses;
   std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
   double seconds = 0, last_scale = 1;
   for (std::int64_t i = 1; i <= a.steps; ++i) {
-    const Batch b = data.sample(p.batch, p.seq_len, trainer.rng());
-    const StepResult r = train_step(s, p, a.budget, b, i == 1);
-    measured.take_max(r);
+    const Batch b = data.sample(p.batch, seq_len, trainer.rng());
+    const StepResult r = train_step(*run, a, b);
+    measured.take_max(r.peaks);
     losses.push_back(r.loss);
     skipped += r.skipped ? 1 : 0;
     tokens += r.tokens;
@@ -99,31 +109,37 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
         format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
         predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }
-  std::printf("\n  peak by category:%s\n", predicted ? "     measured    predicted" : "");
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    if (measured.by_category[c] == 0 && (!predicted || predicted->by_category[c] == 0)) continue;
-    std::printf("    %-16s %12s", category_name(static_cast<Category>(c)),
-                format_bytes(measured.by_category[c]).c_str());
-    if (predicted) std::printf(" %12s", format_bytes(predicted->by_category[c]).c_str());
+  std::printf("\n  at the peak, by category:%s\n", predicted ? "  measured    predicted" : "");
+  auto row = [&](const char* name, std::size_t m, std::size_t q) {
+    if (m == 0 && (!predicted || q == 0)) return;
+    std::printf("    %-16s %12s", name, format_bytes(m).c_str());
+    if (predicted) std::printf(" %12s", format_bytes(q).c_str());
     std::printf("\n");
+  };
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    row(category_name(static_cast<Category>(c)), measured.at_peak[c],
+        predicted ? predicted->at_peak[c] : 0);
   }
+  row("(cached)", measured.cached(), predicted ? predicted->cached() : 0);
+  row("(pinned host)", measured.host_pinned, predicted ? predicted->host_pinned : 0);
   if (!t.save.empty()) std::printf("  state: %s\n", t.save.c_str());
-  if (report) write_report(finish_report(s, prep, a.steps), a.report, prep.formats);
+  if (report) write_report(finish_report(*run, prep, a.steps), a.report, prep.formats);
 
   if (!t.summary_json.empty()) {
     nlohmann::json j;
-    j["model"] = p.spec.name;
-    j["backend"] = s.env.name;
-    j["parameters"] = s.model->parameter_count();
-    j["dtype"] = dtype_name(p.dtype);
-    j["checkpoint"] = p.trainer.checkpoint;
+    const MemoryPolicy& pol = p.trainer.policy;
+    j["model"] = p.model.name;
+    j["backend"] = run->runtime().name();
+    j["parameters"] = run->model().parameter_count();
+    j["dtype"] = dtype_name(pol.dtype);
+    j["checkpoint"] = pol.checkpoint.name();
     j["schedule"] = trainer.schedule().name();
     j["batch"] = p.batch;
-    j["seq_len"] = p.seq_len;
-    j["micro_batch"] = p.trainer.micro_batch;
-    j["accum"] = p.trainer.accum;
+    j["seq_len"] = seq_len;
+    j["micro_batch"] = pol.micro_batch;
+    j["accum"] = pol.accum;
     j["micro_batches"] = micro_batches;
-    j["offload"] = p.trainer.offload;
+    j["offload"] = pol.offload.optimizer;
     j["optimizer"] = trainer.optimizer().name();
     j["loss_scaling"] = trainer.scaler().enabled();
     j["loss_scale"] = last_scale;
@@ -140,23 +156,17 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["seconds"] = seconds;
     j["tokens"] = tokens;
     j["tokens_per_second"] = tps;
-    j["budget_bytes"] = p.conf.budget;
-    j["alloc_conf"] = p.conf.to_string();
-    j["peak_reserved_bytes"] = measured.reserved;
-    j["peak_allocated_bytes"] = measured.allocated;
-    j["peak_by_category"] = by_category_json(measured.by_category);
-    if (predicted) {
-      j["predicted_peak_reserved_bytes"] = predicted->reserved;
-      j["predicted_peak_allocated_bytes"] = predicted->allocated;
-      j["predicted_peak_by_category"] = by_category_json(predicted->by_category);
-    }
+    j["budget_bytes"] = p.alloc.budget;
+    j["alloc_conf"] = p.alloc.to_string();
+    put_peaks(j, "", measured);
+    if (predicted) put_peaks(j, "predicted_", *predicted);
     if (prep.src.plan) {
-      j["plan"] = plan_json(*prep.src.plan);
+      j["plan"] = nlohmann::json::parse(prep.src.plan->to_json());  // the plan file's document
       j["plan_source"] = prep.src.kind;
       j["why"] = prep.src.plan->why;
       if (prep.src.kind == "file") j["plan_file"] = a.plan_file;
     }
-    j["allocator_stats"] = s.env.alloc->stats().as_map();
+    j["allocator_stats"] = run->allocator().stats().as_map();
     if (!t.save.empty()) j["saved_to"] = t.save;
     if (!t.resume.empty()) j["resumed_from"] = t.resume;
     if (report) j["report_dir"] = a.report;

@@ -48,6 +48,8 @@
 
 namespace memfit {
 
+class CachingAllocator;  // memory/caching_allocator.h
+
 // C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]   for b in [0, batch), row-major, where
 //   op(A[b]) is (m, k): A[b] is stored (m, k), or (k, m) when trans_a;
 //   op(B[b]) is (k, n): B[b] is stored (k, n), or (n, k) when trans_b;
@@ -167,6 +169,14 @@ class Backend {
 
   // The allocator's view of the events above (memory/stream.h); lives as long as the backend.
   StreamSync& stream_sync() { return sync_; }
+
+  // Where GEMM (and conv) workspace or scratch comes from from now on: `alloc`, as
+  // Category::kWorkspace blocks that count against its budget, or nullptr for the backend's
+  // own (the CPU backend's scratch pool; none on CUDA). `alloc` must outlive its use; call
+  // with nullptr before it dies. Each backend says what it takes (cpu: the 16-bit widening
+  // scratch; cuda: cuBLASLt's workspace; meta: the same allocations as the backend it models).
+  // The base backend takes no workspace: a no-op.
+  virtual void set_workspace_allocator(CachingAllocator* alloc) { (void)alloc; }
 
   // ---- ops: each validates, then queues on `stream` ----------------------------------------
   void gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c);

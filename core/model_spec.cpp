@@ -413,4 +413,13 @@ std::string ModelSpec::to_yaml() const {
   return std::string(out.c_str()) + "\n";
 }
 
+std::int64_t ModelSpec::resolve_seq_len(std::int64_t requested) const {
+  if (requested == 0) return seq_len;
+  if (requested < 1 || requested > seq_len) {
+    throw InvalidArgument("seq_len " + std::to_string(requested) + ": valid: 1 to " +
+                          std::to_string(seq_len) + " (" + name + "'s seq_len; 0: that)");
+  }
+  return requested;
+}
+
 }  // namespace memfit

@@ -54,6 +54,10 @@ struct ModelSpec {
 
   // ConfigError (source "<spec>") as for the YAML; from_yaml_* and preset call it.
   void validate() const;
+  // The one check of a sequence length asked of this model: 0 is the model's own seq_len;
+  // otherwise 1 to seq_len, else InvalidArgument "seq_len N: valid: 1 to M (NAME's seq_len;
+  // 0: that)". Returns the length to use.
+  std::int64_t resolve_seq_len(std::int64_t requested) const;
   std::int64_t parameter_count() const;  // unique parameters (a tied head counted once)
   std::string to_yaml() const;           // round-trips through from_yaml_string
 };

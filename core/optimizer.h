@@ -21,8 +21,12 @@
 //   moments and steps() do not change.
 // - state(): every tensor that defines the optimizer's state, named, for save/resume; they may
 //   live on the device or the host (Tensor::device()). Loading writes into these same tensors.
+// - flush(ctx): work the optimizer still has in flight (a delayed update) lands in the
+//   working weights; before a save, an evaluation, or the end of training. No-op by default.
+// - host_bytes(): pinned host memory it holds (an offloaded optimizer's slab), 0 by default.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,6 +52,8 @@ class Optimizer {
   }
   virtual void step(LayerContext& ctx, double grad_scale) = 0;
   virtual void skip(LayerContext& ctx) = 0;
+  virtual void flush(LayerContext& ctx) { (void)ctx; }
+  virtual std::size_t host_bytes() const { return 0; }
 
   virtual std::int64_t steps() const = 0;
   virtual void set_steps(std::int64_t steps) = 0;  // resume

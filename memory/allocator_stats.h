@@ -16,6 +16,10 @@
 //   inactive_split, inactive_split_bytes  free blocks that are part of a split segment
 // small_pool: blocks <= 1 MiB (from 2 MiB segments); large_pool: the rest.
 // category_bytes[c]: allocated (rounded) bytes of live blocks of Category c, current and peak.
+// at_reserved_peak: the moment reserved_bytes.all reached its peak (of those moments, the one
+// with the most allocated bytes): what was reserved, allocated, and allocated per Category
+// then, so a breakdown of the peak adds up (categories + cached = reserved). Each
+// category_bytes[c].peak is that category's own peak, usually at another moment.
 #pragma once
 
 #include <array>
@@ -51,6 +55,12 @@ enum StatType : int { kStatAll = 0, kStatSmallPool = 1, kStatLargePool = 2 };
 inline constexpr int kStatTypeCount = 3;
 using StatArray = std::array<Stat, kStatTypeCount>;
 
+struct PeakMoment {
+  std::int64_t reserved = 0;
+  std::int64_t allocated = 0;
+  std::array<std::int64_t, kCategoryCount> category{};
+};
+
 struct AllocatorStats {
   StatArray allocation, segment, active, inactive_split;
   StatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
@@ -59,6 +69,30 @@ struct AllocatorStats {
   std::int64_t num_device_alloc = 0;  // provider allocate calls that succeeded
   std::int64_t num_device_free = 0;   // provider deallocate calls
   std::array<Stat, kCategoryCount> category_bytes;
+  PeakMoment at_reserved_peak;
+
+  // After an allocation: moves at_reserved_peak here when reserved is at its peak and this
+  // moment holds more (a reserved peak reached again with more allocated). Cheap: two
+  // compares unless it moves.
+  void note_peak_moment() {
+    const Stat& r = reserved_bytes[kStatAll];
+    const std::int64_t a = allocated_bytes[kStatAll].current;
+    if (r.current != r.peak) return;
+    if (r.current == at_reserved_peak.reserved && a <= at_reserved_peak.allocated) return;
+    at_reserved_peak.reserved = r.current;
+    at_reserved_peak.allocated = a;
+    for (std::size_t c = 0; c < kCategoryCount; ++c) {
+      at_reserved_peak.category[c] = category_bytes[c].current;
+    }
+  }
+  // Takes the present as the moment (after the peaks are reset to the current values).
+  void note_peak_moment_now() {
+    at_reserved_peak.reserved = reserved_bytes[kStatAll].current;
+    at_reserved_peak.allocated = allocated_bytes[kStatAll].current;
+    for (std::size_t c = 0; c < kCategoryCount; ++c) {
+      at_reserved_peak.category[c] = category_bytes[c].current;
+    }
+  }
 
   // Flat map with PyTorch's keys ("allocated_bytes.all.current", "num_ooms", ...) and
   // "category_bytes.<name>.current|peak".

@@ -94,6 +94,7 @@ Block CachingAllocator::allocate(std::size_t bytes, Category category, StreamId 
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->begin_op();
   BlockNode* b = impl_->malloc(bytes, category, stream, tag);
+  impl_->stats.note_peak_moment();
   impl_->after_op();
   return Block(this, reinterpret_cast<void*>(b->addr), bytes, b);
 }
@@ -103,6 +104,7 @@ void* CachingAllocator::allocate_raw(std::size_t bytes, Category category, Strea
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->begin_op();
   BlockNode* b = impl_->malloc(bytes, category, stream, tag);
+  impl_->stats.note_peak_moment();
   impl_->after_op();
   return reinterpret_cast<void*>(b->addr);
 }

@@ -55,6 +55,7 @@ void CachingAllocator::reset_peak_stats() {
     for (Stat& st : *a) st.reset_peak();
   }
   for (Stat& st : s.category_bytes) st.reset_peak();
+  s.note_peak_moment_now();
 }
 
 void CachingAllocator::reset_accumulated_stats() {

@@ -214,7 +214,7 @@ Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& dev
   return c;
 }
 
-double CostModel::step_seconds(const Policy& p, const Schedule& schedule, std::int64_t micro_batch,
+double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule, std::int64_t micro_batch,
                                std::int64_t accum, const DeviceSpec& device) const {
   if (accum < 1) {
     throw InvalidArgument("CostModel::step_seconds: accum " + std::to_string(accum) +
@@ -268,7 +268,7 @@ double CostModel::step_seconds(const Policy& p, const Schedule& schedule, std::i
   const double micro = t;
   double total = static_cast<double>(accum) * micro;
 
-  if (!p.offload) {
+  if (!p.offload.optimizer) {
     const double per_param =
         static_cast<double>(adamw_bytes_per_element(DType::kF32, dt != DType::kF32, dt));
     total += n * per_param / device.mem_bandwidth;

@@ -6,6 +6,7 @@
 //   StaticBytes s = cm.static_bytes(DType::kBF16, /*offload=*/false);
 //   Chain c = cm.chain(/*micro_batch=*/8, DType::kBF16, device);  // for checkpoint_solver.h
 //   double t = cm.step_seconds(policy, Schedule::all(cm.num_blocks()), 8, /*accum=*/4, device);
+//   (policy: policies/policy.h; its dtype and offload switches count, the schedule is given)
 //
 // Analytic: from Layer::cost() of the real layers (built once on the meta backend, so the
 // figures are those of the code that runs) plus the static bytes of each policy, per
@@ -70,6 +71,7 @@
 #include "memory/category.h"
 #include "policies/checkpoint_solver.h"
 #include "policies/device_spec.h"
+#include "policies/policy.h"
 
 namespace memfit {
 
@@ -78,13 +80,6 @@ struct StaticBytes {
   std::array<std::int64_t, kCategoryCount> device{};  // kParameter, kGradient, kOptimizerState
   std::int64_t host_pinned = 0;
   std::int64_t device_total() const;
-};
-
-// The policy a cost or a dry run is asked about.
-struct Policy {
-  DType dtype = DType::kF32;
-  std::string checkpoint = "none";  // a solver name (checkpoint_solver.h) or Schedule::parse
-  bool offload = false;
 };
 
 class CostModel {
@@ -124,7 +119,7 @@ class CostModel {
   // delayed_update off) at device.cpu_adamw or, when 0, cpu_adamw_rate(); the H2D weight
   // copies (dt bytes/param) before the next forward. InvalidArgument for micro_batch or
   // accum < 1, a schedule invalid for num_blocks(), or a device rate <= 0.
-  double step_seconds(const Policy& p, const Schedule& schedule, std::int64_t micro_batch,
+  double step_seconds(const MemoryPolicy& p, const Schedule& schedule, std::int64_t micro_batch,
                       std::int64_t accum, const DeviceSpec& device) const;
 
   // Parameters per second of this host's CPU AdamW (core/cpu/adamw.h, all cores, f32

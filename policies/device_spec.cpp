@@ -33,10 +33,10 @@ constexpr const char* kPresetOrder[] = {"h200",        "h100-80g", "a100-80g", "
                                         "rtx4090-24g", "v100-32g", "t4-16g",   "cpu"};
 
 constexpr const char* kValidKeys =
-    "name, memory, context, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link, "
+    "name, kind, memory, context, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link, "
     "cpu_adamw";
 constexpr const char* kRequiredKeys =
-    "memory, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link";
+    "kind, memory, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link";
 
 std::string joined_presets() {
   std::string s;
@@ -138,7 +138,7 @@ DeviceSpec parse(std::string_view text, const std::string& source,
   std::map<std::string, YAML::Node> values;
   for (auto it = dev.begin(); it != dev.end(); ++it) {
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
-    static const char* kKeys[] = {"name",          "memory",    "context",
+    static const char* kKeys[] = {"name",          "kind",      "memory",    "context",
                                   "flops_f32",     "flops_f16", "flops_bf16",
                                   "mem_bandwidth", "host_link", "cpu_adamw"};
     bool known = false;
@@ -168,6 +168,20 @@ DeviceSpec parse(std::string_view text, const std::string& source,
     if (!n.IsScalar() || n.Scalar().empty()) fail(source, n, "name", "must be a non-empty string");
     d.name = n.Scalar();
   }
+  {
+    const YAML::Node& n = need("kind");
+    const std::string k = n.IsScalar() ? n.Scalar() : std::string();
+    if (k == "cpu") {
+      d.kind = DeviceKind::kCpu;
+    } else if (k == "cuda") {
+      d.kind = DeviceKind::kCuda;
+    } else {
+      fail(source, n, "kind",
+           "got " + node_kind(n) +
+               "; valid: cpu (memfit's CPU backend: host memory, GEMM scratch from the budget) "
+               "or cuda (an NVIDIA GPU: cuBLASLt workspace per GEMM)");
+    }
+  }
   d.memory_bytes = read_size(source, "memory", need("memory"));
   if (d.memory_bytes == 0) fail(source, need("memory"), "memory", "must be > 0");
   if (values.count("context")) {
@@ -196,6 +210,8 @@ std::string rate_text(double v) {
 }
 
 }  // namespace
+
+const char* device_kind_name(DeviceKind k) { return k == DeviceKind::kCpu ? "cpu" : "cuda"; }
 
 std::size_t DeviceSpec::usable_bytes() const {
   return context_bytes >= memory_bytes ? 0 : memory_bytes - context_bytes;
@@ -272,6 +288,7 @@ std::string DeviceSpec::to_yaml() const {
   YAML::Emitter n;
   n << YAML::DoubleQuoted << name;
   s += "  name: " + std::string(n.c_str()) + "\n";
+  s += std::string("  kind: ") + device_kind_name(kind) + "\n";
   s += "  memory: " + std::to_string(memory_bytes) + "\n";
   s += "  context: " + std::to_string(context_bytes) + "\n";
   s += "  flops_f32: " + rate_text(flops_f32) + "\n";

@@ -7,6 +7,7 @@
 // YAML (`device:` map; sizes take units, rates are per second with units or plain numbers):
 //   device:
 //     name: h100-80g
+//     kind: cuda             # cpu: memfit's CPU backend; cuda: an NVIDIA GPU (required)
 //     memory: 80GiB
 //     context: 600MiB        # CUDA context + cuBLAS/cuDNN handles and workspaces, measured
 //     flops_f32: 67e12       # dense, no tensor cores (TF32 off)
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,8 +32,14 @@
 
 namespace memfit {
 
+// What runs the step, which decides how the dry run models GEMM workspace: the CPU backend's
+// 16-bit widening scratch from the budget, or a fixed cuBLASLt workspace per GEMM.
+enum class DeviceKind : std::uint8_t { kCpu, kCuda };
+const char* device_kind_name(DeviceKind k);  // "cpu", "cuda"
+
 struct DeviceSpec {
   std::string name;
+  DeviceKind kind = DeviceKind::kCuda;
   std::size_t memory_bytes = 0;
   std::size_t context_bytes = 0;
   double flops_f32 = 0, flops_f16 = 0, flops_bf16 = 0;

@@ -76,7 +76,8 @@ struct OffloadOptimizer::Impl {
   };
 
   Backend* be = nullptr;
-  PinnedHostProvider* host = nullptr;
+  MemoryProvider* host = nullptr;
+  bool dry = false;  // a NullProvider's slab: addresses only, never touched
   OffloadOptions options;
   StreamId copy = kDefaultStream;
   std::vector<Slot> slots;
@@ -189,6 +190,7 @@ struct OffloadOptimizer::Impl {
     // On the calling thread or, for a delayed update, on std::async's: each has its own stack.
     const ScopedRange r(RangeKind::kOffload, range_ids().host_adamw);
     const auto t0 = Clock::now();
+    if (dry) return 0;
     for (const Run& r : runs) {
       if (r.n == 0) continue;
       AdamWBuffers b;
@@ -221,10 +223,11 @@ struct OffloadOptimizer::Impl {
 };
 
 OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOptions options,
-                                   LayerContext& ctx, PinnedHostProvider& host)
+                                   LayerContext& ctx, MemoryProvider& host)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.host = &host;
+  m.dry = host.kind() == MemoryKind::kNone;
   m.options = options;
   (void)adamw_constants(options.adamw, 1);  // validates the options: InvalidArgument
   if (options.threads < 0) {
@@ -293,7 +296,7 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     m.exp_avg_sq = reinterpret_cast<float*>(base + 2 * f32_region);
     m.grad = reinterpret_cast<float*>(base + 3 * f32_region);
     m.stage = base + 4 * f32_region;
-    std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and the grad region)
+    if (!m.dry) std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and grads)
   }
   m.be = &ctx.backend;
   m.copy = ctx.backend.create_stream();
@@ -312,7 +315,7 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   }
   m.be->synchronize(ctx.stream);
   for (Impl::Slot& s : m.slots) {
-    if (s.n > 0 && !s.p->master_on_device() && s.dtype != DType::kF32) {
+    if (!m.dry && s.n > 0 && !s.p->master_on_device() && s.dtype != DType::kF32) {
       convert(m.host_weights(s).raw(), s.dtype, m.master + s.offset, DType::kF32, s.n);
     }
     s.p->master.reset();
@@ -400,7 +403,7 @@ void OffloadOptimizer::state_loaded(LayerContext& ctx) {
   m.wait_h2d();
   m.drop_grads(ctx);
   for (const Impl::Slot& s : m.slots) {
-    if (s.n > 0 && s.dtype != DType::kF32) {
+    if (!m.dry && s.n > 0 && s.dtype != DType::kF32) {
       convert(m.master + s.offset, DType::kF32, m.host_weights(s).raw(), s.dtype, s.n);
     }
   }

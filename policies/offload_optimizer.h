@@ -2,7 +2,7 @@
 // updated by the CPU (ZeRO-Offload's split: the device keeps only the working weights in the
 // compute dtype and the FP32 gradients).
 //
-//   PinnedHostProvider pinned;
+//   PinnedHostProvider pinned;                 // or a NullProvider: a dry run (below)
 //   OffloadOptions o; o.adamw.lr = 3e-4;
 //   OffloadOptimizer opt(model.parameters(), o, ctx, pinned);  // masters move to the host
 //   ... executor hooks call opt.grads_ready(ctx, block params) in the last micro-batch ...
@@ -29,6 +29,10 @@
 // Parameters' weight and grad (their masters are released at construction). A parameter
 // listed twice is an InvalidArgument. State names: master/<name>, exp_avg/<name>,
 // exp_avg_sq/<name> (DeviceAdamW names an f32 model's master weight/<name>).
+// Dry runs: over a host provider of MemoryKind::kNone (NullProvider) the slab is an address
+// range only, so the optimizer makes the same allocations, copies and events on the (meta)
+// backend but never reads or writes host memory: no moment zeroing, no widening of masters, no
+// CPU AdamW. host_bytes() is then what a real run would pin.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +40,7 @@
 #include <vector>
 
 #include "core/optimizer.h"
-#include "memory/pinned_host_provider.h"
+#include "memory/provider.h"
 
 namespace memfit {
 
@@ -49,9 +53,10 @@ struct OffloadOptions {
 class OffloadOptimizer final : public Optimizer {
  public:
   // Moves each parameter's master (or, for f32 weights, a copy of them) to pinned host memory
-  // from `host`, which must outlive the optimizer, and resets Parameter::master.
+  // from `host` (a PinnedHostProvider; a NullProvider for a dry run), which must outlive the
+  // optimizer, and resets Parameter::master.
   OffloadOptimizer(std::vector<Parameter*> params, OffloadOptions options, LayerContext& ctx,
-                   PinnedHostProvider& host);
+                   MemoryProvider& host);
   ~OffloadOptimizer() override;
 
   const char* name() const override { return "offload-adamw"; }
@@ -60,7 +65,7 @@ class OffloadOptimizer final : public Optimizer {
   void skip(LayerContext& ctx) override;
   // Waits for a delayed update in flight and copies its weights back (before a save, or at
   // the end of training). No-op otherwise.
-  void flush(LayerContext& ctx);
+  void flush(LayerContext& ctx) override;
 
   std::int64_t steps() const override;
   void set_steps(std::int64_t steps) override;
@@ -69,7 +74,7 @@ class OffloadOptimizer final : public Optimizer {
   const AdamWOptions& options() const override;
   void set_lr(double lr) override;
 
-  std::size_t host_bytes() const;  // pinned bytes held
+  std::size_t host_bytes() const override;  // pinned bytes held
   // Seconds the last step() spent waiting for gradient copies, in CPU AdamW, and copying
   // weights back (measured on the host clock): what the overlap hides shows as a small wait.
   struct Timing {

@@ -22,11 +22,12 @@ namespace memfit {
 namespace {
 
 constexpr const char* kValidKeys =
-    "model, device, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
-    "activation_dtype, checkpoint, offload, delayed_update, ranks, zero_stage, predicted, why";
+    "model, device, device_kind, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
+    "activation_dtype, checkpoint, schedule, offload, ranks, zero_stage, predicted, why";
 constexpr const char* kValidPredicted =
-    "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, step_seconds, "
-    "tokens_per_second";
+    "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
+    "category_peaks, host_pinned_bytes, step_seconds, tokens_per_second";
+constexpr const char* kValidOffload = "optimizer, delayed_update";
 
 std::string at(const std::string& source, const YAML::Mark& m) {
   if (m.is_null()) return source + ": ";
@@ -94,6 +95,22 @@ bool boolean(const std::string& src, const YAML::Node& n, const std::string& key
   fail(src, n, key, "'" + s + "'; valid: true, false");
 }
 
+// A map of category: bytes (predicted.peak_by_category, predicted.category_peaks).
+void read_categories(const std::string& src, const YAML::Node& v, const std::string& key,
+                     std::array<std::size_t, kCategoryCount>& out) {
+  if (!v.IsMap()) fail(src, v, key, "expected a map of category: bytes");
+  for (const auto& ck : v) {
+    const std::string c = ck.first.as<std::string>();
+    Category cat{};
+    try {
+      cat = parse_category(c);
+    } catch (const Error& e) {
+      fail(src, ck.first, key + "." + c, e.what());
+    }
+    out[category_index(cat)] = bytes(src, ck.second, key + "." + c);
+  }
+}
+
 // The plan's `model:` map read by ModelSpec itself, so its errors and rules are the same. For a
 // block-style YAML document every other top-level entry is blanked out, keeping line numbers;
 // otherwise (JSON, flow style) the map is re-emitted and its errors point at the model key.
@@ -134,7 +151,10 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   Plan p;
   std::set<std::string> seen;
-  YAML::Node micro_node, global_node, accum_node, delayed_node, offload_node, seq_node;
+  YAML::Node micro_node, global_node, accum_node, delayed_node, seq_node, checkpoint_node;
+  std::string checkpoint_name, schedule_text;
+  std::size_t cached = 0;
+  bool have_cached = false;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
@@ -144,6 +164,10 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     } else if (key == "device") {
       p.device = scalar(src, v, key);
       if (p.device.empty()) fail(src, v, key, "empty; valid: a device preset name or file");
+    } else if (key == "device_kind") {
+      const std::string k = scalar(src, v, key);
+      if (k != "cpu" && k != "cuda") fail(src, v, key, "'" + k + "'; valid: cpu, cuda");
+      p.device_kind = k == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda;
     } else if (key == "budget_bytes") {
       p.budget = bytes(src, v, key);
     } else if (key == "seq_len") {
@@ -153,7 +177,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       p.global_batch = integer(src, v, key, 0, std::int64_t{1} << 40);
       global_node = v;
     } else if (key == "micro_batch") {
-      p.micro_batch = integer(src, v, key, 1, std::int64_t{1} << 40);
+      p.policy.micro_batch = integer(src, v, key, 1, std::int64_t{1} << 40);
       micro_node = v;
     } else if (key == "accum_steps") {
       p.accum_steps = integer(src, v, key, 1, std::int64_t{1} << 40);
@@ -162,14 +186,30 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       const std::string s = scalar(src, v, key);
       if (s != "f32" && s != "f16" && s != "bf16")
         fail(src, v, key, "'" + s + "'; valid: f32, f16, bf16");
-      p.dtype = parse_dtype(s);
+      p.policy.dtype = parse_dtype(s);
     } else if (key == "checkpoint") {
-      p.checkpoint = scalar(src, v, key);
+      checkpoint_name = scalar(src, v, key);
+      checkpoint_node = v;
+    } else if (key == "schedule") {
+      schedule_text = scalar(src, v, key);
     } else if (key == "offload") {
-      p.offload = boolean(src, v, key);
-      offload_node = v;
-    } else if (key == "delayed_update") {
-      p.delayed_update = boolean(src, v, key);
+      if (v.IsMap()) {
+        for (const auto& ok : v) {
+          const std::string k = ok.first.as<std::string>();
+          if (k == "optimizer") {
+            p.policy.offload.optimizer = boolean(src, ok.second, "offload." + k);
+          } else if (k == "delayed_update") {
+            p.policy.offload.delayed_update = boolean(src, ok.second, "offload." + k);
+            delayed_node = ok.second;
+          } else {
+            fail(src, ok.first, "offload." + k, "unknown key; valid: " + std::string(kValidOffload));
+          }
+        }
+      } else {
+        p.policy.offload.optimizer = boolean(src, v, key);  // earlier plans: the one switch
+      }
+    } else if (key == "delayed_update") {  // earlier plans wrote it at the top level
+      p.policy.offload.delayed_update = boolean(src, v, key);
       delayed_node = v;
     } else if (key == "ranks") {
       p.ranks = static_cast<int>(integer(src, v, key, 1, 1 << 20));
@@ -177,33 +217,30 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       p.zero_stage = static_cast<int>(integer(src, v, key, 0, 2));
     } else if (key == "predicted") {
       if (!v.IsMap()) fail(src, v, key, "expected a map (" + std::string(kValidPredicted) + ")");
-      for (const auto& pk : v) {
-        const std::string k = pk.first.as<std::string>();
-        const YAML::Node& pv = pk.second;
+      PeakFigures& pk = p.predicted.peaks;
+      for (const auto& entry : v) {
+        const std::string k = entry.first.as<std::string>();
+        const YAML::Node& pv = entry.second;
         const std::string full = "predicted." + k;
         if (k == "peak_reserved_bytes") {
-          p.predicted.peak_reserved = bytes(src, pv, full);
+          pk.reserved = bytes(src, pv, full);
         } else if (k == "peak_allocated_bytes") {
-          p.predicted.peak_allocated = bytes(src, pv, full);
+          pk.allocated = bytes(src, pv, full);
+        } else if (k == "cached_bytes_at_peak") {
+          cached = bytes(src, pv, full);
+          have_cached = true;
+        } else if (k == "host_pinned_bytes") {
+          pk.host_pinned = bytes(src, pv, full);
         } else if (k == "step_seconds") {
           p.predicted.step_seconds = number(src, pv, full);
         } else if (k == "tokens_per_second") {
           p.predicted.tokens_per_second = number(src, pv, full);
         } else if (k == "peak_by_category") {
-          if (!pv.IsMap()) fail(src, pv, full, "expected a map of category: bytes");
-          for (const auto& ck : pv) {
-            const std::string c = ck.first.as<std::string>();
-            Category cat{};
-            try {
-              cat = parse_category(c);
-            } catch (const Error& e) {
-              fail(src, ck.first, full + "." + c, e.what());
-            }
-            p.predicted.peak_by_category[category_index(cat)] =
-                bytes(src, ck.second, full + "." + c);
-          }
+          read_categories(src, pv, full, pk.at_peak);
+        } else if (k == "category_peaks") {
+          read_categories(src, pv, full, pk.category_peaks);
         } else {
-          fail(src, pk.first, full, "unknown key; valid: " + std::string(kValidPredicted));
+          fail(src, entry.first, full, "unknown key; valid: " + std::string(kValidPredicted));
         }
       }
     } else if (key == "why") {
@@ -220,6 +257,16 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
                         kValidKeys + ")");
     }
   }
+  {
+    PeakFigures& pk = p.predicted.peaks;
+    for (std::size_t b : pk.at_peak) pk.allocated_at_peak += b;
+    if (have_cached && pk.allocated_at_peak + cached != pk.reserved) {
+      fail(src, root["predicted"], "predicted.cached_bytes_at_peak",
+           std::to_string(cached) + " + the peak_by_category bytes (" +
+               std::to_string(pk.allocated_at_peak) + ") is not peak_reserved_bytes (" +
+               std::to_string(pk.reserved) + "); valid: the two add up");
+    }
+  }
   // Cross-checks, each pointing at the key that contradicts the others.
   if (p.seq_len > p.model.seq_len) {
     fail(src, seq_node, "seq_len",
@@ -229,8 +276,9 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   // global_batch counts every rank's samples; each rank runs accum_steps micro-batches.
   const std::int64_t ranks = p.ranks;
-  const std::int64_t lo = ((p.accum_steps - 1) * p.micro_batch + 1) * ranks;
-  const std::int64_t hi = p.accum_steps * p.micro_batch * ranks;
+  const std::int64_t micro = p.policy.micro_batch;
+  const std::int64_t lo = ((p.accum_steps - 1) * micro + 1) * ranks;
+  const std::int64_t hi = p.accum_steps * micro * ranks;
   if (p.global_batch == 0) p.global_batch = hi;
   if (p.global_batch < lo || p.global_batch > hi || p.global_batch % ranks != 0) {
     const YAML::Node& n = global_node.IsDefined() ? global_node : accum_node;
@@ -238,18 +286,19 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     const std::string mult = ranks > 1 ? "multiples of " + std::to_string(ranks) + " from " : "";
     fail(src, n, "global_batch",
          std::to_string(p.global_batch) + " is not reached by " + per +
-             std::to_string(p.accum_steps) + " micro-batches of " + std::to_string(p.micro_batch) +
+             std::to_string(p.accum_steps) + " micro-batches of " + std::to_string(micro) +
              "; valid: " + mult + std::to_string(lo) + " to " + std::to_string(hi) +
              " (the last micro-batch may be smaller)");
   }
-  if (p.delayed_update && !p.offload) {
-    fail(src, delayed_node, "delayed_update",
-         "true needs offload: true (it delays the CPU update)");
+  if (p.policy.offload.delayed_update && !p.policy.offload.optimizer) {
+    fail(src, delayed_node, "offload.delayed_update",
+         "true needs offload.optimizer: true (it delays the CPU update)");
   }
   try {
-    (void)Schedule::parse(p.checkpoint, static_cast<int>(p.model.layers));
+    p.policy.checkpoint =
+        Checkpointing::from_parts(checkpoint_name, schedule_text, static_cast<int>(p.model.layers));
   } catch (const InvalidArgument& e) {
-    fail(src, root["checkpoint"], "checkpoint", e.what());
+    fail(src, checkpoint_node, schedule_text.empty() ? "checkpoint" : "schedule", e.what());
   }
   return p;
 }
@@ -272,26 +321,34 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   }
   j["model"] = model;
   j["device"] = p.device;
+  j["device_kind"] = device_kind_name(p.device_kind);
   j["budget_bytes"] = p.budget;
   j["seq_len"] = p.seq_len;
   j["global_batch"] = p.global_batch;
-  j["micro_batch"] = p.micro_batch;
+  j["micro_batch"] = p.policy.micro_batch;
   j["accum_steps"] = p.accum_steps;
-  j["activation_dtype"] = dtype_name(p.dtype);
-  j["checkpoint"] = p.checkpoint;
-  j["offload"] = p.offload;
-  j["delayed_update"] = p.delayed_update;
+  j["activation_dtype"] = dtype_name(p.policy.dtype);
+  j["checkpoint"] = p.policy.checkpoint.name();
+  if (p.policy.checkpoint.has_ops()) j["schedule"] = p.policy.checkpoint.ops_text();
+  j["offload"] = {{"optimizer", p.policy.offload.optimizer},
+                  {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;
+  const PeakFigures& pk = p.predicted.peaks;
+  auto cats = [](const std::array<std::size_t, kCategoryCount>& a) {
+    nlohmann::ordered_json c = nlohmann::ordered_json::object();
+    for (std::size_t k = 0; k < kCategoryCount; ++k) {
+      if (a[k] != 0) c[category_name(static_cast<Category>(k))] = a[k];
+    }
+    return c;
+  };
   nlohmann::ordered_json pred;
-  pred["peak_reserved_bytes"] = p.predicted.peak_reserved;
-  pred["peak_allocated_bytes"] = p.predicted.peak_allocated;
-  nlohmann::ordered_json cats = nlohmann::ordered_json::object();
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    if (p.predicted.peak_by_category[c] == 0) continue;
-    cats[category_name(static_cast<Category>(c))] = p.predicted.peak_by_category[c];
-  }
-  pred["peak_by_category"] = cats;
+  pred["peak_reserved_bytes"] = pk.reserved;
+  pred["peak_allocated_bytes"] = pk.allocated;
+  pred["peak_by_category"] = cats(pk.at_peak);
+  pred["cached_bytes_at_peak"] = pk.cached();
+  pred["category_peaks"] = cats(pk.category_peaks);
+  pred["host_pinned_bytes"] = pk.host_pinned;
   pred["step_seconds"] = p.predicted.step_seconds;
   pred["tokens_per_second"] = p.predicted.tokens_per_second;
   j["predicted"] = pred;
@@ -309,16 +366,34 @@ bool is_json_path(const std::string& path) {
 
 }  // namespace
 
-TrainerOptions Plan::trainer_options() const {
-  TrainerOptions o;
-  o.checkpoint = checkpoint;
+RunSpec Plan::run_spec() const {
+  if (ranks > 1) {
+    throw InvalidArgument("a per-rank plan for " + std::to_string(ranks) +
+                          " data-parallel ranks: memfit trains one process (plan with ranks 1)");
+  }
+  RunSpec r;
+  r.model = model;
   // micro_batch_split(global_batch, micro_batch) gives accum_steps micro-batches, the last one
   // taking what is left: exactly this plan.
-  o.micro_batch = micro_batch;
-  o.accum = 0;
-  o.offload = offload;
-  o.delayed_update = delayed_update;
-  return o;
+  r.trainer.policy = policy;
+  r.trainer.policy.accum = 0;
+  r.batch = global_batch;
+  r.seq_len = seq_len;
+  r.alloc.budget = budget;
+  r.device = device_kind;
+  return r;
+}
+
+std::string Plan::describe() const {
+  std::string s = std::string(dtype_name(policy.dtype)) + ", checkpoint " +
+                  policy.checkpoint.name() + ", offload " + policy.offload.describe() +
+                  ", micro-batch " + std::to_string(policy.micro_batch);
+  if (accum_steps > 1) {
+    s += " x " + std::to_string(accum_steps) + " accumulated (global batch " +
+         std::to_string(global_batch) + ")";
+  }
+  if (ranks > 1) s += ", " + std::to_string(ranks) + " ranks ZeRO-" + std::to_string(zero_stage);
+  return s;
 }
 
 std::string Plan::to_json() const { return to_json_value(*this).dump(2) + "\n"; }
@@ -359,7 +434,8 @@ Plan Plan::from_yaml_string(std::string_view text, std::string_view source) {
 Plan Plan::from_json_string(std::string_view text, std::string_view source) {
   const std::string src(source);
   try {
-    (void)nlohmann::json::parse(text);
+    const nlohmann::json checked = nlohmann::json::parse(text);  // the parser's own message
+    (void)checked;
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(src + ": malformed JSON plan: " + e.what());
   }

@@ -1,15 +1,22 @@
 // Plan: one training configuration the planner chose (or a user wrote), with what it predicts;
-// written as YAML or JSON and read back by `memfit train --plan FILE` and by Trainer.
+// written as YAML or JSON (one document: `memfit plan --format json`, `--out plan.json`,
+// `--out plan.yaml` and `memfit train --summary-json`'s "plan" are all Plan::to_json /
+// to_yaml) and read back by `memfit train --plan FILE` or a program's own loop.
 //
 //   Plan p = Plan::load("plan.yaml");                 // .yaml/.yml or .json by extension
-//   TrainerOptions o = p.trainer_options();           // checkpoint, micro-batch, accum, offload
-//   LayerContext ctx{be, alloc, kDefaultStream, p.dtype};
+//   RunSetup run(p.run_spec());                       // policies/run_setup.h: train it
+//   std::cout << p.describe();                        // "bf16, checkpoint optimal, ..."
 //
-// YAML keys (JSON the same names): model (a ModelSpec map), device, budget_bytes, seq_len,
-// global_batch, micro_batch, accum_steps, activation_dtype (f32|f16|bf16), checkpoint (a
-// solver name or a Schedule::parse string; an optimal schedule is written as its op list),
-// offload, delayed_update, ranks, zero_stage, and predicted: {peak_reserved_bytes,
-// peak_allocated_bytes, peak_by_category, step_seconds, tokens_per_second}, why.
+// Keys (JSON the same names): model (a ModelSpec map), device, device_kind (cpu|cuda),
+// budget_bytes, seq_len, global_batch, micro_batch, accum_steps, activation_dtype
+// (f32|f16|bf16), checkpoint (none|all|sqrt|every:K|optimal|ops), schedule (the op list of an
+// explicit schedule: a solved optimal one, or ops), offload: {optimizer, delayed_update},
+// ranks, zero_stage, predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
+// (bytes by category at the reserved peak), cached_bytes_at_peak (reserved, not allocated,
+// then: the two add up to peak_reserved_bytes), category_peaks (each category's own peak),
+// host_pinned_bytes, step_seconds, tokens_per_second}, why.
+// Also read, as earlier versions wrote them: `offload: true|false` (the optimizer switch),
+// a top-level `delayed_update`, and an op list in `checkpoint` (read as ops).
 // Reading validates everything (ConfigError naming file, line and key).
 #pragma once
 
@@ -20,37 +27,40 @@
 
 #include "core/dtype.h"
 #include "core/model_spec.h"
-#include "memory/category.h"
-#include "policies/trainer.h"
+#include "memory/peak_figures.h"
+#include "policies/device_spec.h"
+#include "policies/policy.h"
+#include "policies/run_spec.h"
 
 namespace memfit {
 
 struct Prediction {
-  std::size_t peak_reserved = 0;
-  std::size_t peak_allocated = 0;
-  std::array<std::size_t, kCategoryCount> peak_by_category{};
+  PeakFigures peaks;  // per rank; host_pinned: offload's pinned host bytes
   double step_seconds = 0;
   double tokens_per_second = 0;
 };
 
 struct Plan {
   ModelSpec model;
-  std::string device = "cpu";
+  std::string device = "cpu";  // the device preset or file it was planned for
+  DeviceKind device_kind = DeviceKind::kCpu;
   std::size_t budget = 0;
   std::int64_t seq_len = 0;
-  std::int64_t global_batch = 0;  // micro_batch * accum_steps
-  std::int64_t micro_batch = 1;
+  std::int64_t global_batch = 0;  // micro_batch * accum_steps * ranks (the last may be smaller)
   std::int64_t accum_steps = 1;
-  DType dtype = DType::kF32;
-  std::string checkpoint = "none";
-  bool offload = false;
-  bool delayed_update = false;
+  MemoryPolicy policy;  // policy.micro_batch: the micro-batch (>= 1); policy.accum unused
   int ranks = 1;
   int zero_stage = 0;  // 0, 1 (optimizer state sharded), 2 (+ gradients)
   Prediction predicted;
   std::string why;
 
-  TrainerOptions trainer_options() const;  // adamw/scaler/seed left at their defaults
+  // What RunSetup / dry_run take: model, policy, per-rank global batch, seq_len, budget and
+  // device kind; adamw, scaler and seed at their defaults. InvalidArgument for ranks > 1
+  // (one process trains one rank's plan only with the multi-rank runtime).
+  RunSpec run_spec() const;
+  // One line: "bf16, checkpoint optimal, offload optimizer, micro-batch 8 x 4 accumulated
+  // (global batch 32)"; the one description every table, report and message uses.
+  std::string describe() const;
 
   std::string to_yaml() const;
   std::string to_json() const;

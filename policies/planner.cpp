@@ -21,19 +21,21 @@ namespace memfit {
 
 namespace {
 
-// One (dtype, solver, offload) combination and what the search found for it.
+// One (dtype, checkpointing, offload) combination and what the search found for it.
 struct Combo {
+  Combo(DType d, Checkpointing c, OffloadSwitches o) : dtype(d), ck(std::move(c)), offload(o) {}
   DType dtype = DType::kF32;
-  std::string solver;
-  bool offload = false;
+  Checkpointing ck;
+  OffloadSwitches offload;
   // Results.
   std::int64_t max_micro = 0;  // 0: nothing fits
   std::optional<Plan> plan;
   std::string infeasible;
   std::int64_t dry_runs = 0;
 
+  bool optimal() const { return ck.kind() == Checkpointing::Kind::kOptimal; }
   std::string name() const {
-    return std::string(dtype_name(dtype)) + " " + solver + " offload=" + (offload ? "on" : "off");
+    return std::string(dtype_name(dtype)) + " " + ck.name() + " offload=" + offload.describe();
   }
 };
 
@@ -53,9 +55,9 @@ std::string gib(double bytes) {
 // Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
 // device optimizer state (stage >= 1) and of the gradients (stage 2). The dry run simulates one
 // rank holding everything; this is subtracted from its peak (and added to its budget).
-std::size_t zero_saving(const Context& c, DType dt, bool offload) {
+std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload) {
   if (c.o.ranks <= 1 || c.o.zero_stage == 0) return 0;
-  const StaticBytes s = c.cm.static_bytes(dt, offload);
+  const StaticBytes s = c.cm.static_bytes(dt, offload.optimizer);
   const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
   double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
   if (c.o.zero_stage >= 2)
@@ -72,36 +74,34 @@ class Searcher {
   // schedule this combination gives at that micro-batch; nullopt when no schedule fits.
   std::optional<DryRunResult> probe(std::int64_t micro, std::int64_t accum, std::int64_t last,
                                     Schedule* schedule_out) {
-    DryRunRequest q = request(micro, accum, last);
-    q.alloc_conf.budget = c_.budget + saving_;
-    if (combo_.solver != "optimal") {
-      q.schedule = fixed_schedule();
+    RunSpec q = request(micro, accum, last);
+    q.alloc.budget = c_.budget + saving_;
+    if (!combo_.optimal()) {
       const DryRunResult r = run(q);
-      if (schedule_out) *schedule_out = q.schedule;
+      if (schedule_out) *schedule_out = fixed_schedule();
       return r;
     }
     // Optimal: the DP's limit is what the chain may use: the budget less the static bytes and
     // the micro-batch's inputs; the dry run confirms with every other byte (rounding,
     // fragmentation, the head's transients) and lowers the limit by what it overshot.
-    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
+    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload.optimizer);
     const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
-    std::int64_t limit =
-        static_cast<std::int64_t>(q.alloc_conf.budget) - st.device_total() - inputs;
+    std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - st.device_total() - inputs;
     const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
     for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
       const SolverResult s = solve_checkpoint(chain, limit, "optimal");
       if (!s.feasible) return std::nullopt;
-      q.schedule = s.schedule;
+      q.trainer.policy.checkpoint = Checkpointing::solved(s.schedule);
       const DryRunResult r = run(q);
       if (r.fits) {
-        if (schedule_out) *schedule_out = q.schedule;
+        if (schedule_out) *schedule_out = s.schedule;
         return r;
       }
-      DryRunRequest free_q = q;
-      free_q.alloc_conf.budget = 0;
+      RunSpec free_q = q;
+      free_q.alloc.budget = 0;
       const DryRunResult u = run(free_q);
-      const auto over = static_cast<std::int64_t>(u.peak_reserved) -
-                        static_cast<std::int64_t>(q.alloc_conf.budget);
+      const auto over = static_cast<std::int64_t>(u.step.reserved) -
+                        static_cast<std::int64_t>(q.alloc.budget);
       limit -= std::max<std::int64_t>(over, limit / 64 + 1);
     }
     // The DP's memory model is conservative (the dry run is the truth), so a schedule that
@@ -115,10 +115,10 @@ class Searcher {
     }
     fallbacks.push_back(Schedule::all(static_cast<int>(c_.o.spec.layers)));
     for (const Schedule& f : fallbacks) {
-      q.schedule = f;
+      q.trainer.policy.checkpoint = Checkpointing::solved(f);
       const DryRunResult r = run(q);
       if (r.fits) {
-        if (schedule_out) *schedule_out = q.schedule;
+        if (schedule_out) *schedule_out = f;
         return r;
       }
     }
@@ -128,15 +128,15 @@ class Searcher {
   // Optimal solver: a micro-batch found largest may have been probed before the schedule of
   // its predecessor was known; while that schedule fits one more sample, take it.
   std::int64_t extend_with_own_schedule(std::int64_t lo, std::int64_t cap) {
-    while (combo_.solver == "optimal" && lo < cap) {
+    while (combo_.optimal() && lo < cap) {
       const std::optional<Found>& f = at(lo);
       if (!f) break;
-      DryRunRequest q = request(lo + 1, 1, 0);
-      q.alloc_conf.budget = c_.budget + saving_;
-      q.schedule = f->schedule;
+      RunSpec q = request(lo + 1, 1, 0);
+      q.alloc.budget = c_.budget + saving_;
+      q.trainer.policy.checkpoint = Checkpointing::solved(f->schedule);
       const DryRunResult r = run(q);
       if (!r.fits) break;
-      cache_[lo + 1] = Found{r, q.schedule};
+      cache_[lo + 1] = Found{r, f->schedule};
       ++lo;
     }
     return lo;
@@ -161,7 +161,7 @@ class Searcher {
 
   bool fits(std::int64_t micro, std::size_t* peak) {
     const std::optional<Found>& f = at(micro);
-    if (peak && f) *peak = f->r.peak_reserved;
+    if (peak && f) *peak = f->r.step.reserved;
     return f.has_value();
   }
 
@@ -212,30 +212,32 @@ class Searcher {
     return extend_with_own_schedule(lo, cap);
   }
 
-  DryRunResult run(const DryRunRequest& q) {
+  DryRunResult run(const RunSpec& q) {
     ++combo_.dry_runs;
     return dry_run(q);
   }
 
-  DryRunRequest request(std::int64_t micro, std::int64_t accum, std::int64_t last) const {
-    DryRunRequest q;
-    q.spec = c_.o.spec;
-    q.policy = Policy{combo_.dtype, combo_.solver, combo_.offload};
-    q.micro_batch = micro;
-    q.accum = accum;
-    q.last_micro_batch = last;
+  // `accum` micro-batches of `micro` samples, the last one `last` (0: micro) samples.
+  RunSpec request(std::int64_t micro, std::int64_t accum, std::int64_t last) const {
+    RunSpec q;
+    q.model = c_.o.spec;
+    MemoryPolicy& p = q.trainer.policy;
+    p.dtype = combo_.dtype;
+    p.checkpoint = combo_.optimal() ? Checkpointing::solved(Schedule::all(c_.n)) : combo_.ck;
+    p.offload = combo_.offload;
+    p.micro_batch = micro;
+    q.batch = (accum - 1) * micro + (last > 0 ? last : micro);
     q.seq_len = c_.seq_len;
-    q.alloc_conf = c_.o.alloc_conf;
+    q.alloc = c_.o.alloc_conf;
     // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
     // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
-    const bool cpu = c_.o.device.name == "cpu";
-    q.cpu_gemm_scratch = cpu;
-    q.gpu_gemm_workspace = cpu ? 0 : c_.o.gemm_workspace_bytes;
+    q.device = c_.o.device.kind;
+    q.gpu_gemm_workspace = c_.o.gemm_workspace_bytes;
     return q;
   }
 
   const Schedule& fixed_schedule() {
-    if (!fixed_) fixed_ = Schedule::parse(combo_.solver, c_.n);
+    if (!fixed_) fixed_ = combo_.ck.schedule(c_.n);
     return *fixed_;
   }
 
@@ -256,28 +258,36 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
   p.device = c.o.device.name;
   p.budget = c.budget;
   p.seq_len = c.seq_len;
-  p.micro_batch = micro;
+  p.device_kind = c.o.device.kind;
   p.accum_steps = accum;
   p.global_batch = global;
-  p.dtype = combo.dtype;
-  p.checkpoint = combo.solver == "optimal" ? s.str() : combo.solver;
-  p.offload = combo.offload;
+  p.policy.dtype = combo.dtype;
+  p.policy.checkpoint = combo.optimal() ? Checkpointing::solved(s) : combo.ck;
+  p.policy.offload = combo.offload;
+  p.policy.micro_batch = micro;
   p.ranks = c.o.ranks;
   p.zero_stage = c.o.ranks > 1 ? c.o.zero_stage : 0;
-  p.predicted.peak_reserved = r.peak_reserved - std::min(r.peak_reserved, saving);
-  p.predicted.peak_allocated = r.peak_allocated - std::min(r.peak_allocated, saving);
-  p.predicted.peak_by_category = r.peak_by_category;
+  PeakFigures& pk = p.predicted.peaks;
+  pk = r.step;
+  pk.reserved -= std::min(pk.reserved, saving);
+  pk.allocated -= std::min(pk.allocated, saving);
   if (saving > 0) {
-    // Per rank: the sharded categories hold 1/N (ZeRO); the dry run held them whole.
+    // Per rank: the sharded categories hold 1/N (ZeRO); the dry run held them whole. The
+    // breakdown at the peak shrinks by what the reserved peak did, so it still adds up.
     const double keep = 1.0 / double(c.o.ranks);
+    std::size_t cut = 0;
     for (Category cat : {Category::kOptimizerState, Category::kGradient}) {
       if (cat == Category::kGradient && c.o.zero_stage < 2) continue;
-      auto& b = p.predicted.peak_by_category[category_index(cat)];
-      b = static_cast<std::size_t>(double(b) * keep);
+      const std::size_t k = category_index(cat);
+      pk.category_peaks[k] = static_cast<std::size_t>(double(pk.category_peaks[k]) * keep);
+      const std::size_t was = pk.at_peak[k];
+      pk.at_peak[k] = static_cast<std::size_t>(double(was) * keep);
+      cut += was - pk.at_peak[k];
     }
+    pk.allocated_at_peak -= std::min(pk.allocated_at_peak, cut);
+    pk.reserved = std::max(pk.reserved, pk.allocated_at_peak);
   }
-  const Policy pol{combo.dtype, combo.solver, combo.offload};
-  p.predicted.step_seconds = c.cm.step_seconds(pol, s, micro, accum, c.o.device);
+  p.predicted.step_seconds = c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
   const double tokens = double(global) * double(c.seq_len);
   p.predicted.tokens_per_second =
       p.predicted.step_seconds > 0 ? tokens / p.predicted.step_seconds : 0;
@@ -285,15 +295,10 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
 }
 
 std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
-  DryRunRequest q = s.request(1, 1, 0);
-  q.alloc_conf.budget = 0;
-  if (combo.solver == "optimal") {
-    q.schedule = Schedule::all(c.n);  // the least memory a per-block rule reaches
-  } else {
-    q.schedule = s.fixed_schedule();
-  }
+  RunSpec q = s.request(1, 1, 0);  // optimal: all(n), the least memory a per-block rule reaches
+  q.alloc.budget = 0;
   const DryRunResult u = s.run(q);
-  const std::size_t need = u.peak_reserved - std::min(u.peak_reserved, s.saving());
+  const std::size_t need = u.step.reserved - std::min(u.step.reserved, s.saving());
   const std::size_t setup = u.setup_peak_reserved - std::min(u.setup_peak_reserved, s.saving());
   if (setup > c.budget) {
     return combo.name() + ": the weights, gradients and optimizer state alone need " +
@@ -332,7 +337,7 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
   // sizes that split the batch into k even-ish parts. The optimal solver re-solves per size,
   // so it gets the short list.
   std::vector<std::int64_t> cand;
-  const bool optimal = combo.solver == "optimal";
+  const bool optimal = combo.optimal();
   if (!optimal && m <= 512) {
     for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
   } else {
@@ -351,7 +356,9 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     std::int64_t micro;
   };
   std::vector<Timed> timed;
-  const Policy pol{combo.dtype, combo.solver, combo.offload};
+  MemoryPolicy pol;
+  pol.dtype = combo.dtype;
+  pol.offload = combo.offload;
   for (std::int64_t b : cand) {
     const std::int64_t accum = (per_rank + b - 1) / b;
     Schedule sched;
@@ -401,16 +408,19 @@ void validate(const PlannerOptions& o, std::int64_t seq_len) {
         std::to_string(o.ranks) + " ranks; valid: a multiple of " + std::to_string(o.ranks));
   }
   if (o.max_micro_batch < 1) bad("max_micro_batch must be >= 1");
-  if (o.dtypes.empty() || o.solvers.empty() || o.offload.empty()) {
-    bad("at least one dtype, one checkpoint solver and one offload setting are needed");
+  if (o.dtypes.empty() || o.checkpoints.empty() || o.offloads.empty()) {
+    bad("at least one dtype, one checkpointing and one offload setting are needed");
   }
-  for (const std::string& s : o.solvers) {
-    if (s == "optimal") continue;
+  for (const Checkpointing& ck : o.checkpoints) {
+    if (ck.kind() == Checkpointing::Kind::kOptimal) continue;
     try {
-      (void)Schedule::parse(s, static_cast<int>(o.spec.layers));
+      (void)ck.schedule(static_cast<int>(o.spec.layers));
     } catch (const InvalidArgument& e) {
-      bad("checkpoint solver '" + s + "': " + e.what() + " (or optimal)");
+      bad("checkpoint " + ck.name() + ": " + e.what());
     }
+  }
+  for (const OffloadSwitches& off : o.offloads) {
+    if (off.delayed_update && !off.optimizer) bad("offload: a delayed update needs the optimizer");
   }
   if (o.threads < 0) bad("threads must be >= 0");
 }
@@ -420,15 +430,16 @@ void validate(const PlannerOptions& o, std::int64_t seq_len) {
 std::optional<std::string> weights_shortfall(const Context& c) {
   std::optional<std::pair<std::size_t, std::string>> best;
   for (DType dt : c.o.dtypes) {
-    for (bool off : c.o.offload) {
-      const StaticBytes s = c.cm.static_bytes(dt, off);
+    for (const OffloadSwitches& off : c.o.offloads) {
+      const StaticBytes s = c.cm.static_bytes(dt, off.optimizer);
       const std::size_t need = static_cast<std::size_t>(s.device_total()) -
                                std::min<std::size_t>(s.device_total(), zero_saving(c, dt, off));
       if (best && best->first <= need) continue;
       auto b = [&](Category k) { return gib(double(s.device[category_index(k)])); };
       best = {need, std::string(dtype_name(dt)) + " weights " + b(Category::kParameter) +
                         ", f32 gradients " + b(Category::kGradient) + ", optimizer state " +
-                        b(Category::kOptimizerState) + (off ? " (offloaded: on the host)" : "")};
+                        b(Category::kOptimizerState) +
+                        (off.optimizer ? " (offloaded: on the host)" : "")};
     }
   }
   if (!best || best->first <= c.budget) return std::nullopt;
@@ -441,17 +452,11 @@ std::optional<std::string> weights_shortfall(const Context& c) {
          "smaller model";
 }
 
-std::string describe(const Plan& p) {
-  std::string s = std::string(dtype_name(p.dtype)) + " activations, checkpoint " +
-                  (p.checkpoint.size() > 24 ? "optimal" : p.checkpoint) +
-                  (p.offload ? ", optimizer offloaded" : "");
-  return s;
-}
-
 }  // namespace
 
 PlanResult plan(const PlannerOptions& o) {
-  const std::int64_t seq_len = o.seq_len > 0 ? o.seq_len : o.spec.seq_len;
+  o.spec.validate();
+  const std::int64_t seq_len = o.spec.resolve_seq_len(o.seq_len);
   validate(o, seq_len);
   const std::size_t budget = o.budget > 0 ? o.budget : o.device.usable_bytes();
   if (budget == 0) {
@@ -464,9 +469,9 @@ PlanResult plan(const PlannerOptions& o) {
   if (const auto msg = weights_shortfall(c)) throw InvalidArgument("plan: " + *msg);
 
   std::vector<Combo> combos;
-  for (bool off : o.offload) {
-    for (const std::string& solver : o.solvers) {
-      for (DType dt : o.dtypes) combos.push_back({dt, solver, off});
+  for (const OffloadSwitches& off : o.offloads) {
+    for (const Checkpointing& ck : o.checkpoints) {
+      for (DType dt : o.dtypes) combos.emplace_back(dt, ck, off);
     }
   }
   // f16 and bf16 allocate the same bytes: a twin searched second starts from the first's
@@ -475,7 +480,7 @@ PlanResult plan(const PlannerOptions& o) {
   for (std::size_t i = 0; i < combos.size(); ++i) {
     if (!groups.empty() && combos[i].dtype != DType::kF32) {
       const Combo& prev = combos[groups.back().back()];
-      if (prev.dtype != DType::kF32 && prev.solver == combos[i].solver &&
+      if (prev.dtype != DType::kF32 && prev.ck == combos[i].ck &&
           prev.offload == combos[i].offload) {
         groups.back().push_back(i);
         continue;
@@ -533,47 +538,45 @@ PlanResult plan(const PlannerOptions& o) {
   std::stable_sort(
       result.candidates.begin(), result.candidates.end(), [&](const Plan& a, const Plan& b) {
         if (throughput) return a.predicted.step_seconds < b.predicted.step_seconds;
-        if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+        if (a.policy.micro_batch != b.policy.micro_batch) {
+          return a.policy.micro_batch > b.policy.micro_batch;
+        }
         if (a.predicted.tokens_per_second != b.predicted.tokens_per_second) {
           return a.predicted.tokens_per_second > b.predicted.tokens_per_second;
         }
         // A true tie: bf16 before f16 (f32's range, no loss scaler to tune).
         auto pref = [](DType d) { return d == DType::kBF16 ? 0 : d == DType::kF16 ? 1 : 2; };
-        return pref(a.dtype) < pref(b.dtype);
+        return pref(a.policy.dtype) < pref(b.policy.dtype);
       });
   Plan& best = result.candidates.front();
   char why[512];
   if (throughput) {
     const Plan* runner = result.candidates.size() > 1 ? &result.candidates[1] : nullptr;
     std::snprintf(why, sizeof why,
-                  "fastest to a global batch of %lld: %.3g s per step (%.0f tokens/s) with "
-                  "micro-batch %lld x %lld accumulation, %s, peak %s of %s%s%s",
+                  "fastest to a global batch of %lld: %.3g s per step (%.0f tokens/s) with %s, "
+                  "peak %s of %s%s%s",
                   static_cast<long long>(o.global_batch), best.predicted.step_seconds,
-                  best.predicted.tokens_per_second, static_cast<long long>(best.micro_batch),
-                  static_cast<long long>(best.accum_steps), describe(best).c_str(),
-                  gib(double(best.predicted.peak_reserved)).c_str(), gib(double(budget)).c_str(),
+                  best.predicted.tokens_per_second, best.describe().c_str(),
+                  gib(double(best.predicted.peaks.reserved)).c_str(), gib(double(budget)).c_str(),
                   runner ? "; next: " : "",
-                  runner ? (describe(*runner) + " at " +
+                  runner ? (runner->describe() + " at " +
                             std::to_string(runner->predicted.step_seconds) + " s")
                                .c_str()
                          : "");
   } else {
-    std::snprintf(
-        why, sizeof why,
-        "largest micro-batch that fits %s: %lld with %s (peak %s, %.0f tokens/s "
-        "predicted)%s",
-        gib(double(budget)).c_str(), static_cast<long long>(best.micro_batch),
-        describe(best).c_str(), gib(double(best.predicted.peak_reserved)).c_str(),
-        best.predicted.tokens_per_second,
-        result.candidates.size() > 1 && result.candidates[1].micro_batch == best.micro_batch
-            ? "; ties broken by predicted tokens/s"
-            : "");
+    const bool tie = result.candidates.size() > 1 &&
+                     result.candidates[1].policy.micro_batch == best.policy.micro_batch;
+    std::snprintf(why, sizeof why,
+                  "largest micro-batch that fits %s: %s (peak %s, %.0f tokens/s predicted)%s",
+                  gib(double(budget)).c_str(), best.describe().c_str(),
+                  gib(double(best.predicted.peaks.reserved)).c_str(),
+                  best.predicted.tokens_per_second, tie ? "; ties broken by predicted tokens/s" : "");
   }
   best.why = why;
   for (std::size_t i = 1; i < result.candidates.size(); ++i) {
     Plan& p = result.candidates[i];
     p.why = throughput ? "predicted " + std::to_string(p.predicted.step_seconds) + " s per step"
-                       : "largest micro-batch for " + describe(p);
+                       : "largest micro-batch for " + p.describe();
   }
   result.recommended = best;
   return result;

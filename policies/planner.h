@@ -20,9 +20,10 @@
 // ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
 // gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
 // ranks comes later; this is the arithmetic).
-// Dry runs include the CPU backend's GEMM scratch when the device is "cpu"
-// (DryRunRequest::cpu_gemm_scratch), and for any other device a fixed per-GEMM workspace,
-// gemm_workspace_bytes (cuBLASLt's in the CUDA backend; DryRunRequest::gpu_gemm_workspace).
+// Every candidate is a RunSpec (policies/run_spec.h) dry-run by the one dry_run(): the real
+// Trainer on the meta backend. The device's kind (DeviceSpec::kind) decides the GEMM
+// workspace: the CPU backend's scratch for kCpu, a fixed per-GEMM workspace,
+// gemm_workspace_bytes, for kCuda (cuBLASLt's in the CUDA backend).
 // The device's context bytes (DeviceSpec::context_bytes, or the figure `memfit plan
 // --measure-context` measured) come off its memory when no budget is given.
 // Errors (ConfigError / InvalidArgument, each saying what would be valid): a budget below
@@ -37,8 +38,9 @@
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "policies/device_spec.h"
-#include "policies/dry_run.h"  // kGpuGemmWorkspaceBytes
 #include "policies/plan.h"
+#include "policies/policy.h"
+#include "policies/run_spec.h"  // kGpuGemmWorkspaceBytes
 
 namespace memfit {
 
@@ -51,13 +53,14 @@ struct PlannerOptions {
   int ranks = 1;
   int zero_stage = 0;
   std::vector<DType> dtypes{DType::kF32, DType::kF16, DType::kBF16};
-  std::vector<std::string> solvers{"none", "all", "sqrt", "optimal"};
-  std::vector<bool> offload{false, true};
+  std::vector<Checkpointing> checkpoints{Checkpointing::none(), Checkpointing::all(),
+                                         Checkpointing::sqrt(), Checkpointing::optimal()};
+  std::vector<OffloadSwitches> offloads{OffloadSwitches{}, OffloadSwitches{.optimizer = true}};
   std::int64_t max_micro_batch = 1 << 16;
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)
   int threads = 0;                 // combinations searched in parallel; 0: the CPU count
-  // Non-cpu devices: the workspace every GEMM takes (CudaBackendOptions::gemm_workspace_bytes);
+  // kCuda devices: the workspace every GEMM takes (CudaBackendOptions::gemm_workspace_bytes);
   // 0 models none.
   std::size_t gemm_workspace_bytes = kGpuGemmWorkspaceBytes;
 };

@@ -10,6 +10,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "policies/accumulation.h"
+#include "memory/pinned_host_provider.h"
 #include "policies/offload_optimizer.h"
 #include "profiler/scoped_range.h"
 
@@ -27,22 +28,7 @@ LossScalerOptions scaler_options(const TrainerOptions& o, DType dtype) {
 }
 
 const TrainerOptions& validated(const TrainerOptions& o) {
-  if (o.micro_batch < 0) {
-    throw InvalidArgument("micro-batch " + std::to_string(o.micro_batch) +
-                          " must be >= 1 (or 0: the whole batch at once)");
-  }
-  if (o.accum < 0) {
-    throw InvalidArgument("accumulation count " + std::to_string(o.accum) +
-                          " must be >= 1 (or 0: unused)");
-  }
-  if (o.micro_batch > 0 && o.accum > 0) {
-    throw InvalidArgument(
-        "give a micro-batch size or an accumulation count, not both (micro-batch " +
-        std::to_string(o.micro_batch) + ", accum " + std::to_string(o.accum) + ")");
-  }
-  if (o.delayed_update && !o.offload) {
-    throw InvalidArgument("delayed_update (ZeRO-Offload's delayed parameter update) needs offload");
-  }
+  o.policy.validate();
   return o;
 }
 
@@ -78,12 +64,12 @@ DeviceBatch upload(LayerContext& ctx, const Batch& b, std::int64_t row0, std::in
 
 std::string options_json(const TrainerOptions& o, const Schedule& s) {
   nlohmann::json j;
-  j["checkpoint"] = o.checkpoint;
+  j["checkpoint"] = o.policy.checkpoint.name();
   j["schedule"] = s.name();
-  j["micro_batch"] = o.micro_batch;
-  j["accum"] = o.accum;
-  j["offload"] = o.offload;
-  j["delayed_update"] = o.delayed_update;
+  j["micro_batch"] = o.policy.micro_batch;
+  j["accum"] = o.policy.accum;
+  j["offload"] = o.policy.offload.optimizer;
+  j["delayed_update"] = o.policy.offload.delayed_update;
   j["adamw"] = {{"lr", o.adamw.lr},
                 {"beta1", o.adamw.beta1},
                 {"beta2", o.adamw.beta2},
@@ -105,11 +91,11 @@ struct Trainer::Offload {
   PinnedHostProvider pinned;
 };
 
-Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
+Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryProvider* host)
     : model_(model),
       ctx_(ctx),
       options_(validated(options)),
-      schedule_(Schedule::parse(options_.checkpoint, model.num_blocks())),
+      schedule_(options_.policy.checkpoint.schedule(model.num_blocks())),
       rng_(options_.seed ^ kDataSeedSalt),
       scaler_(scaler_options(options_, ctx.dtype)) {
   if (ctx_.dtype != model_.dtype() || ctx_.device() != model_.device()) {
@@ -117,13 +103,21 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
                           device_name(ctx_.device()) + ") does not match the model's (" +
                           dtype_name(model_.dtype()) + " on " + device_name(model_.device()) + ")");
   }
+  if (options_.policy.dtype != ctx_.dtype) {
+    throw InvalidArgument(std::string("trainer policy dtype ") + dtype_name(options_.policy.dtype) +
+                          " differs from the context's " + dtype_name(ctx_.dtype) +
+                          "; valid: the dtype the model was built with");
+  }
   if (options_.init_model) model_.init(options_.seed, ctx_);
-  if (options_.offload) {
-    offload_ = std::make_unique<Offload>(ctx_.device());
+  if (options_.policy.offload.optimizer) {
+    if (host == nullptr) {
+      offload_ = std::make_unique<Offload>(ctx_.device());
+      host = &offload_->pinned;
+    }
     OffloadOptions o;
     o.adamw = options_.adamw;
-    o.delayed_update = options_.delayed_update;
-    optimizer_ = std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, offload_->pinned);
+    o.delayed_update = options_.policy.offload.delayed_update;
+    optimizer_ = std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, *host);
     // The device masters just went to the host; hand their segments back so the reserved
     // bytes (what a budget limits) show the saving.
     ctx_.alloc.empty_cache();
@@ -133,15 +127,26 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options)
 }
 
 Trainer::~Trainer() {
-  if (offload_ && optimizer_) {
+  if (optimizer_) {
     try {
-      static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+      optimizer_->flush(ctx_);
     } catch (...) {  // a destructor must not throw; the weights are being dropped anyway
     }
   }
 }
 
 std::int64_t Trainer::steps() const { return optimizer_->steps(); }
+
+std::size_t Trainer::host_bytes() const { return optimizer_->host_bytes(); }
+
+void Trainer::set_repeat_check(RepeatCheck check) {
+  if (check && ctx_.device() != Device::kMeta) {
+    throw InvalidArgument(std::string("Trainer::set_repeat_check is for dry runs on the meta "
+                                      "backend; this trainer runs on ") +
+                          device_name(ctx_.device()));
+  }
+  repeat_check_ = std::move(check);
+}
 std::int64_t Trainer::steps_attempted() const { return attempted_; }
 
 namespace {
@@ -170,20 +175,20 @@ std::uint32_t micro_batch_name(std::size_t m) {
   return intern_name("micro_batch " + std::to_string(m));
 }
 
-std::vector<std::int64_t> micro_sizes(const TrainerOptions& o, std::int64_t batch) {
-  if (o.accum > 0) return split_batch(batch, o.accum);
-  if (o.micro_batch > 0) return micro_batch_split(batch, o.micro_batch);
-  return {batch};
+// One name for every step: a name per step number would grow the process-wide table of
+// interned names by one every step of a long run.
+std::uint32_t step_name() {
+  static const std::uint32_t id = intern_name("step");
+  return id;
 }
 
 }  // namespace
 
 StepResult Trainer::step(const Batch& batch) {
   const auto t0 = std::chrono::steady_clock::now();
-  // Named for the step it would be if it succeeds (StepResult::step).
-  const ScopedRange step_range(RangeKind::kStep, "step " + std::to_string(attempted_ + 1));
+  const ScopedRange step_range(RangeKind::kStep, step_name());
   check_batch(batch, model_.spec());
-  const std::vector<std::int64_t> sizes = micro_sizes(options_, batch.batch);
+  const std::vector<std::int64_t> sizes = options_.policy.micro_batches(batch.batch);
   const std::int64_t rows = batch.batch * batch.seq_len;
   const double scale = scaler_.scale();
   // Every micro-batch's loss gradient is scale / (B*T): the mean over the global batch, so an
@@ -226,6 +231,11 @@ StepResult Trainer::step(const Batch& batch) {
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
       loss_sum += sum_losses(ctx_, *losses);
       row0 += sizes[m];
+      if (repeat_check_ && m + 2 < sizes.size() && repeat_check_(static_cast<std::int64_t>(m))) {
+        // The rest of the full micro-batches would repeat this one (meta backend: no values).
+        for (std::size_t k = m + 1; k + 1 < sizes.size(); ++k) row0 += sizes[k];
+        m = sizes.size() - 2;
+      }
     }
     if (scaler_.enabled()) found_inf = grads_nonfinite(ctx_, params);
   } catch (...) {
@@ -263,22 +273,19 @@ StepResult Trainer::step(const Batch& batch) {
   r.skipped = skip;
   r.tokens = rows;
   r.micro_batches = static_cast<std::int64_t>(sizes.size());
-  const AllocatorStats s = ctx_.alloc.stats();
-  r.peak_allocated = static_cast<std::size_t>(s.allocated_bytes[kStatAll].peak);
-  r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[kStatAll].peak);
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    r.peak_by_category[c] = static_cast<std::size_t>(s.category_bytes[c].peak);
-  }
+  r.peaks = PeakFigures::of(ctx_.alloc.stats());
+  r.peaks.host_pinned = optimizer_->host_bytes();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
 double Trainer::evaluate(const Batch& batch) {
   check_batch(batch, model_.spec());
-  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  optimizer_->flush(ctx_);
   // Pieces no larger than a training micro-batch; any batch size works (no split into K).
-  std::int64_t piece = options_.micro_batch > 0 ? options_.micro_batch : batch.batch;
-  if (options_.accum > 0) piece = std::max<std::int64_t>(1, batch.batch / options_.accum);
+  const MemoryPolicy& pol = options_.policy;
+  std::int64_t piece = pol.micro_batch > 0 ? pol.micro_batch : batch.batch;
+  if (pol.accum > 0) piece = std::max<std::int64_t>(1, batch.batch / pol.accum);
   const std::vector<std::int64_t> sizes = micro_batch_split(batch.batch, piece);
   Executor ex(model_, ctx_);
   double sum = 0;
@@ -296,7 +303,7 @@ double Trainer::evaluate(const Batch& batch) {
 
 void Trainer::save(const std::string& path, const SaveOptions& o) {
   // A delayed update in flight would leave masters a step ahead of the working weights.
-  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  optimizer_->flush(ctx_);
   TrainStateMeta meta;
   meta.model_spec = model_.spec().to_yaml();
   meta.dtype = dtype_name(ctx_.dtype);
@@ -324,11 +331,11 @@ void Trainer::load(const std::string& path) {
   }
   if (m.dtype != dtype_name(ctx_.dtype)) {
     refuse("saved with compute dtype " + m.dtype + "; this trainer uses " + dtype_name(ctx_.dtype) +
-           " (give the same --dtype)");
+           " (resume with the dtype the state was saved with)");
   }
   if (m.optimizer != optimizer_->name()) {
     refuse("saved with optimizer " + m.optimizer + "; this trainer uses " + optimizer_->name() +
-           " (give --offload as the saving run did)");
+           " (resume with the optimizer offload the saving run had)");
   }
   if (m.steps < 0 || m.attempted < m.steps) refuse("step counts are inconsistent");
   {
@@ -337,7 +344,7 @@ void Trainer::load(const std::string& path) {
     Rng probe_rng;
     probe_rng.set_state(m.rng);
   }
-  if (offload_) static_cast<OffloadOptimizer&>(*optimizer_).flush(ctx_);
+  optimizer_->flush(ctx_);
   f.restore(optimizer_->state(), ctx_.backend, ctx_.stream);
   optimizer_->set_steps(m.steps);
   optimizer_->state_loaded(ctx_);

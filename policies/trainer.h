@@ -1,33 +1,42 @@
-// Trainer: the library API that wraps a training loop and applies memory policies to it:
-// activation/weight dtype, checkpoint schedule, micro-batch and gradient accumulation, CPU
-// offload of the optimizer, dynamic loss scaling.
+// Trainer: the library API that wraps a training loop and applies a MemoryPolicy to it
+// (policies/policy.h: activation/weight dtype, checkpointing, micro-batch and gradient
+// accumulation, offload switches), with dynamic loss scaling for f16.
 //
-//   CpuBackend be({.worker_streams = true});          // a real copy stream for offload
-//   HostProvider host;
-//   CachingAllocator alloc(host, conf, &be.stream_sync());
+// Most programs get one from RunSetup (policies/run_setup.h), which builds the backend, the
+// budgeted allocator and the model for it exactly as `memfit train` does:
+//   RunSetup run(spec);                              // spec: model, policy, batch, budget, ...
+//   for (...) run.step(dataset.sample(16, 128, run.trainer().rng()));
+// By hand, over a backend and allocator of your own:
 //   LayerContext ctx{be, alloc, kDefaultStream, DType::kBF16};
 //   Model model(ModelSpec::preset("gpt-tiny"), ctx);
 //   TrainerOptions opt;
-//   opt.checkpoint = "every:2"; opt.micro_batch = 4; opt.offload = true; opt.adamw.lr = 3e-4;
-//   Trainer trainer(model, ctx, opt);                 // initializes the model from opt.seed
-//   for (...) {
-//     Batch b = dataset.sample(16, 128, trainer.rng());   // core/text_dataset.h
-//     StepResult r = trainer.step(b);               // r.loss, r.skipped, r.peak_by_category
-//   }
-//   trainer.save("run.mfstate");                    // policies/train_state.h
+//   opt.policy.dtype = DType::kBF16;                 // must be the context's dtype
+//   opt.policy.checkpoint = Checkpointing::every(2);
+//   opt.policy.micro_batch = 4; opt.policy.offload.optimizer = true; opt.adamw.lr = 3e-4;
+//   Trainer trainer(model, ctx, opt);                // initializes the model from opt.seed
+//   StepResult r = trainer.step(batch);              // r.loss, r.skipped, r.peaks
+//   trainer.save("run.mfstate");                     // policies/train_state.h
 //
-// step(batch): splits the batch into micro-batches (micro_batch_split, or split_batch when
-// accum is set), zeroes the gradients, runs the Executor on each micro-batch with the schedule
-// (the loss gradient scale / (B * T) for every one), checks the gradients for inf/NaN when the
-// loss scaler is enabled (f16 by default), steps or skips the optimizer, updates the scaler.
-// Peaks are the allocator's, reset at the start of the step. An exception during a step (an
-// OutOfMemory above all) leaves parameters, optimizer state, scaler and step count as they
-// were before it; the trainer stays usable (try a smaller micro-batch).
+// step(batch): splits the batch into micro-batches (MemoryPolicy::micro_batches), zeroes the
+// gradients, runs the Executor on each micro-batch with the schedule (the loss gradient
+// scale / (B * T) for every one), checks the gradients for inf/NaN when the loss scaler is
+// enabled (f16 by default), steps or skips the optimizer, updates the scaler. Peaks are the
+// allocator's, reset at the start of the step (r.peaks: PeakFigures, with the pinned host
+// bytes the optimizer holds). An exception during a step (an OutOfMemory above all) leaves
+// parameters, optimizer state, scaler and step count as they were before it; the trainer
+// stays usable (try a smaller micro-batch).
+// Offload's pinned host memory comes from `host` when given (it must outlive the trainer; a
+// NullProvider in dry runs), else from a PinnedHostProvider the trainer owns (page-locked
+// through the CUDA driver for a model on a GPU, mlock otherwise).
+// The same Trainer runs on the meta backend for dry runs (policies/dry_run.h): its
+// set_repeat_check() lets a dry run skip full micro-batches that would repeat the allocator's
+// state exactly (meta backend only; a real run would lose their gradients).
 // Not thread-safe.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,18 +45,16 @@
 #include "core/optimizer.h"
 #include "core/rng.h"
 #include "core/text_dataset.h"  // Batch
-#include "memory/category.h"
+#include "memory/peak_figures.h"
+#include "memory/provider.h"
 #include "policies/loss_scaler.h"
+#include "policies/policy.h"
 #include "policies/train_state.h"
 
 namespace memfit {
 
 struct TrainerOptions {
-  std::string checkpoint = "none";  // Schedule::parse: none | all | sqrt | every:K
-  std::int64_t micro_batch = 0;     // samples per micro-batch; 0: the whole batch at once
-  std::int64_t accum = 0;           // or: this many micro-batches (split_batch); 0: unused
-  bool offload = false;             // OffloadOptimizer instead of DeviceAdamW
-  bool delayed_update = false;      // offload only: ZeRO-Offload's DPU (changes the math)
+  MemoryPolicy policy;              // policy.dtype must be the context's (and model's) dtype
   AdamWOptions adamw;
   LossScalerOptions scaler;         // scaler.enabled is forced off unless the dtype is f16...
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise
@@ -63,14 +70,12 @@ struct StepResult {
   double seconds = 0;          // wall time of step()
   std::int64_t tokens = 0;     // B*T
   std::int64_t micro_batches = 0;
-  std::size_t peak_allocated = 0;  // allocator peaks during the step
-  std::size_t peak_reserved = 0;
-  std::array<std::size_t, kCategoryCount> peak_by_category{};
+  PeakFigures peaks;           // the allocator's during the step; host_pinned: offload's bytes
 };
 
 class Trainer {
  public:
-  Trainer(Model& model, LayerContext ctx, TrainerOptions options);
+  Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryProvider* host = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -91,6 +96,14 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Schedule& schedule() const { return schedule_; }
   LayerContext& context() { return ctx_; }
+  std::size_t host_bytes() const;  // pinned host bytes the optimizer holds (0 without offload)
+
+  // Dry runs (meta backend only: InvalidArgument otherwise). Called after each full
+  // micro-batch but the last with its index; true skips the full micro-batches that follow
+  // (the last micro-batch, uneven or not, still runs), because the caller saw the allocator
+  // settle into a repeating state. StepResult::micro_batches still counts every one.
+  using RepeatCheck = std::function<bool(std::int64_t micro_batch)>;
+  void set_repeat_check(RepeatCheck check);
 
  private:
   struct Offload;
@@ -100,9 +113,10 @@ class Trainer {
   Schedule schedule_;
   Rng rng_;
   LossScaler scaler_;
-  std::unique_ptr<Offload> offload_;  // the pinned provider, when offloading
+  std::unique_ptr<Offload> offload_;  // the owned pinned provider, when offloading without `host`
   std::unique_ptr<Optimizer> optimizer_;
   std::int64_t attempted_ = 0;
+  RepeatCheck repeat_check_;
 };
 
 }  // namespace memfit

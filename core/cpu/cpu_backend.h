@@ -74,7 +74,7 @@ class CpuBackend final : public Backend {
   // GEMM scratch from `alloc` from now on (nullptr: the backend's own pool). `alloc` must
   // outlive its use here; it may itself be built on stream_sync(). Drains the worker streams
   // first, so no queued GEMM sees the switch half-way.
-  void set_workspace_allocator(CachingAllocator* alloc);
+  void set_workspace_allocator(CachingAllocator* alloc) override;
   std::size_t scratch_bytes() const { return scratch_.held_bytes(); }  // pool only
   void release_scratch() { scratch_.release_idle(); }
   std::size_t live_events() const { return streams_.live_events(); }  // for leak tests

@@ -75,7 +75,7 @@ class CudaBackend final : public Backend {
   const CudaBackendOptions& options() const { return options_; }
   const ContextInfo& context_info() const { return context_; }
 
-  void set_workspace_allocator(CachingAllocator* alloc);
+  void set_workspace_allocator(CachingAllocator* alloc) override;
   CachingAllocator* workspace_allocator() const { return workspace_; }
 
   // The CUDA stream behind a StreamId (for kernels and libraries outside this class).

@@ -106,7 +106,7 @@ class MetaBackend final : public cpu::InlineBackend {
   // counts against the budget sees the same allocation sequence. nullptr (the default): no
   // scratch, as a CPU backend using its own pool. A CUDA plan models cuBLASLt's workspace
   // instead (its own allocation sequence).
-  void set_workspace_allocator(CachingAllocator* alloc) { workspace_ = alloc; }
+  void set_workspace_allocator(CachingAllocator* alloc) override { workspace_ = alloc; }
 
   // ---- GPU GEMM workspace (gpuinteg) ----
   // bytes > 0: each GEMM with work allocates exactly `bytes` from the workspace allocator

@@ -1,4 +1,4 @@
-#include "cli/train_setup.h"
+#include "cli/run_args.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,24 +7,12 @@
 #include <string>
 #include <utility>
 
-#include "cli/plan_command.h"
-#include "core/meta/meta_backend.h"
 #include "core/text_dataset.h"
-#include "memory/check.h"
-#include "memory/null_provider.h"
 #include "memory/size.h"
-#include "policies/accumulation.h"
 #include "policies/device_spec.h"
 #include "policies/dry_run.h"
 #include "policies/planner.h"
 #include "profiler/atomic_file.h"
-
-#if MEMFIT_HAVE_CUDA
-#include "profiler/cuda/cupti_tracer.h"
-#define MEMFIT_CLI_CUPTI 1
-#else
-#define MEMFIT_CLI_CUPTI 0
-#endif
 
 namespace memfit::cli {
 
@@ -92,51 +80,13 @@ void collect_given(CLI::App* cmd, TrainArgs& a) {
 
 // ---- the run ----------------------------------------------------------------------------------
 
-std::string Run::describe() const {
-  std::string s = spec.name + ", " + dtype_name(dtype) + ", checkpoint " + trainer.checkpoint +
-                  ", batch " + std::to_string(batch) + " x " + std::to_string(seq_len);
-  if (trainer.micro_batch > 0) s += ", micro-batch " + std::to_string(trainer.micro_batch);
-  if (trainer.accum > 0) s += ", accum " + std::to_string(trainer.accum);
-  if (trainer.offload) s += ", offload";
-  return s;
-}
-
-void Peaks::take_max(const StepResult& r) {
-  reserved = std::max(reserved, r.peak_reserved);
-  allocated = std::max(allocated, r.peak_allocated);
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    by_category[c] = std::max(by_category[c], r.peak_by_category[c]);
-  }
-}
-
-// The real allocator and executor with no arithmetic, so the peak includes rounding and
-// fragmentation; the backend's GEMM workspace is modelled as the run's backend makes it.
-Peaks dry_run(const Run& p) {
-  MetaBackend meta;
-  NullProvider null;
-  AllocatorConfig conf = p.conf;
-  conf.budget = 0;
-  CachingAllocator alloc(null, conf, &meta.stream_sync());
-  meta.set_workspace_allocator(&alloc);  // the CPU run's GEMM scratch, or cuBLASLt's workspace
-  if (p.backend == "cuda") meta.set_gemm_workspace_bytes(kGpuGemmWorkspaceBytes);
-  LayerContext ctx{meta, alloc, kDefaultStream, p.dtype};
-  Model model(p.spec, ctx);
-  Trainer trainer(model, ctx, p.trainer);
-  Batch b;
-  b.batch = p.batch;
-  b.seq_len = p.seq_len;
-  b.tokens.assign(static_cast<std::size_t>(p.batch * p.seq_len), 0);
-  b.targets = b.tokens;
-  Peaks peaks;
-  peaks.take_max(trainer.step(b));
-  return peaks;
+std::size_t parse_budget(const std::string& text, const char* flag) {
+  const std::size_t b = parse_size(text);
+  if (b == 0) throw InvalidArgument(std::string(flag) + " " + text + " must be positive (e.g. 96MiB)");
+  return b;
 }
 
 namespace {
-
-std::string mib_ceil(std::size_t bytes) {
-  return std::to_string((bytes + kMiB - 1) / kMiB) + "MiB";
-}
 
 void check_common(const TrainArgs& a) {
   if (a.steps < 1) throw InvalidArgument("--steps " + std::to_string(a.steps) + " must be >= 1");
@@ -154,20 +104,38 @@ void check_common(const TrainArgs& a) {
   }
 }
 
-ModelSpec load_text_model(const std::string& name, const char* where) {
-  ModelSpec spec = ModelSpec::load(name);
+DeviceKind backend_kind(const TrainArgs& a) {
+  return a.backend == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+}
+
+void require_text_vocab(const ModelSpec& spec, const std::string& where) {
   if (spec.vocab < TextDataset::kVocab) {
-    throw InvalidArgument(std::string(where) + " " + name + " has vocab " +
+    throw InvalidArgument(where + ": model " + spec.name + " has vocab " +
                           std::to_string(spec.vocab) + "; byte-level text needs vocab >= " +
                           std::to_string(TextDataset::kVocab) + " (gpt-tiny has 256)");
   }
+}
+
+ModelSpec load_text_model(const std::string& name) {
+  if (name.empty()) {
+    throw InvalidArgument("--model is required (a built-in name or a YAML spec), or --plan FILE");
+  }
+  ModelSpec spec = ModelSpec::load(name);
+  require_text_vocab(spec, "--model " + name);
   return spec;
 }
 
-Run make_run(const TrainArgs& a) {
-  if (a.model.empty()) {
-    throw InvalidArgument("--model is required (a built-in name or a YAML spec), or --plan FILE");
+// "--seq-len N": ModelSpec's one check, in the flag's name.
+std::int64_t seq_len_flag(const ModelSpec& spec, std::int64_t requested) {
+  try {
+    return spec.resolve_seq_len(requested);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--" + std::string(e.what()).replace(0, 7, "seq-len"));
   }
+}
+
+// The policy flags, parsed once into the library's typed policy.
+RunSpec run_from_flags(const TrainArgs& a) {
   if (given(a, "--device")) {
     throw InvalidArgument("--device " + a.device +
                           " is for planning: give --budget and no policy flags (--dtype, "
@@ -180,54 +148,39 @@ Run make_run(const TrainArgs& a) {
   if (a.micro_batch > 0 && a.accum > 0) {
     throw InvalidArgument("give --micro-batch or --accum, not both");
   }
-  Run p;
-  p.spec = load_text_model(a.model, "--model");
+  RunSpec r;
+  r.model = load_text_model(a.model);
+  r.batch = a.batch;
+  r.seq_len = seq_len_flag(r.model, a.seq_len);
+  MemoryPolicy& p = r.trainer.policy;
   p.dtype = parse_dtype(a.dtype);
-  p.batch = a.batch;
-  p.seq_len = a.seq_len > 0 ? a.seq_len : p.spec.seq_len;
-  if (a.seq_len < 0 || p.seq_len > p.spec.seq_len) {
-    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": valid is 1.." +
-                          std::to_string(p.spec.seq_len) + " (the model's seq_len)");
+  p.checkpoint = Checkpointing::parse(a.checkpoint, static_cast<int>(r.model.layers));
+  if (p.checkpoint.needs_solving()) {
+    throw InvalidArgument(
+        "--checkpoint optimal is solved per micro-batch by the planner: give --budget with no "
+        "policy flags, or `memfit plan --out plan.yaml` and --plan plan.yaml");
   }
-  checked_mul(static_cast<std::size_t>(p.batch), static_cast<std::size_t>(p.seq_len),
-              "--batch * seq_len");
-  p.trainer.checkpoint = a.checkpoint;
-  Schedule::parse(a.checkpoint,
-                  static_cast<int>(p.spec.layers));  // the error names the valid specs
-  p.trainer.micro_batch = std::min(a.micro_batch, a.batch);
-  p.trainer.accum = a.accum;
-  if (a.accum > 0) split_batch(a.batch, a.accum);  // says which batch sizes split into K
-  p.trainer.offload = a.offload;
-  p.trainer.adamw.lr = a.lr;
-  p.trainer.seed = a.seed;
-  p.conf = parse_alloc_conf(a.alloc_conf);
-  if (!a.budget.empty()) {
-    p.conf.budget = parse_size(a.budget);
-    if (p.conf.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
-  }
-  return p;
+  p.micro_batch = std::min(a.micro_batch, a.batch);
+  p.accum = a.accum;
+  p.offload.optimizer = a.offload;
+  r.alloc = parse_alloc_conf(a.alloc_conf);
+  if (!a.budget.empty()) r.alloc.budget = parse_budget(a.budget);
+  return r;
 }
 
 // --budget with no policy flags: the planner's recommendation for this model and budget
 // (largest micro-batch, or with --batch the fastest way to train that global batch).
 Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
-  if (a.model.empty())
-    throw InvalidArgument("--model is required (a built-in name or a YAML spec)");
   if (a.backend == "cuda" && a.device.empty()) {
     throw InvalidArgument(
         "--budget with no policy flags plans for a device: with --backend cuda give --device "
         "(a preset such as h100-80g, or a YAML file), or give policy flags");
   }
   PlannerOptions o;
-  o.spec = load_text_model(a.model, "--model");
+  o.spec = load_text_model(a.model);
   o.device = DeviceSpec::load(a.device.empty() ? "cpu" : a.device);
-  o.budget = parse_size(a.budget);
-  if (o.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
-  if (a.seq_len < 0 || a.seq_len > o.spec.seq_len) {
-    throw InvalidArgument("--seq-len " + std::to_string(a.seq_len) + ": valid is 1.." +
-                          std::to_string(o.spec.seq_len) + " (the model's seq_len)");
-  }
-  o.seq_len = a.seq_len;
+  o.budget = parse_budget(a.budget);
+  o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
@@ -238,39 +191,20 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   return r.recommended;
 }
 
-// A plan (from a file or the planner) as a run: its model, seq_len, global batch and
-// policies; learning rate and seed from the command line; --budget, when given, replaces the
-// plan's (the device is limited to it).
-Run run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& where) {
-  if (plan.ranks > 1) {
-    throw InvalidArgument(where + " is a per-rank plan for " + std::to_string(plan.ranks) +
-                          " data-parallel ranks; memfit trains one process (plan with "
-                          "--ranks 1)");
+// A plan (from a file or the planner) as a run: Plan::run_spec, with the learning rate, seed
+// and allocator settings from the command line; --budget, when given, replaces the plan's.
+RunSpec run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& where) {
+  RunSpec r;
+  try {
+    r = plan.run_spec();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(where + ": " + e.what());
   }
-  Run p;
-  p.spec = plan.model;
-  if (p.spec.vocab < TextDataset::kVocab) {
-    throw InvalidArgument(
-        where + ": model " + p.spec.name + " has vocab " + std::to_string(p.spec.vocab) +
-        "; byte-level text needs vocab >= " + std::to_string(TextDataset::kVocab));
-  }
-  p.dtype = plan.dtype;
-  p.seq_len = plan.seq_len > 0 ? plan.seq_len : p.spec.seq_len;
-  p.batch = plan.global_batch > 0
-                ? plan.global_batch
-                : static_cast<std::int64_t>(checked_mul(static_cast<std::size_t>(plan.micro_batch),
-                                                        static_cast<std::size_t>(plan.accum_steps),
-                                                        "micro_batch * accum_steps"));
-  p.trainer = plan.trainer_options();
-  p.trainer.adamw.lr = a.lr;
-  p.trainer.seed = a.seed;
-  p.conf = parse_alloc_conf(a.alloc_conf);
-  p.conf.budget = plan.budget;
-  if (!a.budget.empty()) {
-    p.conf.budget = parse_size(a.budget);
-    if (p.conf.budget == 0) throw InvalidArgument("--budget must be positive (e.g. 96MiB)");
-  }
-  return p;
+  require_text_vocab(r.model, where);
+  const std::size_t budget = r.alloc.budget;
+  r.alloc = parse_alloc_conf(a.alloc_conf);
+  r.alloc.budget = a.budget.empty() ? budget : parse_budget(a.budget);
+  return r;
 }
 
 Source choose(const TrainArgs& a) {
@@ -297,12 +231,38 @@ Source choose(const TrainArgs& a) {
   return s;
 }
 
-Peaks plan_peaks(const Plan& plan) {
-  Peaks k;
-  k.reserved = plan.predicted.peak_reserved;
-  k.allocated = plan.predicted.peak_allocated;
-  k.by_category = plan.predicted.peak_by_category;
-  return k;
+// The library's diagnosis in the flags that make each alternative.
+std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec& run) {
+  const BudgetDiagnosis& d = e.diagnosis();
+  std::string msg = "--budget " + a.budget + " (" + format_bytes(d.budget) +
+                    ") is too small for " + d.when + " of " + run.describe() + " (" + d.failure +
+                    ")";
+  if (!d.dry_run_error.empty()) return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
+  msg += "\n  a dry run of this plan reserves " + format_bytes(d.need) +
+         " at its peak: give --budget " + std::to_string((d.need + kMiB - 1) / kMiB) +
+         "MiB or more, or change the plan (dry-run peaks):";
+  for (const BudgetDiagnosis::Alternative& alt : d.alternatives) {
+    std::string flag;
+    switch (alt.change) {
+      case BudgetDiagnosis::Change::kCheckpointAll:
+        flag = "--checkpoint all";
+        break;
+      case BudgetDiagnosis::Change::kMicroBatch:
+        flag = "--micro-batch " + std::to_string(alt.spec.trainer.policy.micro_batch);
+        break;
+      case BudgetDiagnosis::Change::kBF16:
+        flag = "--dtype bf16";
+        break;
+      case BudgetDiagnosis::Change::kOffload:
+        flag = "--offload";
+        break;
+      case BudgetDiagnosis::Change::kAllOfThese:
+        flag = "all of these";
+        break;
+    }
+    msg += "\n    " + flag + ": " + format_bytes(alt.need) + (alt.fits ? " (fits)" : "");
+  }
+  return msg;
 }
 
 }  // namespace
@@ -315,16 +275,23 @@ Prepared prepare(const TrainArgs& a) {
   out.run = out.src.plan ? run_from_plan(*out.src.plan, a,
                                          out.src.kind == "file" ? "--plan " + a.plan_file
                                                                 : std::string("the plan"))
-                         : make_run(a);
-  out.run.backend = a.backend;
+                         : run_from_flags(a);
+  out.run.trainer.adamw.lr = a.lr;
+  out.run.trainer.seed = a.seed;
+  out.run.device = backend_kind(a);
+  out.run.validate();
   return out;
 }
 
 void predict(Prepared& p, const TrainArgs& a, bool want) {
-  if (p.src.plan && p.src.plan->predicted.peak_reserved > 0) {
-    p.predicted = plan_peaks(*p.src.plan);
+  if (p.src.plan && p.src.plan->predicted.peaks.reserved > 0) {
+    p.predicted = p.src.plan->predicted.peaks;
   }
-  if ((a.predict || want) && !p.predicted) p.predicted = dry_run(p.run);
+  if ((a.predict || want) && !p.predicted) {
+    RunSpec unbudgeted = p.run;
+    unbudgeted.alloc.budget = 0;
+    p.predicted = dry_run(unbudgeted).step;
+  }
 }
 
 void print_plan_source(const char* command, const TrainArgs& a, const Prepared& p) {
@@ -339,130 +306,26 @@ void print_plan_source(const char* command, const TrainArgs& a, const Prepared& 
     std::printf("memfit %s: plan %s (made for %s on %s)\n", command, a.plan_file.c_str(),
                 format_bytes(pl.budget).c_str(), pl.device.c_str());
   }
-  std::printf("  plan: %s; predicted peak reserved %s\n", describe_plan(pl).c_str(),
-              format_bytes(pl.predicted.peak_reserved).c_str());
+  std::printf("  plan: %s; predicted peak reserved %s\n", pl.describe().c_str(),
+              format_bytes(pl.predicted.peaks.reserved).c_str());
   if (!pl.why.empty()) std::printf("  why: %s\n", pl.why.c_str());
 }
 
-[[noreturn]] void budget_too_small(const Run& p, const std::string& budget_text,
-                                   const OutOfMemory& oom) {
-  std::string msg = "--budget " + budget_text + " (" + format_bytes(p.conf.budget) +
-                    ") is too small for step one of " + p.describe() + " (" + oom.what() + ")";
+std::unique_ptr<RunSetup> open_run(const Prepared& p, const TrainArgs& a, bool record) {
   try {
-    const Peaks need = dry_run(p);
-    msg += "\n  a dry run of this plan reserves " + format_bytes(need.reserved) +
-           " at its peak: give --budget " + mib_ceil(need.reserved) +
-           " or more, or change the plan (dry-run peaks):";
-    struct Alt {
-      std::string label;
-      Run plan;
-    };
-    std::vector<Alt> alts;
-    auto add = [&](std::string label, auto change) {
-      Run q = p;
-      change(q);
-      alts.push_back({std::move(label), q});
-    };
-    if (p.trainer.checkpoint != "all")
-      add("--checkpoint all", [](Run& q) { q.trainer.checkpoint = "all"; });
-    if (p.batch > 1) {
-      const std::int64_t mb = std::max<std::int64_t>(1, p.batch / 4);
-      add("--micro-batch " + std::to_string(mb), [mb](Run& q) {
-        q.trainer.micro_batch = mb;
-        q.trainer.accum = 0;
-      });
-    }
-    if (p.dtype == DType::kF32) add("--dtype bf16", [](Run& q) { q.dtype = DType::kBF16; });
-    if (!p.trainer.offload) add("--offload", [](Run& q) { q.trainer.offload = true; });
-    add("all of these", [&](Run& q) {
-      q.trainer.checkpoint = "all";
-      q.trainer.micro_batch = 1;
-      q.trainer.accum = 0;
-      if (q.dtype == DType::kF32) q.dtype = DType::kBF16;
-      q.trainer.offload = true;
-    });
-    for (const Alt& a : alts) {
-      const Peaks n = dry_run(a.plan);
-      msg += "\n    " + a.label + ": " + format_bytes(n.reserved) +
-             (n.reserved <= p.conf.budget ? " (fits)" : "");
-    }
-  } catch (const Error& e) {
-    msg += "\n  (the dry run failed too: " + std::string(e.what()) + ")";
+    auto run = std::make_unique<RunSetup>(p.run, RunSetupOptions{.record = record});
+    for (const std::string& n : run->notes()) std::printf("  (%s)\n", n.c_str());
+    return run;
+  } catch (const BudgetError& e) {
+    throw InvalidArgument(budget_text(e, a, p.run));
   }
-  throw InvalidArgument(msg);
 }
 
-// ---- the session --------------------------------------------------------------------------
-
-#if MEMFIT_CLI_CUPTI
-class CuptiSession {
- public:
-  CuptiSession() { tracer_.start(); }
-  void finish(ProfileReport& r) {
-    tracer_.stop();
-    r.gpu = tracer_.take();
-    r.gpu_dropped = tracer_.dropped();
-  }
-
- private:
-  CuptiTracer tracer_;
-};
-#else
-class CuptiSession {
- public:
-  void finish(ProfileReport&) {}
-};
-#endif
-
-Session::Session() = default;
-Session::Session(Session&&) noexcept = default;
-Session::~Session() {
-  // The trainer and model free their blocks into the allocator; the recorder stops listening
-  // before the allocator goes (member order does the rest).
-  trainer.reset();
-  model.reset();
-  cupti.reset();
-  recorder.reset();
-}
-
-Session open_session(const Run& p, const std::string& budget_text, bool record) {
-  Session s;
-  s.env = make_runtime(p.backend, p.conf, {.worker_streams = p.trainer.offload});
-  if (record) {
-    s.recorder = std::make_unique<Recorder>(*s.env.alloc);
-#if MEMFIT_CLI_CUPTI
-    std::string why;
-    if (s.env.name == "cuda") {
-      if (CuptiTracer::available(&why)) {
-        try {
-          s.cupti = std::make_unique<CuptiSession>();
-        } catch (const Error& e) {  // the run is still worth recording without GPU activity
-          std::printf("  (no GPU activity in the report: CUPTI failed to start: %s)\n", e.what());
-        }
-      } else {
-        std::printf("  (no GPU activity in the report: CUPTI unavailable: %s)\n", why.c_str());
-      }
-    }
-#endif
-  }
-  s.ctx = std::make_unique<LayerContext>(
-      LayerContext{*s.env.backend, *s.env.alloc, kDefaultStream, p.dtype});
+StepResult train_step(RunSetup& run, const TrainArgs& a, const Batch& b) {
   try {
-    s.model = std::make_unique<Model>(p.spec, *s.ctx);
-    s.trainer = std::make_unique<Trainer>(*s.model, *s.ctx, p.trainer);
-  } catch (const OutOfMemory& e) {
-    budget_too_small(p, budget_text, e);
-  }
-  return s;
-}
-
-StepResult train_step(Session& s, const Run& p, const std::string& budget_text, const Batch& b,
-                      bool first) {
-  try {
-    return s.trainer->step(b);
-  } catch (const OutOfMemory& e) {
-    if (!first) throw;
-    budget_too_small(p, budget_text, e);
+    return run.step(b);
+  } catch (const BudgetError& e) {
+    throw InvalidArgument(budget_text(e, a, run.spec()));
   }
 }
 
@@ -480,7 +343,7 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
                 "%sstep %*lld/%lld  loss %.4f  %8.0f tok/s  peak %s reserved, %s allocated",
                 bar.c_str(), static_cast<int>(std::to_string(total).size()),
                 static_cast<long long>(step), static_cast<long long>(total), r.loss, tokens_per_s,
-                format_bytes(r.peak_reserved).c_str(), format_bytes(r.peak_allocated).c_str());
+                format_bytes(r.peaks.reserved).c_str(), format_bytes(r.peaks.allocated).c_str());
   std::string s = buf;
   if (show_scale) s += "  scale " + std::to_string(static_cast<long long>(r.loss_scale));
   if (r.skipped) s += "  (skipped: inf/NaN gradients)";
@@ -489,20 +352,13 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
 
 // ---- the report ---------------------------------------------------------------------------
 
-ProfileReport finish_report(Session& s, const Prepared& p, std::int64_t steps) {
-  MEMFIT_CHECK(s.recorder != nullptr);
-  // Queued work (worker streams, GPU kernels) finishes before the figures are read.
-  s.env.backend->synchronize(kDefaultStream);
-  s.recorder->stop();
-  ProfileReport r = make_report(s.recorder->recording(), *s.env.alloc, p.run.spec.name, s.env.name);
-  r.steps = steps;
-  r.device_total_bytes = s.env.device_total_bytes;
-  if (s.cupti) s.cupti->finish(r);
+ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps) {
+  ProfileReport r = run.finish_report(steps);
   if (p.predicted) {
     r.plan.present = true;
     r.plan.predicted_peak_reserved = p.predicted->reserved;
     r.plan.predicted_peak_allocated = p.predicted->allocated;
-    r.plan.description = p.src.plan ? describe_plan(*p.src.plan) + " (" +
+    r.plan.description = p.src.plan ? p.src.plan->describe() + " (" +
                                           (p.src.kind == "file" ? "plan file" : "planner") + ")"
                                     : p.run.describe() + " (dry run)";
   }

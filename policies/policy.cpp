@@ -1,0 +1,158 @@
+#include "policies/policy.h"
+
+#include <charconv>
+#include <utility>
+
+#include "memory/error.h"
+#include "policies/accumulation.h"
+
+namespace memfit {
+
+Checkpointing Checkpointing::every(int k) {
+  if (k < 1) throw InvalidArgument("checkpoint every:" + std::to_string(k) + ": K must be >= 1");
+  Checkpointing c(Kind::kEvery);
+  c.every_ = k;
+  return c;
+}
+
+Checkpointing Checkpointing::solved(Schedule s) {
+  Checkpointing c(Kind::kOptimal);
+  c.schedule_ = std::move(s);
+  return c;
+}
+
+Checkpointing Checkpointing::ops(Schedule s) {
+  Checkpointing c(Kind::kOps);
+  c.schedule_ = std::move(s);
+  return c;
+}
+
+Checkpointing Checkpointing::parse(std::string_view text, int blocks) {
+  if (text == "none") return none();
+  if (text == "all") return all();
+  if (text == "sqrt") return sqrt();
+  if (text == "optimal") return optimal();
+  constexpr std::string_view kEvery = "every:";
+  if (text.substr(0, kEvery.size()) == kEvery) {
+    const std::string_view num = text.substr(kEvery.size());
+    int k = 0;
+    const auto r = std::from_chars(num.data(), num.data() + num.size(), k);
+    if (!num.empty() && r.ec == std::errc() && r.ptr == num.data() + num.size() && k >= 1) {
+      return every(k);
+    }
+  }
+  try {
+    // Schedule::parse knows the op-list form; its rule names were taken above.
+    Schedule s = Schedule::parse(text, blocks);
+    return ops(std::move(s));
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    if (what.rfind("schedule '", 0) == 0) throw;  // an op list with a bad op: that op's error
+    throw InvalidArgument("checkpoint '" + std::string(text) +
+                          "': unknown; valid: none, all, sqrt, every:K (K an integer >= 1), "
+                          "optimal, or an op list (\"F0:input R0:all B0\")");
+  }
+}
+
+Checkpointing Checkpointing::from_parts(std::string_view name, std::string_view ops_text,
+                                        int blocks) {
+  if (ops_text.empty()) {
+    Checkpointing c = parse(name, blocks);
+    return c;
+  }
+  Schedule s = Schedule::parse(ops_text, blocks);
+  if (name == "optimal") return solved(std::move(s));
+  if (name == "ops") return ops(std::move(s));
+  throw InvalidArgument("checkpoint '" + std::string(name) +
+                        "' with an explicit schedule: valid names for one are optimal (a "
+                        "solver's answer) and ops");
+}
+
+Schedule Checkpointing::schedule(int blocks) const {
+  switch (kind_) {
+    case Kind::kNone:
+      return Schedule::none(blocks);
+    case Kind::kAll:
+      return Schedule::all(blocks);
+    case Kind::kSqrt:
+      return Schedule::sqrt_n(blocks);
+    case Kind::kEvery:
+      return Schedule::every(blocks, every_);
+    case Kind::kOptimal:
+    case Kind::kOps:
+      break;
+  }
+  if (!schedule_) {
+    throw InvalidArgument(
+        "checkpoint optimal is solved for each micro-batch by the planner; it has no schedule "
+        "until then (plan first, or choose none, all, sqrt or every:K)");
+  }
+  schedule_->validate(blocks);
+  return *schedule_;
+}
+
+std::string Checkpointing::name() const {
+  switch (kind_) {
+    case Kind::kNone:
+      return "none";
+    case Kind::kAll:
+      return "all";
+    case Kind::kSqrt:
+      return "sqrt";
+    case Kind::kEvery:
+      return "every:" + std::to_string(every_);
+    case Kind::kOptimal:
+      return "optimal";
+    case Kind::kOps:
+      return "ops";
+  }
+  return "none";
+}
+
+std::string Checkpointing::ops_text() const { return schedule_ ? schedule_->str() : std::string(); }
+
+bool Checkpointing::operator==(const Checkpointing& o) const {
+  if (kind_ != o.kind_ || every_ != o.every_ || has_ops() != o.has_ops()) return false;
+  return !schedule_ || schedule_->ops() == o.schedule_->ops();
+}
+
+std::string OffloadSwitches::describe() const {
+  if (!any()) return "off";
+  return delayed_update ? "optimizer (delayed update)" : "optimizer";
+}
+
+void MemoryPolicy::validate() const {
+  if (micro_batch < 0) {
+    throw InvalidArgument("micro-batch " + std::to_string(micro_batch) +
+                          " must be >= 1 (or 0: the whole batch at once)");
+  }
+  if (accum < 0) {
+    throw InvalidArgument("accumulation count " + std::to_string(accum) +
+                          " must be >= 1 (or 0: unused)");
+  }
+  if (micro_batch > 0 && accum > 0) {
+    throw InvalidArgument(
+        "give a micro-batch size or an accumulation count, not both (micro-batch " +
+        std::to_string(micro_batch) + ", accum " + std::to_string(accum) + ")");
+  }
+  if (offload.delayed_update && !offload.optimizer) {
+    throw InvalidArgument(
+        "delayed update (ZeRO-Offload's delayed parameter update) needs the optimizer offloaded");
+  }
+}
+
+std::vector<std::int64_t> MemoryPolicy::micro_batches(std::int64_t batch) const {
+  if (accum > 0) return split_batch(batch, accum);
+  if (micro_batch > 0) return micro_batch_split(batch, micro_batch);
+  return {batch};
+}
+
+std::string MemoryPolicy::describe() const {
+  std::string s = std::string(dtype_name(dtype)) + ", checkpoint " + checkpoint.name() +
+                  ", offload " + offload.describe();
+  if (micro_batch > 0) s += ", micro-batch " + std::to_string(micro_batch);
+  if (accum > 0) s += ", accum " + std::to_string(accum);
+  return s;
+}
+
+}  // namespace memfit
