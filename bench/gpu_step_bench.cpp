@@ -33,6 +33,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "policies/offload_optimizer.h"
+#include "policies/run_setup.h"
 #include "policies/trainer.h"
 #endif
 
@@ -93,47 +94,47 @@ Result run(const Variant& v, const ModelSpec& spec, const Batch& batch, int warm
   Result r;
   r.name = v.name;
   try {
-    CudaBackend be(CudaBackendOptions{.device = 0});
-    CudaProvider gpu(0);
-    CachingAllocator alloc(gpu, alloc_conf_from_env(), &be.stream_sync());
-    be.set_workspace_allocator(&alloc);
-    LayerContext ctx{be, alloc, kDefaultStream, v.dtype};
-    {
-      Model model(spec, ctx);
-      TrainerOptions o;
-      o.checkpoint = v.checkpoint;
-      o.offload = v.offload;
-      o.delayed_update = v.delayed;
-      o.adamw.lr = 3e-4;
-      Trainer trainer(model, ctx, o);
-      std::vector<double> ms;
-      for (int i = 0; i < warmup + steps; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const StepResult s = trainer.step(batch);
-        be.synchronize(kDefaultStream);
-        const double dt =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                .count();
-        if (i < warmup) continue;
-        ms.push_back(dt);
-        r.loss = s.loss;
-        r.peak_allocated = std::max(r.peak_allocated, s.peak_allocated);
-        r.peak_reserved = std::max(r.peak_reserved, s.peak_reserved);
-      }
-      if (v.offload) {
-        auto& opt = static_cast<OffloadOptimizer&>(trainer.optimizer());
-        opt.flush(ctx);
-        const OffloadOptimizer::Timing t = opt.last_timing();
-        r.wait_grads_ms = 1e3 * t.wait_grads_s;
-        r.adamw_ms = 1e3 * t.adamw_s;
-      }
-      std::sort(ms.begin(), ms.end());
-      r.step_ms = ms[ms.size() / 2];
-      r.tokens_per_s = double(batch.batch * batch.seq_len) / (r.step_ms / 1e3);
-      r.ok = true;
+    // RunSetup: what `memfit train --backend cuda` trains on (CudaBackend, CudaProvider, the
+    // cuBLASLt workspace from the budgeted allocator, pinned host memory for offload).
+    RunSpec rs;
+    rs.model = spec;
+    rs.trainer.policy.dtype = v.dtype;
+    rs.trainer.policy.checkpoint = Checkpointing::parse(v.checkpoint, static_cast<int>(spec.layers));
+    rs.trainer.policy.offload.optimizer = v.offload;
+    rs.trainer.policy.offload.delayed_update = v.delayed;
+    rs.trainer.adamw.lr = 3e-4;
+    rs.batch = batch.batch;
+    rs.seq_len = batch.seq_len;
+    rs.alloc = alloc_conf_from_env();
+    rs.device = DeviceKind::kCuda;
+    RunSetup run(rs);
+    Backend& be = run.backend();
+    std::vector<double> ms;
+    for (int i = 0; i < warmup + steps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const StepResult s = run.step(batch);
+      be.synchronize(kDefaultStream);
+      const double dt =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+              .count();
+      if (i < warmup) continue;
+      ms.push_back(dt);
+      r.loss = s.loss;
+      r.peak_allocated = std::max(r.peak_allocated, s.peaks.allocated);
+      r.peak_reserved = std::max(r.peak_reserved, s.peaks.reserved);
     }
+    if (v.offload) {
+      run.trainer().optimizer().flush(run.context());
+      const OffloadOptimizer::Timing t =
+          static_cast<OffloadOptimizer&>(run.trainer().optimizer()).last_timing();
+      r.wait_grads_ms = 1e3 * t.wait_grads_s;
+      r.adamw_ms = 1e3 * t.adamw_s;
+    }
+    std::sort(ms.begin(), ms.end());
+    r.step_ms = ms[ms.size() / 2];
+    r.tokens_per_s = double(batch.batch * batch.seq_len) / (r.step_ms / 1e3);
+    r.ok = true;
     be.synchronize(kDefaultStream);
-    be.set_workspace_allocator(nullptr);
   } catch (const std::exception& e) {
     r.error = e.what();
     const std::size_t nl = r.error.find('\n');

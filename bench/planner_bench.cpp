@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   o.threads = threads;
   std::printf("planner_bench: %s on %s, budget %s, %zu combinations, threads %s\n",
               model.c_str(), device.c_str(), format_bytes(o.device.usable_bytes()).c_str(),
-              o.dtypes.size() * o.solvers.size() * o.offload.size(),
+              o.dtypes.size() * o.checkpoints.size() * o.offloads.size(),
               threads ? std::to_string(threads).c_str() : "all CPUs");
   std::printf("%-26s %10s %9s %12s %9s  %s\n", "mode", "seconds", "dry runs", "s/dry run",
               "ratio", "recommended");
@@ -68,23 +68,17 @@ int main(int argc, char** argv) {
     const double ratio = best / kTargetSeconds;
     pass = pass && ratio <= 1.0;
     const std::string mode = global ? "throughput (global 512)" : "max-batch";
-    std::printf("%-26s %10.3f %9lld %12.4f %9.2f  micro %lld x %lld, %s, %s%s\n", mode.c_str(),
-                best, static_cast<long long>(last.dry_runs),
+    std::printf("%-26s %10.3f %9lld %12.4f %9.2f  %s\n", mode.c_str(), best,
+                static_cast<long long>(last.dry_runs),
                 best / double(std::max<std::int64_t>(1, last.dry_runs)), ratio,
-                static_cast<long long>(last.recommended.micro_batch),
-                static_cast<long long>(last.recommended.accum_steps),
-                dtype_name(last.recommended.dtype),
-                last.recommended.checkpoint.size() > 24 ? "optimal"
-                                                        : last.recommended.checkpoint.c_str(),
-                last.recommended.offload ? ", offload" : "");
+                last.recommended.describe().c_str());
   }
-  // One dry run alone, single-threaded, at the recommended plan of the last mode.
-  DryRunRequest q;
-  q.spec = o.spec;
-  q.policy = Policy{last.recommended.dtype, last.recommended.checkpoint, last.recommended.offload};
-  q.micro_batch = last.recommended.micro_batch;
-  q.accum = std::min<std::int64_t>(last.recommended.accum_steps, 2);
-  q.alloc_conf.budget = o.device.usable_bytes();
+  // One dry run alone, single-threaded, at the recommended plan of the last mode (at most two
+  // micro-batches of it).
+  RunSpec q = last.recommended.run_spec();
+  const std::int64_t micro = q.trainer.policy.micro_batch;
+  q.batch = std::min<std::int64_t>(q.batch, 2 * micro);
+  q.alloc.budget = o.device.usable_bytes();
   double one = 1e30;
   for (int r = 0; r < std::max(3, repeat); ++r) {
     const auto t0 = Clock::now();
@@ -92,7 +86,7 @@ int main(int argc, char** argv) {
     one = std::min(one, seconds_since(t0));
   }
   std::printf("one dry run (micro %lld, %lld micro-batches, %d blocks): %.4f s = %.3f ms/block\n",
-              static_cast<long long>(q.micro_batch), static_cast<long long>(q.accum),
+              static_cast<long long>(micro), static_cast<long long>((q.batch + micro - 1) / micro),
               static_cast<int>(o.spec.layers), one, 1e3 * one / double(o.spec.layers));
   std::printf("%s: planning %s the %.1f s target\n", pass ? "PASS" : "FAIL",
               pass ? "within" : "over", kTargetSeconds);

@@ -47,14 +47,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
 #include "core/dtype.h"
-#include "core/model.h"
 #include "core/model_spec.h"
-#include "memory/caching_allocator.h"
 #include "memory/category.h"
-#include "memory/host_provider.h"
-#include "policies/trainer.h"
+#include "policies/run_setup.h"
 
 namespace memfit {
 namespace {
@@ -144,38 +140,36 @@ Batch make_batch(const ModelSpec& spec) {
   return b;
 }
 
-// One configuration, from a fresh backend, allocator and model (a model's dtype is fixed).
+// One configuration, from a fresh RunSetup (backend, allocator with the GEMM scratch inside it,
+// model, trainer: what `memfit train` builds; a model's dtype is fixed).
 Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const Batch& batch) {
   Figures f;
   try {
-    CpuBackend be({.worker_streams = true});
-    HostProvider host;
-    CachingAllocator alloc(host, {}, &be.stream_sync());
-    be.set_workspace_allocator(&alloc);  // GEMM scratch shows in the peaks (as PyTorch's would)
-    LayerContext ctx{be, alloc, kDefaultStream, parse_dtype(c.dtype)};
-    Model model(spec, ctx);
-    TrainerOptions opt;
-    opt.checkpoint = c.checkpoint;
-    opt.offload = c.offload;
-    opt.micro_batch = c.micro_batch;
-    opt.adamw.lr = 1e-3;
-    opt.adamw.weight_decay = 0.01;
-    Trainer trainer(model, ctx, opt);
+    RunSpec rs;
+    rs.model = spec;
+    rs.trainer.policy.dtype = parse_dtype(c.dtype);
+    rs.trainer.policy.checkpoint = Checkpointing::parse(c.checkpoint, static_cast<int>(spec.layers));
+    rs.trainer.policy.offload.optimizer = c.offload;
+    rs.trainer.policy.micro_batch = c.micro_batch;
+    rs.trainer.adamw.lr = 1e-3;
+    rs.trainer.adamw.weight_decay = 0.01;
+    rs.batch = batch.batch;
+    rs.seq_len = batch.seq_len;
+    RunSetup run(rs);
     std::vector<double> secs;
     for (int k = 0; k < a.warmup + a.steps; ++k) {
-      const StepResult r = trainer.step(batch);
+      const StepResult r = run.step(batch);
       f.loss = r.loss;
       if (k < a.warmup) continue;
       secs.push_back(r.seconds);
-      f.allocated = std::max(f.allocated, r.peak_allocated);
-      f.reserved = std::max(f.reserved, r.peak_reserved);
+      f.allocated = std::max(f.allocated, r.peaks.allocated);
+      f.reserved = std::max(f.reserved, r.peaks.reserved);
       for (std::size_t i = 0; i < kCategoryCount; ++i) {
-        f.by[i] = std::max(f.by[i], r.peak_by_category[i]);
+        f.by[i] = std::max(f.by[i], r.peaks.category_peaks[i]);  // each category's own peak
       }
     }
     f.seconds = median(secs);
     f.ok = true;
-    be.set_workspace_allocator(nullptr);
   } catch (const std::exception& e) {
     f.error = e.what();
   }

@@ -26,10 +26,12 @@ struct TrainOnly {
   std::string summary_json;
 };
 
+// Categories with bytes, as a plan file's predicted.peak_by_category lists them.
 nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a) {
   nlohmann::json j = nlohmann::json::object();
-  for (std::size_t c = 0; c < kCategoryCount; ++c)
-    j[category_name(static_cast<Category>(c))] = a[c];
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    if (a[c] != 0) j[category_name(static_cast<Category>(c))] = a[c];
+  }
   return j;
 }
 

@@ -153,15 +153,16 @@ Run train(const TextDataset& data, const std::string& checkpoint, int steps) {
   }
   Model model(spec, std::move(blocks), ctx);
   TrainerOptions opt;
-  opt.checkpoint = checkpoint;
+  opt.policy.dtype = ctx.dtype;
+  opt.policy.checkpoint = Checkpointing::parse(checkpoint, kBlocks);
   opt.adamw.lr = 3e-3;
   Trainer trainer(model, ctx, opt);
   Run run;
   for (int i = 0; i < steps; ++i) {
     const StepResult r = trainer.step(data.sample(8, 64, trainer.rng()));
     run.losses.push_back(r.loss);
-    run.peak_activation = std::max(
-        run.peak_activation, r.peak_by_category[static_cast<std::size_t>(Category::kActivation)]);
+    run.peak_activation =
+        std::max(run.peak_activation, r.peaks.category_peaks[category_index(Category::kActivation)]);
   }
   return run;
 }

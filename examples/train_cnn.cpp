@@ -1,5 +1,7 @@
 // train_cnn: a small convolutional classifier trained with memfit's layers, by hand, to show
-// that the same layer/backend/optimizer pieces that train a GPT train a CNN too.
+// that the same layer/backend/optimizer pieces that train a GPT train a CNN too. The runtime
+// (backend, allocator, GEMM/cuDNN workspace from that allocator) is the library's
+// (policies/runtime_env.h), the one `memfit train` stands on.
 //
 //   build/examples/example_train_cnn [--backend cpu|cuda] [--dtype f32|bf16|f16] [--steps N]
 //
@@ -24,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
 #include "core/device_adamw.h"
 #include "core/executor.h"  // sum_losses
 #include "core/layers/conv2d.h"
@@ -34,11 +35,7 @@
 #include "core/rng.h"
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
-#include "memory/host_provider.h"
-#if MEMFIT_HAVE_CUDA
-#include "core/cuda/cuda_backend.h"
-#include "memory/cuda/cuda_provider.h"
-#endif
+#include "policies/runtime_env.h"
 
 using namespace memfit;
 
@@ -213,11 +210,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-int train(Backend& be, MemoryProvider& provider, const Args& args) {
-  CachingAllocator alloc(provider, {}, &be.stream_sync());
-#if MEMFIT_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_workspace_allocator(&alloc);
-#endif
+int train(RuntimeEnv& env, const Args& args) {
+  Backend& be = *env.backend;
+  CachingAllocator& alloc = *env.alloc;
   LayerContext ctx{be, alloc, kDefaultStream, args.dtype};
   int status = 1;
   {
@@ -300,21 +295,10 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     std::printf("train_cnn: backend %s, %s, %d steps of batch %lld\n", args.backend.c_str(),
                 dtype_name(args.dtype), args.steps, static_cast<long long>(kBatch));
-    if (args.backend == "cuda") {
-#if MEMFIT_HAVE_CUDA
-      CudaBackend be;
-      CudaProvider gpu(0);
-      return train(be, gpu, args);
-#else
-      std::fprintf(stderr,
-                   "train_cnn: this build has no CUDA backend (configure with "
-                   "-DMEMFIT_CUDA=ON)\n");
-      return 2;
-#endif
-    }
-    CpuBackend be;
-    HostProvider host;
-    return train(be, host, args);
+    // InvalidArgument (exit 2) for cuda in a build or on a machine without it.
+    RuntimeEnv env = make_runtime(args.backend == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu,
+                                  AllocatorConfig{});
+    return train(env, args);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -8,21 +8,20 @@
 // and Adam moments in pinned host memory, CPU AdamW overlapping the backward on a copy stream),
 // all under a 128 MiB budget. Each step prints its loss, tokens/s and the allocator's peaks;
 // the end evaluates a held-out batch and saves the training state (resume with a third
-// argument that names an existing state file).
+// argument that names an existing state file). The setup (backend, budgeted allocator with the
+// GEMM scratch inside the budget, pinned host memory, model, trainer) is RunSetup's: exactly
+// what `memfit train` builds, and what its dry run predicts (printed beside the measured peak).
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "core/cpu/cpu_backend.h"
-#include "core/model.h"
 #include "core/text_dataset.h"
 #include "memory/alloc_conf.h"
-#include "memory/caching_allocator.h"
-#include "memory/host_provider.h"
 #include "memory/size.h"
-#include "policies/trainer.h"
+#include "policies/dry_run.h"
+#include "policies/run_setup.h"
 
 using namespace memfit;
 
@@ -33,22 +32,23 @@ int main(int argc, char** argv) {
   constexpr std::int64_t kBatch = 8, kSeqLen = 128;
 
   try {
-    // The CPU "device": worker streams make the offload's copy stream a real thread.
-    CpuBackend be({.worker_streams = true});
-    HostProvider host;
-    AllocatorConfig conf = alloc_conf_from_env();
-    conf.budget = 128 * kMiB;
-    CachingAllocator alloc(host, conf, &be.stream_sync());
-    be.set_workspace_allocator(&alloc);  // GEMM scratch counts against the budget too
-    LayerContext ctx{be, alloc, kDefaultStream, DType::kBF16};
+    RunSpec spec;
+    spec.model = ModelSpec::preset("gpt-tiny");
+    spec.trainer.policy.dtype = DType::kBF16;
+    spec.trainer.policy.checkpoint = Checkpointing::every(2);
+    spec.trainer.policy.micro_batch = 4;
+    spec.trainer.policy.offload.optimizer = true;
+    spec.trainer.adamw.lr = 1e-3;
+    spec.batch = kBatch;
+    spec.seq_len = kSeqLen;
+    spec.alloc = alloc_conf_from_env();
+    spec.alloc.budget = 128 * kMiB;
+    spec.device = DeviceKind::kCpu;  // worker streams make offload's copy stream a real thread
+    const DryRunResult predicted = dry_run(spec);
 
-    Model model(ModelSpec::preset("gpt-tiny"), ctx);
-    TrainerOptions opt;
-    opt.checkpoint = "every:2";
-    opt.micro_batch = 4;
-    opt.offload = true;
-    opt.adamw.lr = 1e-3;
-    Trainer trainer(model, ctx, opt);  // initializes the model from opt.seed
+    RunSetup run(spec);  // initializes the model from spec.trainer.seed
+    Trainer& trainer = run.trainer();
+    Model& model = run.model();
     if (::access(state.c_str(), R_OK) == 0 && argc > 3) {
       trainer.load(state);
       std::printf("resumed from %s at step %lld\n", state.c_str(),
@@ -61,12 +61,13 @@ int main(int argc, char** argv) {
                 static_cast<long long>(model.parameter_count()), trainer.evaluate(held_out));
     for (int i = 0; i < steps; ++i) {
       const Batch b = data.sample(kBatch, kSeqLen, trainer.rng());
-      const StepResult r = trainer.step(b);
-      std::printf("step %3lld  loss %.4f  %6.0f tok/s  peak %s reserved, %s activations\n",
+      const StepResult r = run.step(b);
+      std::printf("step %3lld  loss %.4f  %6.0f tok/s  peak %s reserved (predicted %s), %s "
+                  "activations at the peak\n",
                   static_cast<long long>(r.step), r.loss, double(r.tokens) / r.seconds,
-                  format_bytes(r.peak_reserved).c_str(),
-                  format_bytes(r.peak_by_category[static_cast<std::size_t>(Category::kActivation)])
-                      .c_str());
+                  format_bytes(r.peaks.reserved).c_str(),
+                  format_bytes(predicted.step.reserved).c_str(),
+                  format_bytes(r.peaks.at_peak_of(Category::kActivation)).c_str());
     }
     std::printf("held-out loss %.4f\n", trainer.evaluate(held_out));
     trainer.save(state);

@@ -168,20 +168,6 @@ DeviceSpec parse(std::string_view text, const std::string& source,
     if (!n.IsScalar() || n.Scalar().empty()) fail(source, n, "name", "must be a non-empty string");
     d.name = n.Scalar();
   }
-  {
-    const YAML::Node& n = need("kind");
-    const std::string k = n.IsScalar() ? n.Scalar() : std::string();
-    if (k == "cpu") {
-      d.kind = DeviceKind::kCpu;
-    } else if (k == "cuda") {
-      d.kind = DeviceKind::kCuda;
-    } else {
-      fail(source, n, "kind",
-           "got " + node_kind(n) +
-               "; valid: cpu (memfit's CPU backend: host memory, GEMM scratch from the budget) "
-               "or cuda (an NVIDIA GPU: cuBLASLt workspace per GEMM)");
-    }
-  }
   d.memory_bytes = read_size(source, "memory", need("memory"));
   if (d.memory_bytes == 0) fail(source, need("memory"), "memory", "must be > 0");
   if (values.count("context")) {
@@ -200,6 +186,21 @@ DeviceSpec parse(std::string_view text, const std::string& source,
   d.host_link = read_rate(source, "host_link", need("host_link"), false);
   if (values.count("cpu_adamw"))
     d.cpu_adamw = read_rate(source, "cpu_adamw", values["cpu_adamw"], true);
+  // What runs the step, never guessed from the name (a file named "laptop" may be either).
+  {
+    const YAML::Node& n = need("kind");
+    const std::string k = n.IsScalar() ? n.Scalar() : std::string();
+    if (k == "cpu") {
+      d.kind = DeviceKind::kCpu;
+    } else if (k == "cuda") {
+      d.kind = DeviceKind::kCuda;
+    } else {
+      fail(source, n, "kind",
+           "got " + node_kind(n) +
+               "; valid: cpu (memfit's CPU backend: host memory, GEMM scratch from the budget) "
+               "or cuda (an NVIDIA GPU: cuBLASLt workspace per GEMM)");
+    }
+  }
   return d;
 }
 

@@ -87,7 +87,10 @@ DryRunResult dry_run(const RunSpec& run) {
   CachingAllocator alloc(device, run.alloc, &meta.stream_sync());
   // The GEMM workspace as the run's backend takes it (RunSetup gives every backend the
   // budgeted allocator): the CPU's 16-bit widening scratch, or cuBLASLt's fixed workspace.
-  meta.set_workspace_allocator(&alloc);
+  // (kCuda with no workspace: cuBLASLt without one; the meta backend then takes none.)
+  if (run.device == DeviceKind::kCpu || run.gpu_gemm_workspace > 0) {
+    meta.set_workspace_allocator(&alloc);
+  }
   if (run.device == DeviceKind::kCuda) meta.set_gemm_workspace_bytes(run.gpu_gemm_workspace);
   LayerContext ctx{meta, alloc, kDefaultStream, run.trainer.policy.dtype};
 

@@ -389,13 +389,8 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
       combo.name() + ": no micro-batch up to " + std::to_string(m) + " fits with its accumulation";
 }
 
-void validate(const PlannerOptions& o, std::int64_t seq_len) {
-  o.spec.validate();
+void validate(const PlannerOptions& o) {
   auto bad = [](const std::string& what) { throw InvalidArgument("plan: " + what); };
-  if (seq_len < 1 || seq_len > o.spec.seq_len) {
-    bad("seq_len " + std::to_string(seq_len) + " is above the model's maximum " +
-        std::to_string(o.spec.seq_len) + "; valid: 1 to " + std::to_string(o.spec.seq_len));
-  }
   if (o.ranks < 1) bad("ranks " + std::to_string(o.ranks) + " must be >= 1");
   if (o.zero_stage < 0 || o.zero_stage > 2) {
     bad("zero_stage " + std::to_string(o.zero_stage) +
@@ -457,7 +452,7 @@ std::optional<std::string> weights_shortfall(const Context& c) {
 PlanResult plan(const PlannerOptions& o) {
   o.spec.validate();
   const std::int64_t seq_len = o.spec.resolve_seq_len(o.seq_len);
-  validate(o, seq_len);
+  validate(o);
   const std::size_t budget = o.budget > 0 ? o.budget : o.device.usable_bytes();
   if (budget == 0) {
     throw InvalidArgument("plan: no budget: device '" + o.device.name +

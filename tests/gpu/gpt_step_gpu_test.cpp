@@ -86,6 +86,11 @@ struct GpuRig {
     be.synchronize(kDefaultStream);
     be.set_workspace_allocator(nullptr);
   }
+  // Trainer options for this rig's dtype (a trainer's policy dtype is its model's).
+  TrainerOptions opts(TrainerOptions o = {}) const {
+    o.policy.dtype = ctx.dtype;
+    return o;
+  }
   CudaBackend be;
   CudaProvider gpu;
   CachingAllocator alloc;
@@ -98,6 +103,11 @@ struct CpuRig {
     be.set_workspace_allocator(&alloc);
   }
   ~CpuRig() { be.set_workspace_allocator(nullptr); }
+  // Trainer options for this rig's dtype (a trainer's policy dtype is its model's).
+  TrainerOptions opts(TrainerOptions o = {}) const {
+    o.policy.dtype = ctx.dtype;
+    return o;
+  }
   CpuBackend be;
   HostProvider host;
   CachingAllocator alloc;
@@ -170,11 +180,11 @@ TEST_P(GptStepGpu, LossAndEveryGradientMatchTheCpuBackend) {
 
   CpuRig cpu(dt);
   Model cpu_model(spec, cpu.ctx);
-  Trainer cpu_trainer(cpu_model, cpu.ctx, o);
+  Trainer cpu_trainer(cpu_model, cpu.ctx, cpu.opts(o));
 
   GpuRig gpu(dt);
   Model gpu_model(spec, gpu.ctx);
-  Trainer gpu_trainer(gpu_model, gpu.ctx, o);
+  Trainer gpu_trainer(gpu_model, gpu.ctx, gpu.opts(o));
   // Same initialization: the working weights start equal bit for bit (init draws on the host).
   const std::vector<Parameter*> pc = cpu_model.parameters(), pg = gpu_model.parameters();
   ASSERT_EQ(pc.size(), pg.size());
@@ -213,7 +223,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, GptStepGpu, ::testing::Values(DType::kF32, DTyp
 using Snapshot = std::map<std::string, std::vector<unsigned char>>;
 Snapshot snapshot(Trainer& t) {
   LayerContext& ctx = t.context();
-  if (t.options().offload) static_cast<OffloadOptimizer&>(t.optimizer()).flush(ctx);
+  t.optimizer().flush(ctx);
   Snapshot s;
   for (const StateTensor& st : t.optimizer().state()) s[st.name] = bytes_of(ctx, st.tensor);
   for (Parameter* p : t.model().parameters()) {
@@ -231,9 +241,9 @@ TEST(GptStepGpuPolicies, CheckpointingIsBitIdenticalToNone) {
       GpuRig gpu(dt);
       Model m(spec, gpu.ctx);
       TrainerOptions o;
-      o.checkpoint = checkpoint;
-      o.micro_batch = 2;  // accumulation too: gradients summed over two micro-batches
-      Trainer t(m, gpu.ctx, o);
+      o.policy.checkpoint = Checkpointing::parse(checkpoint, static_cast<int>(spec.layers));
+      o.policy.micro_batch = 2;  // accumulation too: gradients summed over two micro-batches
+      Trainer t(m, gpu.ctx, gpu.opts(o));
       for (std::uint32_t step = 0; step < 2; ++step) {
         losses.push_back(t.step(make_batch(4, spec.seq_len, spec.vocab, 11 + step)).loss);
       }
@@ -281,8 +291,8 @@ TEST(GptStepGpuPolicies, OffloadEqualsDeviceAdamW) {
       GpuRig gpu(dt);
       Model m(spec, gpu.ctx);
       TrainerOptions o;
-      o.offload = offload;
-      Trainer t(m, gpu.ctx, o);
+      o.policy.offload.optimizer = offload;
+      Trainer t(m, gpu.ctx, gpu.opts(o));
       Out out;
       for (std::uint32_t step = 0; step < 3; ++step) {
         out.losses.push_back(t.step(make_batch(4, spec.seq_len, spec.vocab, 21 + step)).loss);
@@ -352,9 +362,9 @@ TEST(GptStepGpuPolicies, OutOfMemoryUnderABudgetIsRecoverableWithASmallerMicroBa
     GpuRig gpu(dt);
     Model m(spec, gpu.ctx);
     TrainerOptions o;
-    o.micro_batch = micro;
-    Trainer t(m, gpu.ctx, o);
-    return t.step(b).peak_reserved;
+    o.policy.micro_batch = micro;
+    Trainer t(m, gpu.ctx, gpu.opts(o));
+    return t.step(b).peaks.reserved;
   };
   const std::size_t big = peak_of(0), small = peak_of(2);
   ASSERT_LT(small, big);
@@ -362,7 +372,7 @@ TEST(GptStepGpuPolicies, OutOfMemoryUnderABudgetIsRecoverableWithASmallerMicroBa
   conf.budget = small + (big - small) / 2;
   GpuRig gpu(dt, conf);
   Model m(spec, gpu.ctx);
-  auto t = std::make_unique<Trainer>(m, gpu.ctx, TrainerOptions{});
+  auto t = std::make_unique<Trainer>(m, gpu.ctx, gpu.opts());
   const Snapshot before = snapshot(*t);
   try {
     t->step(b);
@@ -376,12 +386,12 @@ TEST(GptStepGpuPolicies, OutOfMemoryUnderABudgetIsRecoverableWithASmallerMicroBa
   // The same model, a smaller micro-batch, the same budget: it trains.
   t.reset();
   TrainerOptions o;
-  o.micro_batch = 2;
+  o.policy.micro_batch = 2;
   o.init_model = false;
-  t = std::make_unique<Trainer>(m, gpu.ctx, o);
+  t = std::make_unique<Trainer>(m, gpu.ctx, gpu.opts(o));
   const StepResult r = t->step(b);
   EXPECT_TRUE(std::isfinite(r.loss));
-  EXPECT_LE(r.peak_reserved, conf.budget);
+  EXPECT_LE(r.peaks.reserved, conf.budget);
   EXPECT_EQ(t->steps(), 1);
   print_figure("gpu oom recovery",
                "batch 16 needs " + format_bytes(big) + ", micro-batch 2 " + format_bytes(small) +
@@ -405,7 +415,7 @@ TEST(GptStepGpuPolicies, ReservedBytesMatchTheDriversFreeMemoryDropDuringAStep) 
   const Batch b = make_batch(16, spec.seq_len, spec.vocab, 41);
   auto train_once = [&](auto&& inspect) {
     Model m(spec, gpu.ctx);
-    Trainer t(m, gpu.ctx, TrainerOptions{});
+    Trainer t(m, gpu.ctx, gpu.opts());
     const StepResult r = t.step(b);
     gpu.be.synchronize(kDefaultStream);
     inspect(r);
@@ -427,7 +437,7 @@ TEST(GptStepGpuPolicies, ReservedBytesMatchTheDriversFreeMemoryDropDuringAStep) 
     EXPECT_GE(drop + granules, reserved);
     EXPECT_LE(drop, reserved + granules + 8 * kMiB);
     EXPECT_GT(reserved, 100 * kMiB);  // the comparison means something
-    EXPECT_LE(r.peak_reserved, static_cast<std::size_t>(s.reserved_bytes[kStatAll].peak));
+    EXPECT_LE(r.peaks.reserved, static_cast<std::size_t>(s.reserved_bytes[kStatAll].peak));
     print_figure("gpt step: allocator reserved vs driver free-memory drop",
                  format_bytes(reserved) + " in " + std::to_string(segments) + " segments vs " +
                      format_bytes(drop) + "; workspace peak " +
@@ -451,29 +461,29 @@ TEST(GptStepGpuPolicies, TheDryRunBoundsTheStepsPeak) {
     {
       Model m(spec, gpu.ctx);
       TrainerOptions o;
-      o.checkpoint = checkpoint;
-      o.micro_batch = 4;
-      Trainer t(m, gpu.ctx, o);
+      o.policy.checkpoint = Checkpointing::parse(checkpoint, static_cast<int>(spec.layers));
+      o.policy.micro_batch = 4;
+      Trainer t(m, gpu.ctx, gpu.opts(o));
       r = t.step(b);
     }
-    DryRunRequest q;
-    q.spec = spec;
-    q.policy = Policy{DType::kBF16, checkpoint, false};
-    q.schedule = Schedule::parse(checkpoint, static_cast<int>(spec.layers));
-    q.micro_batch = 4;
-    q.accum = 2;
-    q.cpu_gemm_scratch = false;
+    RunSpec q;
+    q.model = spec;
+    q.trainer.policy.dtype = DType::kBF16;
+    q.trainer.policy.checkpoint = Checkpointing::parse(checkpoint, static_cast<int>(spec.layers));
+    q.trainer.policy.micro_batch = 4;
+    q.batch = 8;
+    q.device = DeviceKind::kCuda;
     q.gpu_gemm_workspace = gpu.be.options().gemm_workspace_bytes;
     const DryRunResult d = dry_run(q);
     ASSERT_TRUE(d.fits);
     // 1 MiB: the nn kernels' small reduction scratch (CudaScratch), which the dry run does not
     // model; it is never live together with a GEMM's workspace.
-    EXPECT_LE(r.peak_allocated, d.peak_allocated + kMiB);
-    EXPECT_LE(d.peak_allocated, r.peak_allocated + q.gpu_gemm_workspace);
+    EXPECT_LE(r.peaks.allocated, d.step.allocated + kMiB);
+    EXPECT_LE(d.step.allocated, r.peaks.allocated + q.gpu_gemm_workspace);
     print_figure(std::string("dry run vs gpu step peak allocated, bf16 ") + checkpoint,
-                 format_bytes(d.peak_allocated) + " predicted, " + format_bytes(r.peak_allocated) +
-                     " measured (reserved " + format_bytes(d.peak_reserved) + " vs " +
-                     format_bytes(r.peak_reserved) + ")");
+                 format_bytes(d.step.allocated) + " predicted, " + format_bytes(r.peaks.allocated) +
+                     " measured (reserved " + format_bytes(d.step.reserved) + " vs " +
+                     format_bytes(r.peaks.reserved) + ")");
   }
 }
 

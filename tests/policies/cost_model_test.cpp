@@ -297,7 +297,7 @@ TEST(CostModel, StepSecondsAddsRecomputationAccumulationAndTheOptimizer) {
   DeviceSpec dev = DeviceSpec::preset("a100-80g");
   dev.cpu_adamw = 1e9;  // fixed, so the figures below do not depend on this machine
   const int n = cm.num_blocks();
-  Policy p;
+  MemoryPolicy p;
   p.dtype = DType::kBF16;
   const Chain c = cm.chain(8, DType::kBF16, dev);
   double fwd = 0;
@@ -316,8 +316,8 @@ TEST(CostModel, StepSecondsAddsRecomputationAccumulationAndTheOptimizer) {
   // (1e9 params/s) and the weight copies back are exposed, and of the gradient copies only
   // those that wait for the end of the backward: block 0's (partly) and the embedding's.
   const double nparams = static_cast<double>(cm.parameter_count());
-  const double big = cm.step_seconds({DType::kBF16, "none", false}, Schedule::none(n), 32, 1, dev);
-  p.offload = true;
+  const double big = cm.step_seconds(p, Schedule::none(n), 32, 1, dev);
+  p.offload.optimizer = true;
   const double off = cm.step_seconds(p, Schedule::none(n), 32, 1, dev);
   const double floor = big - opt + nparams / dev.cpu_adamw + 2 * nparams / dev.host_link;
   const double emb = static_cast<double>((spec.vocab + spec.seq_len) * spec.hidden);
@@ -339,8 +339,8 @@ TEST(CostModel, CpuAdamWRateIsMeasuredOnce) {
   const CostModel cm = CostModel::analytic(ModelSpec::preset("gpt-tiny"), 128);
   const DeviceSpec dev = DeviceSpec::preset("cpu");  // cpu_adamw 0: the measured rate
   ASSERT_EQ(dev.cpu_adamw, 0.0);
-  Policy p;
-  p.offload = true;
+  MemoryPolicy p;
+  p.offload.optimizer = true;
   DeviceSpec given = dev;
   given.cpu_adamw = r;
   EXPECT_DOUBLE_EQ(cm.step_seconds(p, Schedule::none(6), 2, 1, dev),

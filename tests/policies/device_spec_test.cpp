@@ -41,10 +41,12 @@ void expect_same(const DeviceSpec& a, const DeviceSpec& b) {
   EXPECT_EQ(a.mem_bandwidth, b.mem_bandwidth);
   EXPECT_EQ(a.host_link, b.host_link);
   EXPECT_EQ(a.cpu_adamw, b.cpu_adamw);
+  EXPECT_EQ(a.kind, b.kind);
 }
 
 const char* kMinimal =
     "device:\n"
+    "  kind: cuda\n"
     "  memory: 24GiB\n"
     "  flops_f32: 82.6e12\n"
     "  flops_f16: 165.2 TFLOP/s\n"
@@ -128,6 +130,41 @@ TEST(DeviceSpec, UnitsForSizesAndRates) {
   EXPECT_EQ(e.context_bytes, 512 * kMiB);
   EXPECT_DOUBLE_EQ(e.cpu_adamw, 1.5e9);
   EXPECT_EQ(e.usable_bytes(), parse_size("24GiB") - 512 * kMiB);
+}
+
+TEST(DeviceSpec, TheKindIsAFieldNeverGuessedFromTheName) {
+  for (const std::string& n : DeviceSpec::preset_names()) {
+    EXPECT_EQ(DeviceSpec::preset(n).kind, n == "cpu" ? DeviceKind::kCpu : DeviceKind::kCuda) << n;
+  }
+  // A file named like a laptop, describing the CPU backend, is the CPU backend; named "cpu"
+  // but saying cuda, it is a GPU.
+  std::string cpu_text = kMinimal;
+  cpu_text.replace(cpu_text.find("kind: cuda"), 10, "kind: cpu");
+  const std::string laptop = ::testing::TempDir() + "/laptop.yaml";
+  std::ofstream(laptop) << cpu_text;
+  EXPECT_EQ(DeviceSpec::load(laptop).kind, DeviceKind::kCpu);
+  std::remove(laptop.c_str());
+  DeviceSpec named_cpu = DeviceSpec::from_yaml_string(kMinimal);
+  named_cpu.name = "cpu";
+  EXPECT_EQ(DeviceSpec::from_yaml_string(named_cpu.to_yaml()).kind, DeviceKind::kCuda);
+  std::string missing = kMinimal;
+  missing.erase(missing.find("  kind: cuda\n"), 13);
+  try {
+    (void)DeviceSpec::from_yaml_string(missing, "dev.yaml");
+    ADD_FAILURE() << "no error for a device without a kind";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("device.kind: missing"), std::string::npos) << e.what();
+  }
+  std::string bad = kMinimal;
+  bad.replace(bad.find("kind: cuda"), 10, "kind: tpu");
+  try {
+    (void)DeviceSpec::from_yaml_string(bad, "dev.yaml");
+    ADD_FAILURE() << "no error for kind: tpu";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dev.yaml:2:9: device.kind: got 'tpu'; valid: cpu"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DeviceSpec, FileNameIsTheDefaultName) {

@@ -1,7 +1,11 @@
-// Dry run: the proof that it predicts. A dry run on the meta backend and a real Trainer step on
-// the CPU backend (same AllocatorConfig, budget included) reach the same peaks byte for byte,
-// for several models, dtypes, schedules, accumulation and offload; under a budget, the largest
-// micro-batch the dry run admits trains within it and one more raises OutOfMemory for real.
+// Dry run: the proof that it predicts. dry_run(spec) (the real Trainer on the meta backend over
+// null providers) and a real step of the same RunSpec through RunSetup on the CPU backend (what
+// `memfit train` runs) reach the same peaks byte for byte: reserved, allocated, bytes by
+// category at the peak, each category's own peak, construction's peak and the pinned host
+// bytes of offload, for every policy combination the CLI accepts (dtype x checkpoint rule x
+// offload x micro-batch or accumulation, uneven last micro-batches, explicit schedules) on
+// several models. Under a budget, the largest micro-batch the dry run admits trains within it
+// and one more raises OutOfMemory for real.
 #include "policies/dry_run.h"
 
 #include <gtest/gtest.h>
@@ -11,96 +15,74 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
-#include "core/model.h"
-#include "memory/caching_allocator.h"
 #include "memory/error.h"
-#include "memory/host_provider.h"
 #include "memory/size.h"
-#include "policies/trainer.h"
+#include "policies/run_setup.h"
+#include "tests/policies/policies_testutil.h"
 
 namespace memfit {
 namespace {
 
-ModelSpec small_gpt() {
-  ModelSpec s;
-  s.name = "small-gpt";
-  s.vocab = 512;
-  s.seq_len = 64;
-  s.layers = 3;
-  s.hidden = 64;
-  s.heads = 4;
-  return s;
-}
+using testing::small_gpt;
 
 struct Case {
   ModelSpec spec;
   DType dtype = DType::kF32;
-  std::string checkpoint = "none";
+  Checkpointing checkpoint;
   bool offload = false;
-  std::int64_t micro = 1, accum = 1, last = 0;
+  std::int64_t micro = 0;  // policy.micro_batch (0: the whole batch)
+  std::int64_t accum = 0;  // or policy.accum
+  std::int64_t batch = 1;
   std::int64_t seq_len = 0;
 
-  std::string str() const {
-    return spec.name + " " + dtype_name(dtype) + " " + checkpoint + (offload ? " offload" : "") +
-           " micro " + std::to_string(micro) + " accum " + std::to_string(accum) +
-           (last ? " last " + std::to_string(last) : "");
+  RunSpec run(std::size_t budget) const {
+    RunSpec r;
+    r.model = spec;
+    r.trainer.policy.dtype = dtype;
+    r.trainer.policy.checkpoint = checkpoint;
+    r.trainer.policy.offload.optimizer = offload;
+    r.trainer.policy.micro_batch = micro;
+    r.trainer.policy.accum = accum;
+    r.batch = batch;
+    r.seq_len = seq_len;
+    r.alloc.budget = budget;
+    return r;
   }
-  std::int64_t global() const { return last ? micro * (accum - 1) + last : micro * accum; }
-  std::int64_t t() const { return seq_len ? seq_len : spec.seq_len; }
+  std::string str() const { return run(0).describe(); }
 };
 
-DryRunRequest request(const Case& c, std::size_t budget) {
-  DryRunRequest q;
-  q.spec = c.spec;
-  q.policy = Policy{c.dtype, c.checkpoint, c.offload};
-  q.schedule = Schedule::parse(c.checkpoint, static_cast<int>(c.spec.layers));
-  q.micro_batch = c.micro;
-  q.accum = c.accum;
-  q.last_micro_batch = c.last;
-  q.seq_len = c.seq_len;
-  q.alloc_conf.budget = budget;
-  return q;
-}
-
-// What a real run measured: the construction's peak and the step's (nullopt: OutOfMemory).
+// What a real run measured: construction's peak, the pinned host bytes and the step's
+// (nullopt: OutOfMemory).
 struct Measured {
   std::size_t setup_peak_reserved = 0;
+  std::size_t host_pinned = 0;
   std::optional<StepResult> step;
   std::string oom;
 };
 
+Batch batch_of(const RunSpec& r) {
+  Batch b;
+  b.batch = r.batch;
+  b.seq_len = r.resolved_seq_len();
+  const auto n = static_cast<std::size_t>(b.batch * b.seq_len);
+  for (std::size_t i = 0; i < n; ++i) {
+    b.tokens.push_back(static_cast<std::int32_t>((i * 7 + 3) % r.model.vocab));
+    b.targets.push_back(static_cast<std::int32_t>((i * 5 + 1) % r.model.vocab));
+  }
+  return b;
+}
+
 Measured real_step(const Case& c, std::size_t budget) {
-  CpuBackend be(CpuBackendOptions{.worker_streams = c.offload});
-  HostProvider host;
-  AllocatorConfig conf;
-  conf.budget = budget;
-  CachingAllocator alloc(host, conf, &be.stream_sync());
-  be.set_workspace_allocator(&alloc);  // as memfit train: scratch under the budget
-  LayerContext ctx{be, alloc, kDefaultStream, c.dtype};
+  const RunSpec spec = c.run(budget);
   Measured m;
   try {
-    Model model(c.spec, ctx);
-    TrainerOptions o;
-    o.checkpoint = c.checkpoint;
-    o.micro_batch = c.micro;
-    o.offload = c.offload;
-    Trainer trainer(model, ctx, o);
-    m.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
-    Batch b;
-    b.batch = c.global();
-    b.seq_len = c.t();
-    const auto n = static_cast<std::size_t>(b.batch * b.seq_len);
-    for (std::size_t i = 0; i < n; ++i) {
-      b.tokens.push_back(static_cast<std::int32_t>((i * 7 + 3) % c.spec.vocab));
-      b.targets.push_back(static_cast<std::int32_t>((i * 5 + 1) % c.spec.vocab));
-    }
-    m.step = trainer.step(b);
-  } catch (const OutOfMemory& e) {
+    RunSetup run(spec);
+    m.setup_peak_reserved =
+        static_cast<std::size_t>(run.allocator().stats().reserved_bytes[kStatAll].peak);
+    m.host_pinned = run.trainer().host_bytes();
+    m.step = run.step(batch_of(spec));
+  } catch (const BudgetError& e) {  // RunSetup's word for an OutOfMemory of setup or step one
     m.oom = e.what();
-    if (m.setup_peak_reserved == 0) {
-      m.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
-    }
   }
   return m;
 }
@@ -110,39 +92,66 @@ void expect_same_peaks(const Case& c, const DryRunResult& d, const Measured& m) 
   ASSERT_TRUE(d.fits) << d.failure;
   ASSERT_TRUE(m.step.has_value()) << m.oom;
   EXPECT_EQ(d.setup_peak_reserved, m.setup_peak_reserved);
-  EXPECT_EQ(d.peak_reserved, m.step->peak_reserved);
-  EXPECT_EQ(d.peak_allocated, m.step->peak_allocated);
+  EXPECT_EQ(d.step.reserved, m.step->peaks.reserved);
+  EXPECT_EQ(d.step.allocated, m.step->peaks.allocated);
+  EXPECT_EQ(d.step.allocated_at_peak, m.step->peaks.allocated_at_peak);
   for (std::size_t k = 0; k < kCategoryCount; ++k) {
-    EXPECT_EQ(d.peak_by_category[k], m.step->peak_by_category[k])
-        << category_name(static_cast<Category>(k));
+    const char* name = category_name(static_cast<Category>(k));
+    EXPECT_EQ(d.step.at_peak[k], m.step->peaks.at_peak[k]) << name << " at the peak";
+    EXPECT_EQ(d.step.category_peaks[k], m.step->peaks.category_peaks[k]) << name << "'s peak";
   }
+  EXPECT_EQ(d.host_pinned, m.host_pinned);
+  EXPECT_EQ(d.step.host_pinned, m.step->peaks.host_pinned);
+  EXPECT_EQ(d.host_pinned > 0, c.offload);
+  EXPECT_EQ(d.step, m.step->peaks);  // every field, in one
 }
 
+// Every combination the CLI's policy flags make, on a GPT and the gpt-micro preset, with
+// micro-batches that leave an uneven last one and with --accum; then longer accumulations
+// (past the micro-batches the dry run runs before it skips repeats), an MLP, and explicit
+// schedules (a plan file's op list).
 std::vector<Case> unbudgeted_cases() {
   const ModelSpec micro = ModelSpec::preset("gpt-micro");
   const ModelSpec mlp = ModelSpec::preset("mlp-tiny");
-  const ModelSpec gpt = small_gpt();
+  const ModelSpec gpt = small_gpt(3);
+  const std::vector<Checkpointing> rules = {Checkpointing::none(), Checkpointing::all(),
+                                            Checkpointing::sqrt(), Checkpointing::every(2)};
   std::vector<Case> v;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (const char* ck : {"none", "all", "every:2"}) {
+    for (const Checkpointing& ck : rules) {
       for (bool off : {false, true}) {
-        v.push_back({gpt, dt, ck, off, 5, 3, 2, 0});
-        v.push_back({micro, dt, ck, off, 3, 1, 0, 0});
+        v.push_back({gpt, dt, ck, off, 5, 0, 12, 0});   // 5, 5, 2
+        v.push_back({micro, dt, ck, off, 0, 0, 3, 0});  // the whole batch at once
+        v.push_back({gpt, dt, ck, off, 0, 3, 7, 0});    // --accum 3: 3, 3, 1
       }
     }
   }
-  // Accumulation past the two micro-batches the dry run runs; an uneven last one.
-  v.push_back({gpt, DType::kBF16, "sqrt", false, 4, 5, 0, 32});
-  v.push_back({gpt, DType::kF32, "none", true, 6, 4, 1, 0});
-  v.push_back({mlp, DType::kF32, "none", false, 2, 2, 0, 32});
-  v.push_back({mlp, DType::kBF16, "all", true, 3, 3, 2, 16});
+  v.push_back({gpt, DType::kBF16, Checkpointing::sqrt(), false, 4, 0, 20, 32});
+  v.push_back({gpt, DType::kF32, Checkpointing::none(), true, 6, 0, 19, 0});
+  v.push_back({mlp, DType::kF32, Checkpointing::none(), false, 2, 0, 4, 32});
+  v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16});
+  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), false, 4, 0, 9, 0});
+  v.push_back({gpt, DType::kF16, Checkpointing::solved(Schedule::sqrt_n(3)), true, 3, 0, 6, 0});
   return v;
 }
 
-TEST(DryRun, PeaksEqualARealTrainerStepOnTheCpuBackend) {
+TEST(DryRun, PeaksAndHostBytesEqualARealRunSetupStepOnTheCpuBackend) {
   for (const Case& c : unbudgeted_cases()) {
-    const DryRunResult d = dry_run(request(c, 0));
+    const DryRunResult d = dry_run(c.run(0));
     expect_same_peaks(c, d, real_step(c, 0));
+  }
+}
+
+TEST(DryRun, TheBreakdownAtThePeakAddsUpToIt) {
+  for (const Case& c : unbudgeted_cases()) {
+    SCOPED_TRACE(c.str());
+    const PeakFigures p = dry_run(c.run(0)).step;
+    std::size_t sum = 0;
+    for (std::size_t b : p.at_peak) sum += b;
+    EXPECT_EQ(sum, p.allocated_at_peak);
+    EXPECT_EQ(sum + p.cached(), p.reserved);
+    EXPECT_LE(p.allocated_at_peak, p.allocated);
+    for (std::size_t k = 0; k < kCategoryCount; ++k) EXPECT_LE(p.at_peak[k], p.category_peaks[k]);
   }
 }
 
@@ -150,54 +159,59 @@ TEST(DryRun, PeaksEqualARealTrainerStepOnTheCpuBackend) {
 // budget with the predicted peak, and one more sample raises OutOfMemory for real.
 TEST(DryRun, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot) {
   struct Proof {
-    Case c;
+    Case c;                   // c.batch = accum x micro (the micro-batch is searched)
+    std::int64_t accum;       // micro-batches per step
     std::int64_t seed_micro;  // the budget is this micro-batch's unbudgeted peak + 1.5 MiB
   };
   const ModelSpec micro = ModelSpec::preset("gpt-micro");
   const ModelSpec mlp = ModelSpec::preset("mlp-tiny");
-  const ModelSpec gpt = small_gpt();
+  const ModelSpec gpt = small_gpt(3);
   const std::vector<Proof> proofs = {
-      {{micro, DType::kF32, "none", false, 1, 2, 0, 0}, 24},
-      {{micro, DType::kBF16, "all", true, 1, 1, 0, 0}, 40},
-      {{gpt, DType::kF32, "none", false, 1, 2, 0, 0}, 6},
-      {{gpt, DType::kBF16, "all", false, 1, 3, 0, 0}, 12},
-      {{gpt, DType::kBF16, "all", false, 1, 6, 0, 0}, 12},  // past the settling micro-batches
-      {{gpt, DType::kF16, "every:2", true, 1, 1, 0, 0}, 9},
-      {{gpt, DType::kBF16, "none", true, 1, 2, 0, 0}, 5},
-      {{mlp, DType::kF32, "all", false, 1, 1, 0, 32}, 3},
-      {{mlp, DType::kBF16, "sqrt", true, 1, 1, 0, 32}, 3},
+      {{micro, DType::kF32, Checkpointing::none(), false}, 2, 24},
+      {{micro, DType::kBF16, Checkpointing::all(), true}, 1, 40},
+      {{gpt, DType::kF32, Checkpointing::none(), false}, 2, 6},
+      {{gpt, DType::kBF16, Checkpointing::all(), false}, 3, 12},
+      {{gpt, DType::kBF16, Checkpointing::all(), false}, 6, 12},  // past the settling ones
+      {{gpt, DType::kF16, Checkpointing::every(2), true}, 1, 9},
+      {{gpt, DType::kBF16, Checkpointing::none(), true}, 2, 5},
+      {{mlp, DType::kF32, Checkpointing::all(), false, 0, 0, 1, 32}, 1, 3},
+      {{mlp, DType::kBF16, Checkpointing::sqrt(), true, 0, 0, 1, 32}, 1, 3},
   };
-  std::printf("%-40s %10s %6s %14s %14s %8s\n", "case", "budget", "max", "predicted", "measured",
+  auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
+    c.micro = b;
+    c.batch = accum * b;
+    return c;
+  };
+  std::printf("%-72s %10s %6s %14s %14s %8s\n", "case", "budget", "max", "predicted", "measured",
               "ratio");
   for (const Proof& p : proofs) {
-    Case c = p.c;
-    c.micro = p.seed_micro;
-    const std::size_t budget = dry_run(request(c, 0)).peak_reserved + (std::size_t{3} << 19);
+    Case c = with_micro(p.c, p.accum, p.seed_micro);
+    const std::size_t budget = dry_run(c.run(0)).step.reserved + (std::size_t{3} << 19);
     // Largest fitting micro-batch by the dry run (a scan up from 1: these are small).
     std::int64_t max = 0;
     DryRunResult at_max;
     for (std::int64_t b = 1; b <= 4 * p.seed_micro + 64; ++b) {
-      c.micro = b;
-      const DryRunResult d = dry_run(request(c, budget));
+      c = with_micro(p.c, p.accum, b);
+      const DryRunResult d = dry_run(c.run(budget));
       if (!d.fits) break;
       max = b;
       at_max = d;
     }
-    c.micro = max;
+    c = with_micro(p.c, p.accum, max);
     SCOPED_TRACE(c.str() + " budget " + std::to_string(budget));
     ASSERT_GE(max, p.seed_micro);
     ASSERT_LT(max, 4 * p.seed_micro + 64) << "the scan never found a micro-batch that fails";
     const Measured fit = real_step(c, budget);
     ASSERT_TRUE(fit.step.has_value()) << fit.oom;
-    EXPECT_LE(fit.step->peak_reserved, budget);
-    EXPECT_EQ(fit.step->peak_reserved, at_max.peak_reserved);  // within 1% asked; exact here
+    EXPECT_LE(fit.step->peaks.reserved, budget);
+    EXPECT_EQ(fit.step->peaks, at_max.step);  // within 1% asked; exact here
     EXPECT_EQ(fit.setup_peak_reserved, at_max.setup_peak_reserved);
-    std::printf("%-40s %10s %6lld %14zu %14zu %8.5f\n", c.str().c_str(),
-                format_bytes(budget).c_str(), static_cast<long long>(max), at_max.peak_reserved,
-                fit.step->peak_reserved,
-                static_cast<double>(fit.step->peak_reserved) / at_max.peak_reserved);
-    c.micro = max + 1;
-    const DryRunResult over = dry_run(request(c, budget));
+    std::printf("%-72s %10s %6lld %14zu %14zu %8.5f\n", c.str().c_str(),
+                format_bytes(budget).c_str(), static_cast<long long>(max), at_max.step.reserved,
+                fit.step->peaks.reserved,
+                static_cast<double>(fit.step->peaks.reserved) / at_max.step.reserved);
+    c = with_micro(p.c, p.accum, max + 1);
+    const DryRunResult over = dry_run(c.run(budget));
     EXPECT_FALSE(over.fits);
     EXPECT_GT(over.failed_request, 0u);
     const Measured oom = real_step(c, budget);
@@ -207,48 +221,58 @@ TEST(DryRun, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot) {
 }
 
 TEST(DryRun, WorkCountsCoverEveryMicroBatchAndTheUnevenLastOne) {
-  Case c{small_gpt(), DType::kBF16, "all", false, 4, 1, 0, 0};
-  const DryRunResult one = dry_run(request(c, 0));
-  c.accum = 5;
-  const DryRunResult five = dry_run(request(c, 0));
+  const ModelSpec gpt = small_gpt(3);
+  Case c{gpt, DType::kBF16, Checkpointing::all(), false, 4, 0, 4};
+  const DryRunResult one = dry_run(c.run(0));
+  c.batch = 20;
+  const DryRunResult five = dry_run(c.run(0));
   EXPECT_GT(one.gemm_flops, 0);
   EXPECT_DOUBLE_EQ(five.gemm_flops, 5 * one.gemm_flops);
   EXPECT_GT(five.bytes_moved, 4 * one.bytes_moved);
-  Case l{small_gpt(), DType::kBF16, "all", false, 1, 1, 0, 0};
-  const DryRunResult single = dry_run(request(l, 0));
-  c.accum = 3;
-  c.last = 1;
-  const DryRunResult uneven = dry_run(request(c, 0));
+  EXPECT_LT(five.micro_batches_run, 5);  // the repeats were skipped, and still counted
+  const DryRunResult single = dry_run(Case{gpt, DType::kBF16, Checkpointing::all(), false, 1,
+                                           0, 1}
+                                          .run(0));
+  c.batch = 9;  // 4, 4, 1
+  const DryRunResult uneven = dry_run(c.run(0));
   EXPECT_DOUBLE_EQ(uneven.gemm_flops, 2 * one.gemm_flops + single.gemm_flops);
   // Accumulating changes no peak: the gradients are there either way.
-  EXPECT_EQ(five.peak_reserved, one.peak_reserved);
+  EXPECT_EQ(five.step.reserved, one.step.reserved);
 }
 
-TEST(DryRun, OffloadKeepsNoOptimizerStateOnTheDeviceDuringTheStep) {
+TEST(DryRun, OffloadKeepsNoOptimizerStateOnTheDeviceAndSaysWhatTheHostHolds) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    Case c{small_gpt(), dt, "none", false, 4, 1, 0, 0};
-    const DryRunResult on_device = dry_run(request(c, 0));
+    Case c{small_gpt(3), dt, Checkpointing::none(), false, 0, 0, 4};
+    const DryRunResult on_device = dry_run(c.run(0));
     c.offload = true;
-    const DryRunResult off = dry_run(request(c, 0));
+    const DryRunResult off = dry_run(c.run(0));
     const auto opt = category_index(Category::kOptimizerState);
-    EXPECT_GT(on_device.peak_by_category[opt], 0u);
-    EXPECT_EQ(off.peak_by_category[opt], 0u);
-    EXPECT_LT(off.peak_allocated, on_device.peak_allocated);
+    EXPECT_GT(on_device.step.category_peaks[opt], 0u);
+    EXPECT_EQ(off.step.category_peaks[opt], 0u);
+    EXPECT_LT(off.step.allocated, on_device.step.allocated);
+    EXPECT_EQ(on_device.host_pinned, 0u);
+    // Masters, two moments and gradient staging in f32 (+ the weight staging for 16-bit
+    // weights), each region 64-byte aligned: OffloadOptimizer's slab.
+    const auto n = static_cast<std::size_t>(small_gpt(3).parameter_count());
+    const std::size_t f32 = (n * 4 + 63) / 64 * 64;
+    const std::size_t stage = dt == DType::kF32 ? 0 : n * 2;
+    EXPECT_GE(off.host_pinned, 4 * f32 + stage);
+    EXPECT_LT(off.host_pinned, 4 * f32 + stage + 64 * 64);
   }
 }
 
 TEST(DryRun, ABudgetBelowTheWeightsFailsInSetupWithTheRequest) {
-  Case c{small_gpt(), DType::kF32, "none", false, 1, 1, 0, 0};
-  const DryRunResult d = dry_run(request(c, 1 << 20));  // below one 2 MiB small segment
+  const Case c{small_gpt(3), DType::kF32, Checkpointing::none(), false, 0, 0, 1};
+  const DryRunResult d = dry_run(c.run(1 << 20));  // below one 2 MiB small segment
   EXPECT_FALSE(d.fits);
   EXPECT_GT(d.failed_request, 0u);
   EXPECT_NE(d.failure.find("out of memory"), std::string::npos) << d.failure;
-  EXPECT_EQ(d.peak_reserved, 0u);  // the step never started
+  EXPECT_EQ(d.step.reserved, 0u);  // the step never started
 }
 
-TEST(DryRun, BadRequestsAreClearErrors) {
-  const Case c{small_gpt(), DType::kF32, "none", false, 2, 2, 0, 0};
-  auto expect_bad = [](DryRunRequest q, const std::string& needle) {
+TEST(DryRun, BadSpecsAreClearErrors) {
+  const Case c{small_gpt(3), DType::kF32, Checkpointing::none(), false, 2, 0, 4};
+  auto expect_bad = [](const RunSpec& q, const std::string& needle) {
     try {
       (void)dry_run(q);
       ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
@@ -256,25 +280,28 @@ TEST(DryRun, BadRequestsAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  DryRunRequest q = request(c, 0);
-  q.micro_batch = 0;
-  expect_bad(q, "micro_batch 0");
-  q = request(c, 0);
-  q.accum = 0;
-  expect_bad(q, "accum 0");
-  q = request(c, 0);
+  RunSpec q = c.run(0);
+  q.trainer.policy.micro_batch = -1;
+  expect_bad(q, "micro-batch -1");
+  q = c.run(0);
+  q.batch = 0;
+  expect_bad(q, "batch 0");
+  q = c.run(0);
   q.seq_len = 65;
-  expect_bad(q, "seq_len 65");
-  q = request(c, 0);
-  q.last_micro_batch = 3;
-  expect_bad(q, "last_micro_batch 3");
-  q = request(c, 0);
-  q.accum = 1;
-  q.last_micro_batch = 1;
-  expect_bad(q, "needs accum >= 2");
-  q = request(c, 0);
-  q.schedule = Schedule::none(5);
+  expect_bad(q, "seq_len 65: valid: 1 to 64");
+  q = c.run(0);
+  q.trainer.policy.micro_batch = 0;
+  q.trainer.policy.accum = 5;  // 4 samples cannot make 5 micro-batches
+  expect_bad(q, "5");
+  q = c.run(0);
+  q.trainer.policy.checkpoint = Checkpointing::optimal();  // not solved
+  expect_bad(q, "solved for each micro-batch by the planner");
+  q = c.run(0);
+  q.trainer.policy.checkpoint = Checkpointing::ops(Schedule::none(5));  // 5 blocks, not 3
   EXPECT_THROW((void)dry_run(q), InvalidArgument);
+  q = c.run(0);
+  q.trainer.policy.offload.delayed_update = true;  // without the optimizer offloaded
+  expect_bad(q, "delayed update");
 }
 
 }  // namespace

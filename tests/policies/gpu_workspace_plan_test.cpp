@@ -26,14 +26,14 @@ ModelSpec tiny_gpt() {
   return s;
 }
 
-DryRunRequest request(std::size_t gpu_ws) {
-  DryRunRequest q;
-  q.spec = tiny_gpt();
-  q.policy = Policy{DType::kBF16, "none", false};
-  q.schedule = Schedule::parse("none", 2);
-  q.micro_batch = 2;
-  q.accum = 2;
-  q.cpu_gemm_scratch = false;
+// Two micro-batches of 2 on a GPU whose GEMMs take `gpu_ws` bytes of workspace (0: none).
+RunSpec request(std::size_t gpu_ws) {
+  RunSpec q;
+  q.model = tiny_gpt();
+  q.trainer.policy.dtype = DType::kBF16;
+  q.trainer.policy.micro_batch = 2;
+  q.batch = 4;
+  q.device = DeviceKind::kCuda;
   q.gpu_gemm_workspace = gpu_ws;
   return q;
 }
@@ -44,27 +44,29 @@ TEST(GpuWorkspacePlan, DryRunHoldsExactlyOneWorkspaceAtItsPeak) {
   const DryRunResult gpu = dry_run(request(kGpuGemmWorkspaceBytes));
   ASSERT_TRUE(none.fits);
   ASSERT_TRUE(gpu.fits);
-  EXPECT_EQ(none.peak_by_category[ws], 0u);
-  EXPECT_EQ(gpu.peak_by_category[ws], kGpuGemmWorkspaceBytes);  // one GEMM at a time
+  EXPECT_EQ(none.step.category_peaks[ws], 0u);
+  EXPECT_EQ(gpu.step.category_peaks[ws], kGpuGemmWorkspaceBytes);  // one GEMM at a time
   // Every other category is unchanged; the total grows by at most one workspace.
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    if (c != ws) EXPECT_EQ(gpu.peak_by_category[c], none.peak_by_category[c]) << c;
+    if (c != ws) EXPECT_EQ(gpu.step.category_peaks[c], none.step.category_peaks[c]) << c;
   }
-  EXPECT_GT(gpu.peak_allocated, none.peak_allocated);
-  EXPECT_LE(gpu.peak_allocated, none.peak_allocated + kGpuGemmWorkspaceBytes);
-  EXPECT_GE(gpu.peak_reserved, none.peak_reserved);
-  // The GPU workspace replaces the CPU scratch: asking for both still gives the fixed size.
-  DryRunRequest both = request(kGpuGemmWorkspaceBytes);
-  both.cpu_gemm_scratch = true;
-  EXPECT_EQ(dry_run(both).peak_by_category[ws], kGpuGemmWorkspaceBytes);
+  EXPECT_GT(gpu.step.allocated, none.step.allocated);
+  EXPECT_LE(gpu.step.allocated, none.step.allocated + kGpuGemmWorkspaceBytes);
+  EXPECT_GE(gpu.step.reserved, none.step.reserved);
+  // The GPU workspace replaces the CPU scratch: a cpu run of the same spec takes the
+  // (shape-dependent, smaller) widening scratch instead.
+  RunSpec cpu = request(kGpuGemmWorkspaceBytes);
+  cpu.device = DeviceKind::kCpu;
+  EXPECT_GT(dry_run(cpu).step.category_peaks[ws], 0u);
+  EXPECT_LT(dry_run(cpu).step.category_peaks[ws], kGpuGemmWorkspaceBytes);
 }
 
 TEST(GpuWorkspacePlan, ABudgetWithoutRoomForTheWorkspaceDoesNotFit) {
-  DryRunRequest q = request(0);
+  RunSpec q = request(0);
   const DryRunResult without = dry_run(q);
   ASSERT_TRUE(without.fits);
   // Enough for the step without a workspace, short of one workspace on top of it.
-  q.alloc_conf.budget = without.peak_reserved + kGpuGemmWorkspaceBytes / 2;
+  q.alloc.budget = without.step.reserved + kGpuGemmWorkspaceBytes / 2;
   ASSERT_TRUE(dry_run(q).fits);
   q.gpu_gemm_workspace = kGpuGemmWorkspaceBytes;
   const DryRunResult with = dry_run(q);
@@ -78,8 +80,8 @@ PlannerOptions gpu_options() {
   o.device = DeviceSpec::preset("h100-80g");
   o.budget = std::size_t{96} << 20;
   o.dtypes = {DType::kBF16};
-  o.solvers = {"none"};
-  o.offload = {false};
+  o.checkpoints = {Checkpointing::none()};
+  o.offloads = {OffloadSwitches{}};
   o.max_micro_batch = 4096;
   o.threads = 1;
   return o;
@@ -88,19 +90,19 @@ PlannerOptions gpu_options() {
 TEST(GpuWorkspacePlan, PlannerModelsTheWorkspaceForGpusOnly) {
   const auto ws = category_index(Category::kWorkspace);
   const PlanResult gpu = plan(gpu_options());
-  EXPECT_EQ(gpu.recommended.predicted.peak_by_category[ws], kGpuGemmWorkspaceBytes);
+  EXPECT_EQ(gpu.recommended.predicted.peaks.category_peaks[ws], kGpuGemmWorkspaceBytes);
 
   PlannerOptions o = gpu_options();
   o.gemm_workspace_bytes = 0;  // a GPU backend without a workspace: more room for activations
   const PlanResult bare = plan(o);
-  EXPECT_EQ(bare.recommended.predicted.peak_by_category[ws], 0u);
-  EXPECT_GT(bare.recommended.micro_batch, gpu.recommended.micro_batch);
+  EXPECT_EQ(bare.recommended.predicted.peaks.category_peaks[ws], 0u);
+  EXPECT_GT(bare.recommended.policy.micro_batch, gpu.recommended.policy.micro_batch);
 
   // The cpu device keeps its own scratch (shape-dependent, far below 32 MiB), not cuBLASLt's.
   o = gpu_options();
   o.device = DeviceSpec::preset("cpu");
   const PlanResult cpu = plan(o);
-  EXPECT_LT(cpu.recommended.predicted.peak_by_category[ws], kGpuGemmWorkspaceBytes);
+  EXPECT_LT(cpu.recommended.predicted.peaks.category_peaks[ws], kGpuGemmWorkspaceBytes);
 }
 
 TEST(GpuWorkspacePlan, WithoutABudgetTheContextBytesComeOffTheDevice) {
@@ -114,8 +116,8 @@ TEST(GpuWorkspacePlan, WithoutABudgetTheContextBytesComeOffTheDevice) {
   o.device.context_bytes = std::size_t{384} << 20;  // e.g. what --measure-context found
   const PlanResult rest = plan(o);
   EXPECT_EQ(rest.recommended.budget, std::size_t{128} << 20);
-  EXPECT_LT(rest.recommended.micro_batch, all.recommended.micro_batch);
-  EXPECT_LE(rest.recommended.predicted.peak_reserved, std::size_t{128} << 20);
+  EXPECT_LT(rest.recommended.policy.micro_batch, all.recommended.policy.micro_batch);
+  EXPECT_LE(rest.recommended.predicted.peaks.reserved, std::size_t{128} << 20);
 }
 
 }  // namespace

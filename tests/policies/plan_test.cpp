@@ -24,19 +24,26 @@ Plan sample_plan() {
   p.device = "h100-80g";
   p.budget = std::size_t{24} << 30;
   p.seq_len = 96;
-  p.micro_batch = 7;
+  p.device_kind = DeviceKind::kCuda;
+  p.policy.micro_batch = 7;
   p.accum_steps = 5;
   p.global_batch = 124;  // 4 ranks x 31, uneven: 4 x 7 + 3 per rank
-  p.dtype = DType::kBF16;
-  p.checkpoint = "every:2";
-  p.offload = true;
-  p.delayed_update = true;
+  p.policy.dtype = DType::kBF16;
+  p.policy.checkpoint = Checkpointing::every(2);
+  p.policy.offload.optimizer = true;
+  p.policy.offload.delayed_update = true;
   p.ranks = 4;
   p.zero_stage = 2;
-  p.predicted.peak_reserved = 123456789012ull;
-  p.predicted.peak_allocated = 98765;
-  p.predicted.peak_by_category[category_index(Category::kActivation)] = 4242;
-  p.predicted.peak_by_category[category_index(Category::kGradient)] = 77;
+  PeakFigures& k = p.predicted.peaks;
+  k.reserved = 123456789012ull;
+  k.allocated = 98765;
+  k.at_peak[category_index(Category::kActivation)] = 4242;
+  k.at_peak[category_index(Category::kGradient)] = 77;
+  k.allocated_at_peak = 4242 + 77;
+  k.category_peaks[category_index(Category::kActivation)] = 5000;
+  k.category_peaks[category_index(Category::kGradient)] = 77;
+  k.category_peaks[category_index(Category::kTemporary)] = 9;
+  k.host_pinned = 31415926;
   p.predicted.step_seconds = 0.1234567890123;
   p.predicted.tokens_per_second = 25123.5;
   p.why = "largest micro-batch: \"quoted\" and: colons";
@@ -47,20 +54,15 @@ void expect_equal(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.model.to_yaml(), b.model.to_yaml());
   EXPECT_EQ(a.model.ln_eps, b.model.ln_eps);
   EXPECT_EQ(a.device, b.device);
+  EXPECT_EQ(a.device_kind, b.device_kind);
   EXPECT_EQ(a.budget, b.budget);
   EXPECT_EQ(a.seq_len, b.seq_len);
   EXPECT_EQ(a.global_batch, b.global_batch);
-  EXPECT_EQ(a.micro_batch, b.micro_batch);
   EXPECT_EQ(a.accum_steps, b.accum_steps);
-  EXPECT_EQ(a.dtype, b.dtype);
-  EXPECT_EQ(a.checkpoint, b.checkpoint);
-  EXPECT_EQ(a.offload, b.offload);
-  EXPECT_EQ(a.delayed_update, b.delayed_update);
+  EXPECT_EQ(a.policy, b.policy);  // dtype, checkpointing, offload switches, micro-batch
   EXPECT_EQ(a.ranks, b.ranks);
   EXPECT_EQ(a.zero_stage, b.zero_stage);
-  EXPECT_EQ(a.predicted.peak_reserved, b.predicted.peak_reserved);
-  EXPECT_EQ(a.predicted.peak_allocated, b.predicted.peak_allocated);
-  EXPECT_EQ(a.predicted.peak_by_category, b.predicted.peak_by_category);
+  EXPECT_EQ(a.predicted.peaks, b.predicted.peaks);
   EXPECT_EQ(a.predicted.step_seconds, b.predicted.step_seconds);  // bit-exact: %.17g
   EXPECT_EQ(a.predicted.tokens_per_second, b.predicted.tokens_per_second);
   EXPECT_EQ(a.why, b.why);
@@ -73,23 +75,70 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   const std::string j = p.to_json();
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
-  for (const char* k : {"activation_dtype", "checkpoint", "offload", "micro_batch", "accum_steps",
-                        "peak_reserved_bytes", "step_seconds"}) {
+  for (const char* k : {"activation_dtype", "checkpoint", "offload", "optimizer", "micro_batch",
+                        "accum_steps", "peak_reserved_bytes", "peak_by_category",
+                        "cached_bytes_at_peak", "category_peaks", "host_pinned_bytes",
+                        "device_kind", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
     EXPECT_NE(y.find(std::string(k) + ":"), std::string::npos) << k;
   }
 }
 
-TEST(Plan, TrainerOptionsGiveTheSameMicroBatchesAsThePlan) {
-  const Plan p = sample_plan();
-  const TrainerOptions o = p.trainer_options();
-  EXPECT_EQ(o.checkpoint, "every:2");
-  EXPECT_EQ(o.micro_batch, 7);
-  EXPECT_EQ(o.accum, 0);
-  EXPECT_TRUE(o.offload);
-  EXPECT_TRUE(o.delayed_update);
-  // Per rank, micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
-  EXPECT_EQ((p.global_batch / p.ranks + o.micro_batch - 1) / o.micro_batch, p.accum_steps);
+TEST(Plan, ExplicitSchedulesRoundTripAsTheSameValue) {
+  Plan p = sample_plan();
+  p.ranks = 1;
+  p.zero_stage = 0;
+  p.global_batch = 31;
+  const int n = static_cast<int>(p.model.layers);
+  for (const Checkpointing& ck :
+       {Checkpointing::solved(Schedule::every(n, 3)), Checkpointing::ops(Schedule::all(n)),
+        Checkpointing::sqrt(), Checkpointing::none()}) {
+    p.policy.checkpoint = ck;
+    const std::string y = p.to_yaml();
+    EXPECT_EQ(Plan::from_yaml_string(y).policy.checkpoint, ck) << y;
+    EXPECT_EQ(Plan::from_json_string(p.to_json()).policy.checkpoint, ck);
+    EXPECT_EQ(y.find("schedule:") != std::string::npos, ck.has_ops()) << y;
+  }
+  // Earlier plans: an op list in `checkpoint`, `offload: true`, a top-level delayed_update.
+  const Plan old = Plan::from_yaml_string(
+      "model: {kind: gpt, vocab: 64, seq_len: 16, layers: 2, hidden: 32, heads: 4}\n"
+      "micro_batch: 3\nactivation_dtype: bf16\ncheckpoint: F0:input F1:all B1 R0:all B0\n"
+      "offload: true\ndelayed_update: true\n");
+  EXPECT_EQ(old.policy.checkpoint.kind(), Checkpointing::Kind::kOps);
+  EXPECT_EQ(old.policy.checkpoint.ops_text(), "F0:input F1:all B1 R0:all B0");
+  EXPECT_TRUE(old.policy.offload.optimizer);
+  EXPECT_TRUE(old.policy.offload.delayed_update);
+}
+
+TEST(Plan, RunSpecGivesTheSameMicroBatchesAsThePlan) {
+  Plan p = sample_plan();
+  EXPECT_THROW((void)p.run_spec(), InvalidArgument);  // 4 ranks: one process trains one
+  p.ranks = 1;
+  p.zero_stage = 0;
+  p.global_batch = 31;
+  const RunSpec r = p.run_spec();
+  EXPECT_EQ(r.trainer.policy, p.policy);
+  EXPECT_EQ(r.batch, 31);
+  EXPECT_EQ(r.seq_len, 96);
+  EXPECT_EQ(r.alloc.budget, p.budget);
+  EXPECT_EQ(r.device, DeviceKind::kCuda);
+  // micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
+  EXPECT_EQ(r.trainer.policy.micro_batches(r.batch).size(), static_cast<std::size_t>(p.accum_steps));
+}
+
+TEST(Plan, TheBreakdownAtThePeakMustAddUp) {
+  Plan p = sample_plan();
+  std::string j = p.to_json();
+  const std::string key = "\"cached_bytes_at_peak\": ";
+  const std::size_t at = j.find(key);
+  ASSERT_NE(at, std::string::npos) << j;
+  j.insert(at + key.size(), "1");  // now 1 followed by the right digits: more than reserved
+  try {
+    (void)Plan::from_json_string(j, "p.json");
+    ADD_FAILURE() << "accepted a breakdown that does not add up";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cached_bytes_at_peak"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Plan, MissingGlobalBatchIsMicroTimesAccum) {
@@ -97,8 +146,8 @@ TEST(Plan, MissingGlobalBatchIsMicroTimesAccum) {
       "model: {kind: gpt, vocab: 64, seq_len: 16, layers: 2, hidden: 32, heads: 4}\n"
       "micro_batch: 3\naccum_steps: 4\nactivation_dtype: f16\ncheckpoint: all\n");
   EXPECT_EQ(p.global_batch, 12);
-  EXPECT_EQ(p.dtype, DType::kF16);
-  EXPECT_FALSE(p.offload);
+  EXPECT_EQ(p.policy.dtype, DType::kF16);
+  EXPECT_FALSE(p.policy.offload.any());
 }
 
 std::string temp_dir() {
@@ -117,10 +166,10 @@ TEST(Plan, SaveIsAtomicAndLoadPicksTheFormatByExtension) {
     expect_equal(p, Plan::load(path));
     // Overwrite: no temp file is left beside it.
     Plan q = p;
-    q.micro_batch = 8;
+    q.policy.micro_batch = 8;
     q.global_batch = 4 * 36;  // 4 ranks x (4 x 8 + 4)
     q.save(path);
-    EXPECT_EQ(Plan::load(path).micro_batch, 8);
+    EXPECT_EQ(Plan::load(path).policy.micro_batch, 8);
   }
   std::size_t files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -161,7 +210,10 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + "micro_batch: 2\nactivation_dtype: f32\ncheckpoint: every:0\n",
                "p.yaml:10:13: plan.checkpoint:");
   expect_error(m + ok + "offload: maybe\n", "p.yaml:11:10: plan.offload: 'maybe'; valid: true");
-  expect_error(m + ok + "delayed_update: true\n", "plan.delayed_update: true needs offload");
+  expect_error(m + ok + "delayed_update: true\n", "plan.offload.delayed_update: true needs offload");
+  expect_error(m + ok + "offload: {gradients: true}\n",
+               "p.yaml:11:11: plan.offload.gradients: unknown key; valid: optimizer");
+  expect_error(m + ok + "schedule: F0:all B0\n", "plan.schedule:");
   expect_error(m + ok + "seq_len: 17\n", "p.yaml:11:10: plan.seq_len: 17 exceeds the model's");
   expect_error(m + ok + "accum_steps: 3\nglobal_batch: 7\n",
                "p.yaml:12:15: plan.global_batch: 7 is not reached by 3 micro-batches of 2; "

@@ -43,12 +43,20 @@ const TextDataset& corpus() {
   return d;
 }
 
+// The checkpointing a test names, as the CLI would parse it (the test models have <= 3 blocks).
+Checkpointing ck_of(const char* text) { return Checkpointing::parse(text, 3); }
+
 // A CPU "device" with its allocator; members in construction order.
 struct Rig {
   explicit Rig(DType dt, bool workers = false)
       : be(CpuBackendOptions{.worker_streams = workers}),
         alloc(host, {}, &be.stream_sync()),
         ctx{be, alloc, kDefaultStream, dt} {}
+  // Trainer options for this rig's dtype (a trainer's policy dtype is its model's).
+  TrainerOptions opts(TrainerOptions o = {}) const {
+    o.policy.dtype = ctx.dtype;
+    return o;
+  }
   CpuBackend be;
   HostProvider host;
   CachingAllocator alloc;
@@ -60,7 +68,7 @@ struct Rig {
 using Snapshot = std::vector<std::vector<char>>;
 Snapshot snapshot(Trainer& t) {
   LayerContext& ctx = t.context();
-  if (t.options().offload) static_cast<OffloadOptimizer&>(t.optimizer()).flush(ctx);
+  t.optimizer().flush(ctx);
   std::vector<Tensor> ts;
   for (const StateTensor& s : t.optimizer().state()) ts.push_back(s.tensor);
   for (Parameter* p : t.model().parameters()) ts.push_back(p->weight.view());
@@ -101,9 +109,9 @@ TEST(Trainer, AccumulationEqualsTheFullBatchWithinFp32Tolerance) {
     Rig r(DType::kF32);
     Model m(test_spec(), r.ctx);
     TrainerOptions o;
-    o.micro_batch = micro;
-    o.accum = accum;
-    Trainer t(m, r.ctx, o);
+    o.policy.micro_batch = micro;
+    o.policy.accum = accum;
+    Trainer t(m, r.ctx, r.opts(o));
     const StepResult s = t.step(b);
     EXPECT_EQ(s.micro_batches, micro == 2 ? 4 : accum == 3 ? 3 : 1);
     losses.push_back(s.loss);
@@ -131,8 +139,8 @@ TEST(Trainer, F16OverflowSkipsTheStepHalvesTheScaleAndLeavesWeights) {
     Rig r(DType::kF16, offload);
     Model m(test_spec(), r.ctx);
     TrainerOptions o;
-    o.offload = offload;
-    Trainer t(m, r.ctx, o);
+    o.policy.offload.optimizer = offload;
+    Trainer t(m, r.ctx, r.opts(o));
     ASSERT_TRUE(t.scaler().enabled());
     const Batch b = corpus().sequential(4, 32, 0);
     // A loss scale this large overflows the f16 logits' gradient: inf/NaN gradients.
@@ -185,16 +193,16 @@ class TrainerResume : public testing::TestWithParam<ResumeCase> {};
 TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
   const ResumeCase& c = GetParam();
   TrainerOptions o;
-  o.checkpoint = c.checkpoint;
-  o.micro_batch = c.micro_batch;
-  o.offload = c.offload;
-  o.delayed_update = c.delayed;
+  o.policy.checkpoint = ck_of(c.checkpoint);
+  o.policy.micro_batch = c.micro_batch;
+  o.policy.offload.optimizer = c.offload;
+  o.policy.offload.delayed_update = c.delayed;
   o.adamw.lr = 3e-3;
   const std::string path = temp_path(std::string(c.name) + ".mfstate");
 
   Rig ra(c.dtype, c.offload);
   Model ma(test_spec(), ra.ctx);
-  Trainer ta(ma, ra.ctx, o);
+  Trainer ta(ma, ra.ctx, ra.opts(o));
   for (int i = 0; i < 3; ++i) ta.step(corpus().sample(4, 32, ta.rng()));
   ta.save(path);
   const std::int64_t saved_steps = ta.steps();
@@ -205,7 +213,7 @@ TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
   Model mb(test_spec(), rb.ctx);
   TrainerOptions ob = o;
   ob.seed = 4242;  // a different initialization and data stream, all replaced by the load
-  Trainer tb(mb, rb.ctx, ob);
+  Trainer tb(mb, rb.ctx, rb.opts(ob));
   tb.load(path);
   EXPECT_EQ(tb.steps(), saved_steps);
   EXPECT_EQ(tb.steps_attempted(), 3);
@@ -234,7 +242,7 @@ TEST(Trainer, InterruptedSaveLeavesThePreviousStateLoadable) {
   const std::string path = temp_path("interrupted.mfstate");
   Rig r(DType::kBF16);
   Model m(test_spec(), r.ctx);
-  Trainer t(m, r.ctx, {});
+  Trainer t(m, r.ctx, r.opts());
   t.step(corpus().sample(4, 32, t.rng()));
   t.save(path);
   const Snapshot at_save = snapshot(t);
@@ -245,7 +253,7 @@ TEST(Trainer, InterruptedSaveLeavesThePreviousStateLoadable) {
 
   Rig r2(DType::kBF16);
   Model m2(test_spec(), r2.ctx);
-  Trainer t2(m2, r2.ctx, {});
+  Trainer t2(m2, r2.ctx, r2.opts());
   t2.load(path);
   EXPECT_EQ(t2.steps(), 1);
   EXPECT_TRUE(snapshot(t2) == at_save);
@@ -266,7 +274,7 @@ TEST(Trainer, CorruptTruncatedOrForeignStatesLeaveTheTrainerUntouched) {
   {
     Rig r(DType::kF32);
     Model m(test_spec(), r.ctx);
-    Trainer t(m, r.ctx, {});
+    Trainer t(m, r.ctx, r.opts());
     t.step(corpus().sample(4, 32, t.rng()));
     t.save(path);
   }
@@ -281,7 +289,7 @@ TEST(Trainer, CorruptTruncatedOrForeignStatesLeaveTheTrainerUntouched) {
   Model m(test_spec(), r.ctx);
   TrainerOptions o;
   o.seed = 99;
-  Trainer t(m, r.ctx, o);
+  Trainer t(m, r.ctx, r.opts(o));
   t.step(corpus().sample(4, 32, t.rng()));
   const Snapshot before = snapshot(t);
   const RngState rng = t.rng().state();
@@ -300,19 +308,19 @@ TEST(Trainer, CorruptTruncatedOrForeignStatesLeaveTheTrainerUntouched) {
   write(good);
   Rig r3(DType::kF32);
   Model m3(test_spec(3), r3.ctx);
-  Trainer t3(m3, r3.ctx, {});
+  Trainer t3(m3, r3.ctx, r3.opts());
   EXPECT_NE(load_error(t3, path).find("different model"), std::string::npos);
   Rig r4(DType::kBF16);
   Model m4(test_spec(), r4.ctx);
-  Trainer t4(m4, r4.ctx, {});
+  Trainer t4(m4, r4.ctx, r4.opts());
   EXPECT_NE(load_error(t4, path).find("dtype"), std::string::npos);
   Rig r5(DType::kF32);
   Model m5(test_spec(), r5.ctx);
   TrainerOptions o5;
-  o5.offload = true;
-  Trainer t5(m5, r5.ctx, o5);
+  o5.policy.offload.optimizer = true;
+  Trainer t5(m5, r5.ctx, r5.opts(o5));
   const Snapshot before5 = snapshot(t5);
-  EXPECT_NE(load_error(t5, path).find("--offload"), std::string::npos);
+  EXPECT_NE(load_error(t5, path).find("offload"), std::string::npos);
   EXPECT_TRUE(snapshot(t5) == before5);
   EXPECT_NE(load_error(t, temp_path("missing.mfstate")).find("cannot open"), std::string::npos);
   std::remove(path.c_str());
@@ -322,22 +330,22 @@ TEST(Trainer, OutOfMemoryDuringAStepChangesNothing) {
   for (bool offload : {false, true}) {
     SCOPED_TRACE(offload ? "offload" : "device adamw");
     TrainerOptions o;
-    o.offload = offload;
-    o.micro_batch = 32;  // OOMs can land in a later micro-batch, after gradients accumulated
+    o.policy.offload.optimizer = offload;
+    o.policy.micro_batch = 32;  // OOMs can land in a later micro-batch, after gradients accumulated
     const Batch b = corpus().sequential(64, 32, 77);
     // What one step needs, from an identical trainer.
     std::size_t r0 = 0, peak = 0;
     {
       Rig p(DType::kBF16);
       Model m(test_spec(), p.ctx);
-      Trainer t(m, p.ctx, o);
+      Trainer t(m, p.ctx, p.opts(o));
       r0 = static_cast<std::size_t>(p.alloc.stats().reserved_bytes[kStatAll].current);
-      peak = t.step(b).peak_reserved;
+      peak = t.step(b).peaks.reserved;
       ASSERT_GT(peak, r0);
     }
     Rig r(DType::kBF16);
     Model m(test_spec(), r.ctx);
-    Trainer t(m, r.ctx, o);
+    Trainer t(m, r.ctx, r.opts(o));
     const Snapshot before = snapshot(t);
     const LossScalerState scaler = t.scaler().state();
     int ooms = 0;
@@ -361,7 +369,7 @@ TEST(Trainer, OutOfMemoryDuringAStepChangesNothing) {
     if (t.steps_attempted() == 0) t.step(b);
     Rig f(DType::kBF16);
     Model mf(test_spec(), f.ctx);
-    Trainer tf(mf, f.ctx, o);
+    Trainer tf(mf, f.ctx, f.opts(o));
     tf.step(b);
     EXPECT_TRUE(snapshot(t) == snapshot(tf));
   }
@@ -374,7 +382,7 @@ TEST(Trainer, DryRunOnMetaPredictsTheAllocatorPeak) {
   for (const char* ckpt : {"none", "all"}) {
     SCOPED_TRACE(ckpt);
     TrainerOptions o;
-    o.checkpoint = ckpt;
+    o.policy.checkpoint = ck_of(ckpt);
     MetaBackend meta;
     NullProvider null;
     CachingAllocator ma(null, {}, &meta.stream_sync());
@@ -386,12 +394,12 @@ TEST(Trainer, DryRunOnMetaPredictsTheAllocatorPeak) {
 
     Rig r(DType::kF32);
     Model m(test_spec(), r.ctx);
-    Trainer t(m, r.ctx, o);
+    Trainer t(m, r.ctx, r.opts(o));
     const StepResult measured = t.step(b);
-    EXPECT_GT(measured.peak_allocated, 0u);
-    EXPECT_EQ(predicted.peak_allocated, measured.peak_allocated);
-    EXPECT_EQ(predicted.peak_reserved, measured.peak_reserved);
-    EXPECT_EQ(predicted.peak_by_category, measured.peak_by_category);
+    EXPECT_GT(measured.peaks.allocated, 0u);
+    EXPECT_EQ(predicted.peaks.allocated, measured.peaks.allocated);
+    EXPECT_EQ(predicted.peaks.reserved, measured.peaks.reserved);
+    EXPECT_EQ(predicted.peaks, measured.peaks);
   }
 }
 
@@ -400,8 +408,8 @@ TEST(Trainer, TrainingLowersTheLossOnTheBundledCorpus) {
   Model m(test_spec(), r.ctx);
   TrainerOptions o;
   o.adamw.lr = 3e-3;
-  o.checkpoint = "all";
-  Trainer t(m, r.ctx, o);
+  o.policy.checkpoint = ck_of("all");
+  Trainer t(m, r.ctx, r.opts(o));
   const Batch held_out = corpus().sequential(8, 32, corpus().size() / 2);
   const double before = t.evaluate(held_out);
   EXPECT_NEAR(before, std::log(256.0), 0.3);  // an untrained byte model is near uniform
@@ -415,19 +423,20 @@ TEST(Trainer, BadOptionsAndBatchesAreClearErrors) {
   Rig r(DType::kF32);
   Model m(test_spec(), r.ctx);
   TrainerOptions both;
-  both.micro_batch = 2;
-  both.accum = 2;
-  EXPECT_THROW(Trainer(m, r.ctx, both), InvalidArgument);
+  both.policy.micro_batch = 2;
+  both.policy.accum = 2;
+  EXPECT_THROW(Trainer(m, r.ctx, r.opts(both)), InvalidArgument);
   TrainerOptions dpu;
-  dpu.delayed_update = true;
-  EXPECT_THROW(Trainer(m, r.ctx, dpu), InvalidArgument);
-  TrainerOptions ck;
-  ck.checkpoint = "every:0";
-  EXPECT_THROW(Trainer(m, r.ctx, ck), InvalidArgument);
+  dpu.policy.offload.delayed_update = true;
+  EXPECT_THROW(Trainer(m, r.ctx, r.opts(dpu)), InvalidArgument);
+  EXPECT_THROW((void)ck_of("every:0"), InvalidArgument);
+  TrainerOptions bf16;
+  bf16.policy.dtype = DType::kBF16;  // not the model's f32
+  EXPECT_THROW(Trainer(m, r.ctx, bf16), InvalidArgument);
 
   TrainerOptions acc;
-  acc.accum = 3;
-  Trainer t(m, r.ctx, acc);
+  acc.policy.accum = 3;
+  Trainer t(m, r.ctx, r.opts(acc));
   try {
     t.step(corpus().sequential(2, 32, 0));  // 2 samples cannot make 3 micro-batches
     ADD_FAILURE();
