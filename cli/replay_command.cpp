@@ -46,7 +46,14 @@ Loaded load(const std::string& path, int device) {
   Loaded out;
   if (first == 0x80) {
     f.close();
-    ImportedSnapshot s = import_snapshot(load_pickle_file(path), path, device);
+    ImportedSnapshot s;
+    try {
+      s = import_snapshot(load_pickle_file(path), path, device);
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      if (what.find("choose one") == std::string::npos) throw;
+      throw InvalidArgument(what + " with --device N");
+    }
     out.trace = std::move(s.trace);
     out.snapshot = std::move(s);
   } else {

@@ -9,14 +9,15 @@
 // One progress line per step (step, loss, loss scale when f16, tokens/s, peak memory; a bar
 // that redraws in place on a terminal), a final summary, and with --summary-json a JSON file
 // (keys: final_loss, tokens_per_second, peak_reserved_bytes, peak_allocated_bytes,
-// peak_by_category, and with --predict predicted_peak_reserved_bytes /
-// predicted_peak_allocated_bytes: one step of the same plan dry-run on the meta backend over a
-// NullProvider, through the same allocator configuration).
+// peak_by_category (at the peak), cached_bytes_at_peak, category_peaks, host_pinned_bytes, and
+// with a plan or --predict the same with predicted_ in front: one step of the same RunSpec
+// dry-run by policies/dry_run.h, the real Trainer on the meta backend over null providers).
 // --budget limits the allocator's reserved bytes on the device (GEMM scratch included).
 // A budget too small for the first step is an error that lists, from dry runs, what each
 // alternative plan would need. --report DIR records the run and writes the profile report
 // `memfit profile` writes (cli/profile_command.h). Bad input is a memfit::Error (the program
-// exits 2); the options shared with `memfit profile` live in cli/train_setup.h.
+// exits 2); the options shared with `memfit profile` live in cli/run_args.h, and everything
+// that runs is the library's RunSetup (policies/run_setup.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

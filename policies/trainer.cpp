@@ -156,10 +156,7 @@ void check_batch(const Batch& b, const ModelSpec& spec) {
     throw InvalidArgument("batch (" + std::to_string(b.batch) + " x " + std::to_string(b.seq_len) +
                           "): both sizes must be >= 1");
   }
-  if (b.seq_len > spec.seq_len) {
-    throw InvalidArgument("batch sequence length " + std::to_string(b.seq_len) +
-                          " exceeds the model's seq_len " + std::to_string(spec.seq_len));
-  }
+  (void)spec.resolve_seq_len(b.seq_len);  // the one check of a sequence length
   const std::size_t n = checked_mul(static_cast<std::size_t>(b.batch),
                                     static_cast<std::size_t>(b.seq_len), "batch * seq_len");
   if (b.tokens.size() != n || b.targets.size() != n) {

@@ -119,7 +119,7 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
       std::string list;
       for (int d : busy) list += (list.empty() ? "" : ", ") + std::to_string(d);
       throw InvalidArgument(std::string(source) + ": devices " + list +
-                            " all have traces: choose one (--device N)");
+                            " all have traces: choose one by its index");
     }
     device = busy.empty() ? 0 : busy.front();
   } else if (traces && static_cast<std::size_t>(device) >= traces->size()) {

@@ -179,7 +179,7 @@ TEST(DeviceSpec, FileNameIsTheDefaultName) {
 
 TEST(DeviceSpec, ErrorsNameFileLineKeyAndWhatIsValid) {
   std::string m = error_of(std::string(kMinimal) + "  flops_fp8: 1e15\n");
-  EXPECT_NE(m.find("dev.yaml:8:"), std::string::npos) << m;
+  EXPECT_NE(m.find("dev.yaml:9:"), std::string::npos) << m;  // kMinimal has 8 lines
   EXPECT_NE(m.find("device.flops_fp8: unknown key"), std::string::npos) << m;
   EXPECT_NE(m.find("mem_bandwidth, host_link"), std::string::npos) << m;
 
