@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
 #include "core/layers/gelu.h"
 #include "core/layers/layernorm.h"
 #include "core/layers/linear.h"
@@ -26,8 +25,8 @@
 #include "core/text_dataset.h"
 #include "memory/alloc_conf.h"
 #include "memory/caching_allocator.h"
-#include "memory/host_provider.h"
 #include "memory/size.h"
+#include "policies/runtime_env.h"
 #include "policies/trainer.h"
 
 using namespace memfit;
@@ -136,10 +135,8 @@ struct Run {
 };
 
 Run train(const TextDataset& data, const std::string& checkpoint, int steps) {
-  CpuBackend be;
-  HostProvider host;
-  CachingAllocator alloc(host, alloc_conf_from_env(), &be.stream_sync());
-  LayerContext ctx{be, alloc, kDefaultStream, DType::kBF16};
+  RuntimeEnv env = make_runtime(DeviceKind::kCpu, alloc_conf_from_env());  // policies/runtime_env.h
+  LayerContext ctx{*env.backend, *env.alloc, kDefaultStream, DType::kBF16};
   ModelSpec spec;  // the embedding and head around the user's chain
   spec.name = "shifted-mlp";
   spec.vocab = 256;

@@ -13,19 +13,18 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
 #include "core/executor.h"
 #include "core/model.h"
 #include "core/rng.h"
 #include "core/schedule.h"
 #include "core/text_dataset.h"
 #include "memory/caching_allocator.h"
-#include "memory/host_provider.h"
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
 #include "policies/accumulation.h"
 #include "policies/loss_scaler.h"
 #include "policies/offload_optimizer.h"
+#include "policies/runtime_env.h"
 
 using namespace memfit;
 
@@ -61,10 +60,10 @@ int main(int argc, char** argv) {
   const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
   constexpr std::int64_t kBatch = 8, kSeqLen = 64, kAccum = 3;
 
-  CpuBackend be({.worker_streams = true});
-  HostProvider host;
-  CachingAllocator alloc(host, {}, &be.stream_sync());
-  LayerContext ctx{be, alloc, kDefaultStream, DType::kF16};
+  // The library's runtime (policies/runtime_env.h): a CPU backend whose worker streams make the
+  // offload's copy stream a real thread, and the caching allocator the GEMM scratch comes from.
+  RuntimeEnv env = make_runtime(DeviceKind::kCpu, AllocatorConfig{}, {.worker_streams = true});
+  LayerContext ctx{*env.backend, *env.alloc, kDefaultStream, DType::kF16};
 
   ModelSpec spec = ModelSpec::preset("gpt-tiny");
   spec.layers = 4;
@@ -121,7 +120,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "peak allocated %s; pinned host %s (masters and moments)\n",
-      format_bytes(static_cast<std::size_t>(alloc.stats().allocated_bytes[kStatAll].peak)).c_str(),
+      format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak)).c_str(),
       format_bytes(opt.host_bytes()).c_str());
   return 0;
 }
