@@ -1,6 +1,5 @@
 #include "policies/policy.h"
 
-#include <charconv>
 #include <utility>
 
 #include "memory/error.h"
@@ -28,30 +27,24 @@ Checkpointing Checkpointing::ops(Schedule s) {
 }
 
 Checkpointing Checkpointing::parse(std::string_view text, int blocks) {
-  if (text == "none") return none();
-  if (text == "all") return all();
-  if (text == "sqrt") return sqrt();
   if (text == "optimal") return optimal();
-  constexpr std::string_view kEvery = "every:";
-  if (text.substr(0, kEvery.size()) == kEvery) {
-    const std::string_view num = text.substr(kEvery.size());
-    int k = 0;
-    const auto r = std::from_chars(num.data(), num.data() + num.size(), k);
-    if (!num.empty() && r.ec == std::errc() && r.ptr == num.data() + num.size() && k >= 1) {
-      return every(k);
-    }
-  }
+  Schedule s;
   try {
-    // Schedule::parse knows the op-list form; its rule names were taken above.
-    Schedule s = Schedule::parse(text, blocks);
-    return ops(std::move(s));
+    s = Schedule::parse(text, blocks);  // the rules and the op-list form, validated
   } catch (const InvalidArgument& e) {
     const std::string what = e.what();
-    if (what.rfind("schedule '", 0) == 0) throw;  // an op list with a bad op: that op's error
+    if (what.rfind("checkpoint schedule '", 0) != 0) throw;  // an op list with a bad op
     throw InvalidArgument("checkpoint '" + std::string(text) +
                           "': unknown; valid: none, all, sqrt, every:K (K an integer >= 1), "
                           "optimal, or an op list (\"F0:input R0:all B0\")");
   }
+  const std::string& name = s.name();
+  if (name == "none") return none();
+  if (name == "all") return all();
+  if (name == "sqrt") return sqrt();
+  constexpr std::string_view kEvery = "every:";
+  if (name.rfind(kEvery, 0) == 0) return every(std::stoi(name.substr(kEvery.size())));
+  return ops(std::move(s));
 }
 
 Checkpointing Checkpointing::from_parts(std::string_view name, std::string_view ops_text,
