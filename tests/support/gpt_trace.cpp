@@ -1,5 +1,6 @@
-// The synthetic GPT-2 training trace (memory/gpt_trace.h): what it models is documented there.
-#include "memory/gpt_trace.h"
+// The synthetic GPT-2 training trace (tests/support/gpt_trace.h): what it models is documented
+// there.
+#include "tests/support/gpt_trace.h"
 
 #include <algorithm>
 #include <string>
