@@ -167,11 +167,6 @@ class PtrMap {
     return value;
   }
   std::size_t size() const { return size_; }
-  template <typename F>
-  void for_each(F&& f) const {
-    for (const Slot& s : slots_)
-      if (s.key != 0) f(s.key, s.value);
-  }
 
  private:
   struct Slot {
