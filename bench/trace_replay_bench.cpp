@@ -3,9 +3,9 @@
 //   build/bench/trace_replay_bench [steps] [--segments]
 //
 // gpt2-124M shapes (L=12, C=768, H=12, T=1024, V=50257; mixed precision, FP16 activations,
-// batches on a copy stream with record_stream; memory/alloc_trace.h says what is modelled) at
-// micro-batches 4 and 8, replayed through the real CachingAllocator over a NullProvider (no
-// memory is touched), under several allocator settings. Printed per row:
+// batches on a copy stream with record_stream; tests/support/gpt_trace.h says what is
+// modelled) at micro-batches 4 and 8, replayed through the real CachingAllocator over a
+// NullProvider (no memory is touched), under several allocator settings. Printed per row:
 //   live peak      peak of the bytes callers asked for (requested_bytes.all.peak)
 //   reserved peak  peak of the bytes held from the provider (reserved_bytes.all.peak)
 //   ratio          reserved / live. Target <= 1.10; 1.00 is the physical limit (the anchor:
@@ -27,8 +27,8 @@
 #include "memory/caching_allocator.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
-#include "memory/gpt_trace.h"
 #include "memory/trace_replay.h"
+#include "tests/support/gpt_trace.h"
 
 namespace {
 

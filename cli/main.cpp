@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <exception>
 
-#include "cli/demo_command.h"
 #include "cli/devices_command.h"
 #include "cli/plan_command.h"
 #include "cli/profile_command.h"
@@ -17,7 +16,6 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "memfit 0.1.0");
   app.require_subcommand(1);
   int exit_code = 0;
-  memfit::cli::add_demo_command(app, exit_code);
   memfit::cli::add_train_command(app, exit_code);
   memfit::cli::add_plan_command(app, exit_code);
   memfit::cli::add_devices_command(app, exit_code);

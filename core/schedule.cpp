@@ -11,10 +11,16 @@ namespace memfit {
 
 namespace {
 
+// Appended, not "B" + std::to_string(...): GCC 12 at -O3 warns -Wrestrict (falsely) there.
 std::string op_str(const ScheduleOp& op) {
-  if (op.kind == ScheduleOp::Kind::kBackward) return "B" + std::to_string(op.block);
-  return std::string(op.recompute ? "R" : "F") + std::to_string(op.block) + ":" +
-         keep_name(op.keep);
+  const bool backward = op.kind == ScheduleOp::Kind::kBackward;
+  std::string s = backward ? "B" : op.recompute ? "R" : "F";
+  s += std::to_string(op.block);
+  if (!backward) {
+    s += ':';
+    s += keep_name(op.keep);
+  }
+  return s;
 }
 
 void check_n(int n, const char* what) {

@@ -1,8 +1,10 @@
-// AllocTrace: a recorded (or synthesized, memory/gpt_trace.h) sequence of allocator
-// operations. Traces drive `memfit replay`, the allocator benchmarks and
-// the allocator's fragmentation tests without running any model.
+// AllocTrace: a recorded (or synthesized) sequence of allocator operations. Traces drive
+// `memfit replay`, the allocator benchmarks and the allocator's fragmentation tests (on
+// synthetic GPT-2 training traces built with the builder methods below) without running any
+// model.
 //
-//   AllocTrace trace = make_gpt_training_trace(GptTraceSpec{});  // memory/gpt_trace.h
+//   std::ifstream in("step.trace");
+//   AllocTrace trace = read_trace(in, "step.trace");  // or build one: trace.alloc(...), ...
 //   NullProvider null;
 //   CachingAllocator alloc(null);
 //   ReplayResult r = replay(trace, alloc);   // memory/trace_replay.h

@@ -1,6 +1,7 @@
 // CachingAllocator's public API and Block: each call takes the mutex and hands over to the
-// Impl (block_pool.cpp for allocation and free; caching_allocator_inspect.cpp for stats,
-// snapshots, checks). Construction validates the config; destruction returns everything.
+// Impl (caching_allocator_pools.cpp for allocation and free; caching_allocator_release.cpp for
+// giving segments back; caching_allocator_inspect.cpp for stats, snapshots, checks).
+// Construction validates the config; destruction returns everything.
 #include "memory/caching_allocator.h"
 
 #include <algorithm>

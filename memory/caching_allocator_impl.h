@@ -1,4 +1,4 @@
-// Private to the caching allocator (caching_allocator*.cpp, block_pool.cpp); not API.
+// Private to the caching allocator (memory/caching_allocator*.cpp); not API.
 //
 // Data structures, after PyTorch's CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp):
 // - BlockNode: one contiguous range of a segment, linked to its address neighbours
@@ -167,11 +167,6 @@ class PtrMap {
     return value;
   }
   std::size_t size() const { return size_; }
-  template <typename F>
-  void for_each(F&& f) const {
-    for (const Slot& s : slots_)
-      if (s.key != 0) f(s.key, s.value);
-  }
 
  private:
   struct Slot {

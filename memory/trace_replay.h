@@ -2,7 +2,7 @@
 // the allocator reserved against what was live, how often it went to the provider (in
 // steady state it should not), OOMs, and time.
 //
-//   AllocTrace trace = make_gpt_training_trace(GptTraceSpec{});  // memory/gpt_trace.h
+//   AllocTrace trace = read_trace(in);                   // memory/alloc_trace.h
 //   NullProvider null;                                   // addresses only: any size replays
 //   CachingAllocator alloc(null, parse_alloc_conf("max_split_size_mb:128"));
 //   ReplayResult r = replay(trace, alloc);

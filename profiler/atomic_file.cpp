@@ -41,7 +41,6 @@ class TempFile {
   TempFile& operator=(const TempFile&) = delete;
 
   int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
   // Closing can report a deferred write error (NFS): the caller checks it.
   int close() {
     const int rc = ::close(fd_);

@@ -83,7 +83,6 @@ class WorkerStreams {
 
   std::shared_ptr<Stream> find(StreamId stream) const;  // null for inline streams
   static void run(Stream* s);
-  static void wait_for(Stream& s, std::uint64_t target);
   static void wait_done(Stream& s, std::uint64_t target);
   [[noreturn]] static void rethrow(std::exception_ptr error, StreamId stream);
   static void take_error(Stream& s, StreamId stream);  // rethrows a pending error

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/text_dataset.h"
+
 namespace memfit::testing {
 
 Schedule random_schedule(int n, std::mt19937& rng) {
@@ -50,12 +52,13 @@ Schedule random_schedule(int n, std::mt19937& rng) {
   }
 }
 
-Rig::Rig(bool is_meta, AllocatorConfig conf, MemoryProvider* provider) : meta(is_meta) {
+Rig::Rig(bool is_meta, AllocatorConfig conf, MemoryProvider* provider, CpuBackendOptions cpu)
+    : meta(is_meta) {
   if (meta) {
     be = std::make_unique<MetaBackend>();
     if (!provider) own_provider = std::make_unique<NullProvider>();
   } else {
-    be = std::make_unique<CpuBackend>();
+    be = std::make_unique<CpuBackend>(cpu);
     if (!provider) own_provider = std::make_unique<HostProvider>();
   }
   alloc = std::make_unique<CachingAllocator>(provider ? *provider : *own_provider, conf,
@@ -94,6 +97,24 @@ Batch::Batch(Rig& rig, const std::vector<std::int32_t>& tokens,
   const Device d = rig.be->device();
   mb.tokens = IndexTensor{tok.as<std::int32_t>(), Shape{b, t}, d};
   mb.targets = IndexTensor{tgt.as<std::int32_t>(), Shape{b, t}, d};
+}
+
+ModelSpec tiny_gpt_spec(std::int64_t layers) {
+  ModelSpec s;
+  s.name = "tiny-gpt";
+  s.vocab = 256;
+  s.seq_len = 32;
+  s.layers = layers;
+  s.hidden = 32;
+  s.heads = 4;
+  s.mlp_ratio = 4;
+  s.tied_head = true;
+  return s;
+}
+
+const TextDataset& test_corpus() {
+  static const TextDataset d(std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt");
+  return d;
 }
 
 std::vector<float> to_host(LayerContext& ctx, const Tensor& t) {

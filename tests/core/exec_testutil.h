@@ -1,5 +1,6 @@
-// Helpers for the model, schedule, executor, optimizer and golden tests: a backend with its
-// allocator (CPU on host memory, or meta on a NullProvider), token batches, host copies.
+// Helpers for the model, schedule, executor, optimizer and golden tests (and the profiler's
+// Trainer step test): a backend with its allocator (CPU on host memory, or meta on a
+// NullProvider), token batches, host copies.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +13,15 @@
 #include "core/executor.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
+#include "core/model_spec.h"
 #include "core/schedule.h"
 #include "memory/caching_allocator.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
+
+namespace memfit {
+class TextDataset;  // core/text_dataset.h
+}
 
 namespace memfit::testing {
 
@@ -25,9 +31,11 @@ namespace memfit::testing {
 Schedule random_schedule(int n, std::mt19937& rng);
 
 // A backend, a provider and a caching allocator over it. `provider` may be given (a
-// FaultInjectingProvider); otherwise HostProvider (cpu) or NullProvider (meta).
+// FaultInjectingProvider); otherwise HostProvider (cpu) or NullProvider (meta). `cpu` sets up
+// the CPU backend (worker streams, for offload); meta ignores it.
 struct Rig {
-  explicit Rig(bool meta, AllocatorConfig conf = {}, MemoryProvider* provider = nullptr);
+  explicit Rig(bool meta, AllocatorConfig conf = {}, MemoryProvider* provider = nullptr,
+               CpuBackendOptions cpu = {});
   ~Rig();
   LayerContext ctx(DType dt) { return LayerContext{*be, *alloc, kDefaultStream, dt}; }
   bool meta;
@@ -44,6 +52,12 @@ struct Batch {
   Block tok, tgt;
   MicroBatch mb;
 };
+
+// A GPT small enough for whole Trainer steps in a test: byte-level (vocab 256, so it reads
+// test_corpus()), T = 32, C = 32, 4 heads, MLP ratio 4, tied head, `layers` blocks.
+ModelSpec tiny_gpt_spec(std::int64_t layers = 2);
+// The bundled corpus, data/corpus.txt, loaded once.
+const TextDataset& test_corpus();
 
 // Host copy of a device tensor, widened to f32 (cpu only).
 std::vector<float> to_host(LayerContext& ctx, const Tensor& t);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memory/error.h"
-#include "memory/gpt_trace.h"
+#include "tests/support/gpt_trace.h"
 
 namespace memfit {
 namespace {

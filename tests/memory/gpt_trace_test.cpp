@@ -1,4 +1,4 @@
-#include "memory/gpt_trace.h"
+#include "tests/support/gpt_trace.h"
 
 #include <gtest/gtest.h>
 

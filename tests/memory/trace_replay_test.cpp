@@ -1,4 +1,3 @@
-#include "memory/gpt_trace.h"
 #include "memory/trace_replay.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +9,7 @@
 #include "memory/error.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
+#include "tests/support/gpt_trace.h"
 
 namespace memfit {
 namespace {

@@ -15,13 +15,12 @@
 #include <thread>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
 #include "core/model.h"
 #include "core/text_dataset.h"
 #include "memory/error.h"
-#include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "policies/trainer.h"
+#include "tests/core/exec_testutil.h"
 
 namespace memfit {
 namespace {
@@ -376,49 +375,21 @@ TEST(Recorder, RejectsZeroCapacities) {
 
 // ---- an instrumented training step on the CPU -----------------------------------------------
 
-ModelSpec tiny_spec() {
-  ModelSpec s;
-  s.name = "recorder-test";
-  s.vocab = 256;
-  s.seq_len = 32;
-  s.layers = 3;
-  s.hidden = 32;
-  s.heads = 4;
-  s.mlp_ratio = 4;
-  s.tied_head = true;
-  return s;
-}
-
-const TextDataset& corpus() {
-  static const TextDataset d(std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt");
-  return d;
-}
-
-struct Rig {
-  explicit Rig(bool workers)
-      : be(CpuBackendOptions{.worker_streams = workers}),
-        alloc(host, {}, &be.stream_sync()),
-        ctx{be, alloc, kDefaultStream, DType::kF32} {}
-  CpuBackend be;
-  HostProvider host;
-  CachingAllocator alloc;
-  LayerContext ctx;
-};
-
 TEST(Recorder, AnInstrumentedTrainerStepHasPhasesBlocksAndThePeaksOwn) {
   for (bool offload : {false, true}) {
     SCOPED_TRACE(offload ? "offload" : "device adamw");
-    Rig rig(offload);
-    Model m(tiny_spec(), rig.ctx);
+    testing::Rig rig(/*meta=*/false, {}, nullptr, {.worker_streams = offload});
+    LayerContext ctx = rig.ctx(DType::kF32);
+    Model m(testing::tiny_gpt_spec(/*layers=*/3), ctx);
     TrainerOptions o;
     o.policy.checkpoint = Checkpointing::all();  // recomputation in the backward
     o.policy.micro_batch = 2;
     o.policy.offload.optimizer = offload;
-    Trainer t(m, rig.ctx, o);
-    Recorder rec(rig.alloc);
-    const StepResult s = t.step(corpus().sequential(4, 32, 0));
+    Trainer t(m, ctx, o);
+    Recorder rec(*rig.alloc);
+    const StepResult s = t.step(testing::test_corpus().sequential(4, 32, 0));
     const Recording r = rec.recording();
-    expect_consistent(r, rig.alloc);
+    expect_consistent(r, *rig.alloc);
     // The trainer reset the allocator's peaks at the step's start, when the Recorder's began.
     EXPECT_EQ(r.peak.allocated, s.peaks.allocated);
     EXPECT_EQ(r.peak_reserved, s.peaks.reserved);

@@ -1,5 +1,7 @@
 // make_gpt_training_trace(): a realistic GPT-2 training allocation sequence as an AllocTrace
-// (memory/alloc_trace.h), for `memfit demo`, the allocator benchmarks and replay tests.
+// (memory/alloc_trace.h), for the allocator's replay and fragmentation tests and
+// bench/trace_replay_bench. Test and benchmark support, not part of the library: it is built
+// as memfit_test_support (tests/CMakeLists.txt).
 //
 //   GptTraceSpec spec;                       // gpt2-124M shapes, micro-batch 4, 3 steps
 //   AllocTrace trace = make_gpt_training_trace(spec);

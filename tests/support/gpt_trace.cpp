@@ -1,5 +1,6 @@
-// The synthetic GPT-2 training trace (memory/gpt_trace.h): what it models is documented there.
-#include "memory/gpt_trace.h"
+// The synthetic GPT-2 training trace (tests/support/gpt_trace.h): what it models is documented
+// there.
+#include "tests/support/gpt_trace.h"
 
 #include <algorithm>
 #include <string>
@@ -35,6 +36,15 @@ void check_spec(const GptTraceSpec& s) {
 }
 
 std::size_t z(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+// "h<l>.", what block l's tensor names start with. Appended, not "h" + std::to_string(l) + ".":
+// GCC 12 at -O3 warns -Wrestrict (falsely) there.
+std::string block_prefix(std::size_t l) {
+  std::string h = "h";
+  h += std::to_string(l);
+  h += '.';
+  return h;
+}
 
 // Products of the shapes, overflow-checked once here so the generator can add freely.
 struct Shapes {
@@ -114,7 +124,7 @@ class GptTraceGen {
     wte_ = param("wte", s_.V * C);     // (V,C), tied with the LM head
     wpe_ = param("wpe", s_.maxT * C);  // (maxT,C)
     for (std::size_t l = 0; l < s_.L; ++l) {
-      const std::string h = "h" + std::to_string(l) + ".";
+      const std::string h = block_prefix(l);
       blocks_.push_back({param(h + "ln1.w", C), param(h + "ln1.b", C),
                          param(h + "attn.qkv.w", C * 3 * C), param(h + "attn.qkv.b", 3 * C),
                          param(h + "attn.proj.w", C * C), param(h + "attn.proj.b", C),
@@ -159,7 +169,7 @@ class GptTraceGen {
 
   std::uint64_t block_forward(std::size_t l, std::uint64_t x, Saved& sv) {
     const BlockParams& bp = blocks_[l];
-    const std::string h = "h" + std::to_string(l) + ".";
+    const std::string h = block_prefix(l);
     const std::size_t a = s_.a, btc = s_.btc;
     sv.x = x;
     // ln1: x (B,T,C) -> out (B,T,C); mean, rstd (B,T) FP32
@@ -201,7 +211,7 @@ class GptTraceGen {
   // dout: gradient of the block output (B,T,C); returns the gradient of its input.
   std::uint64_t block_backward(std::size_t l, std::uint64_t dout, const Saved& sv) {
     const BlockParams& bp = blocks_[l];
-    const std::string h = "h" + std::to_string(l) + ".";
+    const std::string h = block_prefix(l);
     const std::size_t a = s_.a, btc = s_.btc;
     // mlp.proj: dgelu (B,T,4C) = dout @ W^T; dW = gelu^T @ dout; db = sum(dout)
     const std::uint64_t dgelu = tmp(4 * btc * a, h + "mlp.gelu.grad");
