@@ -21,27 +21,13 @@
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "policies/offload_optimizer.h"
+#include "tests/core/exec_testutil.h"
 
 namespace memfit {
 namespace {
 
-ModelSpec test_spec(std::int64_t layers = 2) {
-  ModelSpec s;
-  s.name = "test-micro";
-  s.vocab = 256;  // byte-level data
-  s.seq_len = 32;
-  s.layers = layers;
-  s.hidden = 32;
-  s.heads = 4;
-  s.mlp_ratio = 4;
-  s.tied_head = true;
-  return s;
-}
-
-const TextDataset& corpus() {
-  static const TextDataset d(std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt");
-  return d;
-}
+ModelSpec test_spec(std::int64_t layers = 2) { return testing::tiny_gpt_spec(layers); }
+const TextDataset& corpus() { return testing::test_corpus(); }
 
 // The checkpointing a test names, as the CLI would parse it (the test models have <= 3 blocks).
 Checkpointing ck_of(const char* text) { return Checkpointing::parse(text, 3); }
