@@ -78,7 +78,7 @@ std::vector<float> grad_values(Parameter& p, LayerContext& ctx) {
 }
 
 std::string temp_path(const std::string& name) {
-  return testing::TempDir() + "trainer_test_" + std::to_string(::getpid()) + "_" + name;
+  return ::testing::TempDir() + "trainer_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
 TEST(Trainer, AccumulationEqualsTheFullBatchWithinFp32Tolerance) {
@@ -174,7 +174,7 @@ struct ResumeCase {
   bool delayed;
 };
 
-class TrainerResume : public testing::TestWithParam<ResumeCase> {};
+class TrainerResume : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
   const ResumeCase& c = GetParam();
@@ -216,13 +216,13 @@ TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, TrainerResume,
-    testing::Values(ResumeCase{"f32", DType::kF32, "none", 0, false, false},
+    ::testing::Values(ResumeCase{"f32", DType::kF32, "none", 0, false, false},
                     ResumeCase{"bf16_ckpt_micro", DType::kBF16, "all", 3, false, false},
                     ResumeCase{"f16_scaler", DType::kF16, "every:2", 0, false, false},
                     ResumeCase{"offload_bf16", DType::kBF16, "none", 0, true, false},
                     ResumeCase{"offload_f32", DType::kF32, "sqrt", 2, true, false},
                     ResumeCase{"offload_delayed", DType::kBF16, "none", 0, true, true}),
-    [](const testing::TestParamInfo<ResumeCase>& i) { return std::string(i.param.name); });
+    [](const ::testing::TestParamInfo<ResumeCase>& i) { return std::string(i.param.name); });
 
 TEST(Trainer, InterruptedSaveLeavesThePreviousStateLoadable) {
   const std::string path = temp_path("interrupted.mfstate");
