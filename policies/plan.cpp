@@ -385,9 +385,9 @@ RunSpec Plan::run_spec() const {
 }
 
 std::string Plan::describe() const {
-  std::string s = std::string(dtype_name(policy.dtype)) + ", checkpoint " +
-                  policy.checkpoint.name() + ", offload " + policy.offload.describe() +
-                  ", micro-batch " + std::to_string(policy.micro_batch);
+  MemoryPolicy p = policy;
+  p.accum = 0;  // a plan's accumulation is accum_steps, said below
+  std::string s = p.describe();
   if (accum_steps > 1) {
     s += " x " + std::to_string(accum_steps) + " accumulated (global batch " +
          std::to_string(global_batch) + ")";

@@ -18,15 +18,8 @@ void RunSpec::validate() const {
 }
 
 std::string RunSpec::describe() const {
-  const MemoryPolicy& p = trainer.policy;
-  std::string s = model.name + ", " + dtype_name(p.dtype) + ", checkpoint " + p.checkpoint.name();
-  if (p.offload.any()) s += ", offload " + p.offload.describe();
-  if (p.micro_batch > 0 && p.micro_batch < batch) {
-    s += ", micro-batch " + std::to_string(p.micro_batch);
-  }
-  if (p.accum > 0) s += ", accum " + std::to_string(p.accum);
-  s += ", batch " + std::to_string(batch) + " x " + std::to_string(resolved_seq_len());
-  return s;
+  return model.name + ", " + trainer.policy.describe() + ", batch " + std::to_string(batch) +
+         " x " + std::to_string(resolved_seq_len());
 }
 
 }  // namespace memfit

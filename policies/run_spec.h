@@ -46,7 +46,8 @@ struct RunSpec {
   // batch x seq_len tokens addressable; the micro-batch split of the batch.
   void validate() const;
   std::int64_t resolved_seq_len() const { return model.resolve_seq_len(seq_len); }
-  // "gpt-tiny, bf16, checkpoint all, offload optimizer, micro-batch 4, batch 16 x 128"
+  // "gpt-tiny, bf16, checkpoint all, offload optimizer, micro-batch 4, batch 16 x 128":
+  // MemoryPolicy::describe between the model and the batch.
   std::string describe() const;
 };
 
