@@ -9,8 +9,8 @@
 #include "core/device_adamw.h"
 #include "memory/error.h"
 #include "memory/size.h"
-#include "policies/accumulation.h"
 #include "memory/pinned_host_provider.h"
+#include "policies/accumulation.h"
 #include "policies/offload_optimizer.h"
 #include "profiler/scoped_range.h"
 
@@ -147,6 +147,7 @@ void Trainer::set_repeat_check(RepeatCheck check) {
   }
   repeat_check_ = std::move(check);
 }
+
 std::int64_t Trainer::steps_attempted() const { return attempted_; }
 
 namespace {
