@@ -99,7 +99,8 @@ Result run(const Variant& v, const ModelSpec& spec, const Batch& batch, int warm
     RunSpec rs;
     rs.model = spec;
     rs.trainer.policy.dtype = v.dtype;
-    rs.trainer.policy.checkpoint = Checkpointing::parse(v.checkpoint, static_cast<int>(spec.layers));
+    rs.trainer.policy.checkpoint =
+        Checkpointing::parse(v.checkpoint, static_cast<int>(spec.layers));
     rs.trainer.policy.offload.optimizer = v.offload;
     rs.trainer.policy.offload.delayed_update = v.delayed;
     rs.trainer.adamw.lr = 3e-4;
@@ -115,8 +116,7 @@ Result run(const Variant& v, const ModelSpec& spec, const Batch& batch, int warm
       const StepResult s = run.step(batch);
       be.synchronize(kDefaultStream);
       const double dt =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-              .count();
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i < warmup) continue;
       ms.push_back(dt);
       r.loss = s.loss;

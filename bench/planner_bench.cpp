@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
   o.spec = ModelSpec::load(model);
   o.device = DeviceSpec::load(device);
   o.threads = threads;
-  std::printf("planner_bench: %s on %s, budget %s, %zu combinations, threads %s\n",
-              model.c_str(), device.c_str(), format_bytes(o.device.usable_bytes()).c_str(),
+  std::printf("planner_bench: %s on %s, budget %s, %zu combinations, threads %s\n", model.c_str(),
+              device.c_str(), format_bytes(o.device.usable_bytes()).c_str(),
               o.dtypes.size() * o.checkpoints.size() * o.offloads.size(),
               threads ? std::to_string(threads).c_str() : "all CPUs");
   std::printf("%-26s %10s %9s %12s %9s  %s\n", "mode", "seconds", "dry runs", "s/dry run",

@@ -148,7 +148,8 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
     RunSpec rs;
     rs.model = spec;
     rs.trainer.policy.dtype = parse_dtype(c.dtype);
-    rs.trainer.policy.checkpoint = Checkpointing::parse(c.checkpoint, static_cast<int>(spec.layers));
+    rs.trainer.policy.checkpoint =
+        Checkpointing::parse(c.checkpoint, static_cast<int>(spec.layers));
     rs.trainer.policy.offload.optimizer = c.offload;
     rs.trainer.policy.micro_batch = c.micro_batch;
     rs.trainer.adamw.lr = 1e-3;

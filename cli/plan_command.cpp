@@ -92,30 +92,28 @@ std::string short_rate(double r) {
 // The breakdown columns are the bytes by category at the moment of the reserved peak plus the
 // cached bytes then, so each row's columns add up to its peak.
 void print_table(const PlanResult& r, std::int64_t top) {
-  std::printf("%-5s %-10s %-7s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
-              "dtype", "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads",
-              "optim", "activ", "other", "cached", "host", "step", "tokens/s");
+  std::printf("%-5s %-10s %-7s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
+              "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
+              "activ", "other", "cached", "host", "step", "tokens/s");
   std::printf("%s\n", std::string(139, '-').c_str());
   std::int64_t shown = 0;
   for (const Plan& p : r.candidates) {
     if (top > 0 && shown == top) break;
     ++shown;
     const PeakFigures& k = p.predicted.peaks;
-    const std::size_t other = k.at_peak_of(Category::kTemporary) +
-                              k.at_peak_of(Category::kInput) +
+    const std::size_t other = k.at_peak_of(Category::kTemporary) + k.at_peak_of(Category::kInput) +
                               k.at_peak_of(Category::kWorkspace) + k.at_peak_of(Category::kUnknown);
-    std::printf(
-        "%-5s %-10s %-7s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
-        dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
-        p.policy.offload.any() ? "on" : "off", static_cast<long long>(p.policy.micro_batch),
-        static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
-        short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
-        short_bytes(k.at_peak_of(Category::kGradient)).c_str(),
-        short_bytes(k.at_peak_of(Category::kOptimizerState)).c_str(),
-        short_bytes(k.at_peak_of(Category::kActivation)).c_str(), short_bytes(other).c_str(),
-        short_bytes(k.cached()).c_str(), short_bytes(k.host_pinned).c_str(),
-        short_seconds(p.predicted.step_seconds).c_str(),
-        short_rate(p.predicted.tokens_per_second).c_str());
+    std::printf("%-5s %-10s %-7s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
+                dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
+                p.policy.offload.any() ? "on" : "off", static_cast<long long>(p.policy.micro_batch),
+                static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
+                short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
+                short_bytes(k.at_peak_of(Category::kGradient)).c_str(),
+                short_bytes(k.at_peak_of(Category::kOptimizerState)).c_str(),
+                short_bytes(k.at_peak_of(Category::kActivation)).c_str(),
+                short_bytes(other).c_str(), short_bytes(k.cached()).c_str(),
+                short_bytes(k.host_pinned).c_str(), short_seconds(p.predicted.step_seconds).c_str(),
+                short_rate(p.predicted.tokens_per_second).c_str());
   }
   if (shown < static_cast<std::int64_t>(r.candidates.size())) {
     std::printf("(%lld more; --top 0 shows all)\n",

@@ -12,9 +12,10 @@
 //   memfit plan --model gpt-tiny --device cpu --budget 64MiB --format json --out plan.yaml
 //
 // --format json prints {"recommended": {...}, "candidates": [...], "infeasible": [...]}; each
-// plan is Plan::to_json's document, the same that --out plan.json writes. --format yaml prints the recommended plan as Plan::to_yaml().
-// Bad input is a memfit::Error (exit 2) and leaves --out untouched: the file is written last,
-// atomically (Plan::save), and its extension is checked before planning starts.
+// plan is Plan::to_json's document, the same that --out plan.json writes. --format yaml prints the
+// recommended plan as Plan::to_yaml(). Bad input is a memfit::Error (exit 2) and leaves --out
+// untouched: the file is written last, atomically (Plan::save), and its extension is checked before
+// planning starts.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -82,7 +82,8 @@ void collect_given(CLI::App* cmd, TrainArgs& a) {
 
 std::size_t parse_budget(const std::string& text, const char* flag) {
   const std::size_t b = parse_size(text);
-  if (b == 0) throw InvalidArgument(std::string(flag) + " " + text + " must be positive (e.g. 96MiB)");
+  if (b == 0)
+    throw InvalidArgument(std::string(flag) + " " + text + " must be positive (e.g. 96MiB)");
   return b;
 }
 
@@ -234,10 +235,10 @@ Source choose(const TrainArgs& a) {
 // The library's diagnosis in the flags that make each alternative.
 std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec& run) {
   const BudgetDiagnosis& d = e.diagnosis();
-  std::string msg = "--budget " + a.budget + " (" + format_bytes(d.budget) +
-                    ") is too small for " + d.when + " of " + run.describe() + " (" + d.failure +
-                    ")";
-  if (!d.dry_run_error.empty()) return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
+  std::string msg = "--budget " + a.budget + " (" + format_bytes(d.budget) + ") is too small for " +
+                    d.when + " of " + run.describe() + " (" + d.failure + ")";
+  if (!d.dry_run_error.empty())
+    return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
   msg += "\n  a dry run of this plan reserves " + format_bytes(d.need) +
          " at its peak: give --budget " + std::to_string((d.need + kMiB - 1) / kMiB) +
          "MiB or more, or change the plan (dry-run peaks):";

@@ -158,8 +158,8 @@ Run train(const TextDataset& data, const std::string& checkpoint, int steps) {
   for (int i = 0; i < steps; ++i) {
     const StepResult r = trainer.step(data.sample(8, 64, trainer.rng()));
     run.losses.push_back(r.loss);
-    run.peak_activation =
-        std::max(run.peak_activation, r.peaks.category_peaks[category_index(Category::kActivation)]);
+    run.peak_activation = std::max(run.peak_activation,
+                                   r.peaks.category_peaks[category_index(Category::kActivation)]);
   }
   return run;
 }

@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "peak allocated %s; pinned host %s (masters and moments)\n",
-      format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak)).c_str(),
+      format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak))
+          .c_str(),
       format_bytes(opt.host_bytes()).c_str());
   return 0;
 }

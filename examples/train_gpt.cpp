@@ -62,12 +62,12 @@ int main(int argc, char** argv) {
     for (int i = 0; i < steps; ++i) {
       const Batch b = data.sample(kBatch, kSeqLen, trainer.rng());
       const StepResult r = run.step(b);
-      std::printf("step %3lld  loss %.4f  %6.0f tok/s  peak %s reserved (predicted %s), %s "
-                  "activations at the peak\n",
-                  static_cast<long long>(r.step), r.loss, double(r.tokens) / r.seconds,
-                  format_bytes(r.peaks.reserved).c_str(),
-                  format_bytes(predicted.step.reserved).c_str(),
-                  format_bytes(r.peaks.at_peak_of(Category::kActivation)).c_str());
+      std::printf(
+          "step %3lld  loss %.4f  %6.0f tok/s  peak %s reserved (predicted %s), %s "
+          "activations at the peak\n",
+          static_cast<long long>(r.step), r.loss, double(r.tokens) / r.seconds,
+          format_bytes(r.peaks.reserved).c_str(), format_bytes(predicted.step.reserved).c_str(),
+          format_bytes(r.peaks.at_peak_of(Category::kActivation)).c_str());
     }
     std::printf("held-out loss %.4f\n", trainer.evaluate(held_out));
     trainer.save(state);

@@ -53,7 +53,8 @@ struct PeakFigures {
   // The larger of each figure; the breakdown comes with the larger reserved peak (the first
   // on a tie), so it still adds up.
   void take_max(const PeakFigures& o) {
-    if (o.reserved > reserved || (o.reserved == reserved && o.allocated_at_peak > allocated_at_peak)) {
+    if (o.reserved > reserved ||
+        (o.reserved == reserved && o.allocated_at_peak > allocated_at_peak)) {
       at_peak = o.at_peak;
       allocated_at_peak = o.allocated_at_peak;
     }

@@ -214,8 +214,9 @@ Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& dev
   return c;
 }
 
-double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule, std::int64_t micro_batch,
-                               std::int64_t accum, const DeviceSpec& device) const {
+double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
+                               std::int64_t micro_batch, std::int64_t accum,
+                               const DeviceSpec& device) const {
   if (accum < 1) {
     throw InvalidArgument("CostModel::step_seconds: accum " + std::to_string(accum) +
                           "; valid: >= 1");

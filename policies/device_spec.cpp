@@ -138,9 +138,9 @@ DeviceSpec parse(std::string_view text, const std::string& source,
   std::map<std::string, YAML::Node> values;
   for (auto it = dev.begin(); it != dev.end(); ++it) {
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
-    static const char* kKeys[] = {"name",          "kind",      "memory",    "context",
-                                  "flops_f32",     "flops_f16", "flops_bf16",
-                                  "mem_bandwidth", "host_link", "cpu_adamw"};
+    static const char* kKeys[] = {"name",      "kind",      "memory",     "context",
+                                  "flops_f32", "flops_f16", "flops_bf16", "mem_bandwidth",
+                                  "host_link", "cpu_adamw"};
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
     if (!known) {

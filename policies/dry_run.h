@@ -44,7 +44,7 @@ struct DryRunResult {
   std::string failure;                  // when !fits: the OutOfMemory message
   double gemm_flops = 0;                // the meta backend's counts for the step
   double bytes_moved = 0;
-  std::int64_t micro_batches_run = 0;   // how many the dry run ran (the rest repeat them)
+  std::int64_t micro_batches_run = 0;  // how many the dry run ran (the rest repeat them)
 
   // The most the run reserves on the device: the step's peak or construction's.
   std::size_t need_reserved() const {

@@ -202,7 +202,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
             p.policy.offload.delayed_update = boolean(src, ok.second, "offload." + k);
             delayed_node = ok.second;
           } else {
-            fail(src, ok.first, "offload." + k, "unknown key; valid: " + std::string(kValidOffload));
+            fail(src, ok.first, "offload." + k,
+                 "unknown key; valid: " + std::string(kValidOffload));
           }
         }
       } else {

@@ -100,8 +100,8 @@ class Searcher {
       RunSpec free_q = q;
       free_q.alloc.budget = 0;
       const DryRunResult u = run(free_q);
-      const auto over = static_cast<std::int64_t>(u.step.reserved) -
-                        static_cast<std::int64_t>(q.alloc.budget);
+      const auto over =
+          static_cast<std::int64_t>(u.step.reserved) - static_cast<std::int64_t>(q.alloc.budget);
       limit -= std::max<std::int64_t>(over, limit / 64 + 1);
     }
     // The DP's memory model is conservative (the dry run is the truth), so a schedule that
@@ -565,7 +565,8 @@ PlanResult plan(const PlannerOptions& o) {
                   "largest micro-batch that fits %s: %s (peak %s, %.0f tokens/s predicted)%s",
                   gib(double(budget)).c_str(), best.describe().c_str(),
                   gib(double(best.predicted.peaks.reserved)).c_str(),
-                  best.predicted.tokens_per_second, tie ? "; ties broken by predicted tokens/s" : "");
+                  best.predicted.tokens_per_second,
+                  tie ? "; ties broken by predicted tokens/s" : "");
   }
   best.why = why;
   for (std::size_t i = 1; i < result.candidates.size(); ++i) {

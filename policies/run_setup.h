@@ -8,7 +8,8 @@
 //   RunSpec spec = Plan::load("plan.yaml").run_spec();   // or fill one (policies/run_spec.h)
 //   RunSetup run(spec);
 //   for (int i = 0; i < 100; ++i) {
-//     StepResult r = run.step(data.sample(spec.batch, spec.resolved_seq_len(), run.trainer().rng()));
+//     StepResult r = run.step(data.sample(spec.batch, spec.resolved_seq_len(),
+//     run.trainer().rng()));
 //   }
 //   run.trainer().save("run.mfstate");
 //
@@ -46,10 +47,10 @@ struct BudgetDiagnosis {
     std::size_t need = 0;  // its dry run's reserved peak (setup included)
     bool fits = false;     // need <= budget
   };
-  std::string when;        // "step one", "the model and optimizer"
+  std::string when;  // "step one", "the model and optimizer"
   std::size_t budget = 0;
-  std::size_t need = 0;    // this spec's dry-run reserved peak (setup included); 0: failed
-  std::string failure;     // the OutOfMemory message that started it
+  std::size_t need = 0;       // this spec's dry-run reserved peak (setup included); 0: failed
+  std::string failure;        // the OutOfMemory message that started it
   std::string dry_run_error;  // a dry run that failed on its own (empty otherwise)
   std::vector<Alternative> alternatives;
 };

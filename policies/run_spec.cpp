@@ -10,9 +10,9 @@ void RunSpec::validate() const {
   trainer.policy.validate();
   if (batch < 1) throw InvalidArgument("batch " + std::to_string(batch) + " must be >= 1");
   const std::int64_t t = resolved_seq_len();
-  checked_mul(checked_mul(static_cast<std::size_t>(batch), static_cast<std::size_t>(t),
-                          "batch * seq_len"),
-              sizeof(std::int32_t), "batch * seq_len token bytes");
+  checked_mul(
+      checked_mul(static_cast<std::size_t>(batch), static_cast<std::size_t>(t), "batch * seq_len"),
+      sizeof(std::int32_t), "batch * seq_len token bytes");
   (void)trainer.policy.micro_batches(batch);  // an accumulation count the batch cannot take
   (void)trainer.policy.checkpoint.schedule(static_cast<int>(model.layers));
 }

@@ -32,10 +32,10 @@ inline constexpr std::size_t kGpuGemmWorkspaceBytes = std::size_t{32} << 20;
 
 struct RunSpec {
   ModelSpec model;
-  TrainerOptions trainer;         // trainer.policy: the memory policy
-  std::int64_t batch = 1;         // the global batch: samples per step
-  std::int64_t seq_len = 0;       // 0: the model's
-  AllocatorConfig alloc;          // alloc.budget: the device budget (0: none)
+  TrainerOptions trainer;                // trainer.policy: the memory policy
+  std::int64_t batch = 1;                // the global batch: samples per step
+  std::int64_t seq_len = 0;              // 0: the model's
+  AllocatorConfig alloc;                 // alloc.budget: the device budget (0: none)
   DeviceKind device = DeviceKind::kCpu;  // the backend the step runs on
   // kCuda: the workspace every GEMM takes from the budgeted allocator (cuBLASLt's; the
   // prediction is then an upper bound). kCpu ignores it: the CPU backend's 16-bit widening

@@ -34,8 +34,7 @@ RuntimeEnv make_cpu(const AllocatorConfig& conf, const RuntimeOptions& options) 
   env.backend =
       std::make_unique<CpuBackend>(CpuBackendOptions{.worker_streams = options.worker_streams});
   env.provider = std::make_unique<HostProvider>();
-  env.alloc =
-      std::make_unique<CachingAllocator>(*env.provider, conf, &env.backend->stream_sync());
+  env.alloc = std::make_unique<CachingAllocator>(*env.provider, conf, &env.backend->stream_sync());
   env.backend->set_workspace_allocator(env.alloc.get());
   return env;
 }

@@ -8,8 +8,8 @@
 
 #include "core/device_adamw.h"
 #include "memory/error.h"
-#include "memory/size.h"
 #include "memory/pinned_host_provider.h"
+#include "memory/size.h"
 #include "policies/accumulation.h"
 #include "policies/offload_optimizer.h"
 #include "profiler/scoped_range.h"

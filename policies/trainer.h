@@ -54,7 +54,7 @@
 namespace memfit {
 
 struct TrainerOptions {
-  MemoryPolicy policy;              // policy.dtype must be the context's (and model's) dtype
+  MemoryPolicy policy;              // policy.dtype: the context's (and model's) dtype
   AdamWOptions adamw;
   LossScalerOptions scaler;         // scaler.enabled is forced off unless the dtype is f16...
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise

@@ -360,7 +360,8 @@ std::string report_html(const ProfileReport& r) {
               ratio(rec.peak.allocated, r.plan.predicted_peak_allocated)}) +
          "</table>\n";
   } else {
-    o += "<p>No plan was given: a plan, or a budget to dry-run the policies against, gives one to compare.</p>\n";
+    o += "<p>No plan was given: a plan, or a budget to dry-run the policies against, gives one to "
+         "compare.</p>\n";
   }
 
   o += gpu_section(r);

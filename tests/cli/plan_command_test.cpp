@@ -373,8 +373,7 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
   const nlohmann::json oj = nlohmann::json::parse(read_file(js));
   EXPECT_EQ(oj.at("checkpoint").get<std::string>(), "optimal");
   EXPECT_EQ(oj.at("schedule").get<std::string>(), "ops");  // the Schedule's own name: parsed
-  EXPECT_EQ(oj.at("plan").at("schedule").get<std::string>(),
-            memfit::Schedule::every(2, 2).str());
+  EXPECT_EQ(oj.at("plan").at("schedule").get<std::string>(), memfit::Schedule::every(2, 2).str());
   for (const auto& f : {plan, js, ops_plan}) std::remove(f.c_str());
 }
 

@@ -230,9 +230,8 @@ TEST(DryRun, WorkCountsCoverEveryMicroBatchAndTheUnevenLastOne) {
   EXPECT_DOUBLE_EQ(five.gemm_flops, 5 * one.gemm_flops);
   EXPECT_GT(five.bytes_moved, 4 * one.bytes_moved);
   EXPECT_LT(five.micro_batches_run, 5);  // the repeats were skipped, and still counted
-  const DryRunResult single = dry_run(Case{gpt, DType::kBF16, Checkpointing::all(), false, 1,
-                                           0, 1}
-                                          .run(0));
+  const DryRunResult single =
+      dry_run(Case{gpt, DType::kBF16, Checkpointing::all(), false, 1, 0, 1}.run(0));
   c.batch = 9;  // 4, 4, 1
   const DryRunResult uneven = dry_run(c.run(0));
   EXPECT_DOUBLE_EQ(uneven.gemm_flops, 2 * one.gemm_flops + single.gemm_flops);

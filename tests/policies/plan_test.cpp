@@ -75,10 +75,10 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   const std::string j = p.to_json();
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
-  for (const char* k : {"activation_dtype", "checkpoint", "offload", "optimizer", "micro_batch",
-                        "accum_steps", "peak_reserved_bytes", "peak_by_category",
-                        "cached_bytes_at_peak", "category_peaks", "host_pinned_bytes",
-                        "device_kind", "step_seconds"}) {
+  for (const char* k :
+       {"activation_dtype", "checkpoint", "offload", "optimizer", "micro_batch", "accum_steps",
+        "peak_reserved_bytes", "peak_by_category", "cached_bytes_at_peak", "category_peaks",
+        "host_pinned_bytes", "device_kind", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
     EXPECT_NE(y.find(std::string(k) + ":"), std::string::npos) << k;
   }
@@ -123,7 +123,8 @@ TEST(Plan, RunSpecGivesTheSameMicroBatchesAsThePlan) {
   EXPECT_EQ(r.alloc.budget, p.budget);
   EXPECT_EQ(r.device, DeviceKind::kCuda);
   // micro_batch_split(31, 7) = {7, 7, 7, 7, 3}: accum_steps micro-batches.
-  EXPECT_EQ(r.trainer.policy.micro_batches(r.batch).size(), static_cast<std::size_t>(p.accum_steps));
+  EXPECT_EQ(r.trainer.policy.micro_batches(r.batch).size(),
+            static_cast<std::size_t>(p.accum_steps));
 }
 
 TEST(Plan, TheBreakdownAtThePeakMustAddUp) {
@@ -210,7 +211,8 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + "micro_batch: 2\nactivation_dtype: f32\ncheckpoint: every:0\n",
                "p.yaml:10:13: plan.checkpoint:");
   expect_error(m + ok + "offload: maybe\n", "p.yaml:11:10: plan.offload: 'maybe'; valid: true");
-  expect_error(m + ok + "delayed_update: true\n", "plan.offload.delayed_update: true needs offload");
+  expect_error(m + ok + "delayed_update: true\n",
+               "plan.offload.delayed_update: true needs offload");
   expect_error(m + ok + "offload: {gradients: true}\n",
                "p.yaml:11:11: plan.offload.gradients: unknown key; valid: optimizer");
   expect_error(m + ok + "schedule: F0:all B0\n", "plan.schedule:");
