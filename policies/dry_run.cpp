@@ -39,9 +39,8 @@ class RepeatWatch {
     before_ = work_of(meta_.stats());
   }
 
-  // After full micro-batch m: true when the rest may be skipped.
-  bool settled(std::int64_t m) {
-    (void)m;
+  // After a full micro-batch: true when the rest may be skipped.
+  bool settled() {
     const Work now = work_of(meta_.stats());
     last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes};
     before_ = now;
@@ -55,7 +54,6 @@ class RepeatWatch {
     calls_ = calls;
     quiet_ = no_calls && (quiet_ == 0 || sig == sig_) ? quiet_ + 1 : 0;
     sig_ = sig;
-    ran_ = m + 1;
     return quiet_ >= 2;
   }
 
@@ -71,7 +69,6 @@ class RepeatWatch {
   int quiet_ = 0;
   std::array<std::int64_t, 5> sig_{};
   Work before_, last_;
-  std::int64_t ran_ = 0;
 };
 
 }  // namespace
@@ -105,7 +102,7 @@ DryRunResult dry_run(const RunSpec& run) {
     RepeatWatch watch(alloc, device, meta);
     std::int64_t skipped = 0;
     trainer.set_repeat_check([&](std::int64_t m) {
-      if (!watch.settled(m)) return false;
+      if (!watch.settled()) return false;
       skipped = static_cast<std::int64_t>(sizes.size()) - 2 - m;
       return true;
     });
