@@ -187,11 +187,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
                             format_bytes(o.device.usable_bytes()) + " after its context)");
     }
   }
-  try {
-    o.seq_len = o.spec.resolve_seq_len(a.seq_len);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("--" + std::string(e.what()).replace(0, 7, "seq-len"));
-  }
+  o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.global_batch = a.global_batch;
   o.ranks = a.ranks;
   o.zero_stage = a.zero;

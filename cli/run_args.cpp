@@ -80,6 +80,15 @@ void collect_given(CLI::App* cmd, TrainArgs& a) {
 
 // ---- the run ----------------------------------------------------------------------------------
 
+std::int64_t seq_len_flag(const ModelSpec& spec, std::int64_t requested) {
+  try {
+    return spec.resolve_seq_len(requested);
+  } catch (const InvalidArgument& e) {
+    // Its message starts "seq_len N: ..."; the flag is spelled --seq-len.
+    throw InvalidArgument("--" + std::string(e.what()).replace(0, 7, "seq-len"));
+  }
+}
+
 std::size_t parse_budget(const std::string& text, const char* flag) {
   const std::size_t b = parse_size(text);
   if (b == 0)
@@ -124,15 +133,6 @@ ModelSpec load_text_model(const std::string& name) {
   ModelSpec spec = ModelSpec::load(name);
   require_text_vocab(spec, "--model " + name);
   return spec;
-}
-
-// "--seq-len N": ModelSpec's one check, in the flag's name.
-std::int64_t seq_len_flag(const ModelSpec& spec, std::int64_t requested) {
-  try {
-    return spec.resolve_seq_len(requested);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("--" + std::string(e.what()).replace(0, 7, "seq-len"));
-  }
 }
 
 // The policy flags, parsed once into the library's typed policy.
@@ -232,38 +232,27 @@ Source choose(const TrainArgs& a) {
   return s;
 }
 
-// The library's diagnosis in the flags that make each alternative.
+// The library's diagnosis, with the flags that make each alternative.
 std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec& run) {
   const BudgetDiagnosis& d = e.diagnosis();
-  std::string msg = "--budget " + a.budget + " (" + format_bytes(d.budget) + ") is too small for " +
-                    d.when + " of " + run.describe() + " (" + d.failure + ")";
-  if (!d.dry_run_error.empty())
-    return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
-  msg += "\n  a dry run of this plan reserves " + format_bytes(d.need) +
-         " at its peak: give --budget " + std::to_string((d.need + kMiB - 1) / kMiB) +
-         "MiB or more, or change the plan (dry-run peaks):";
-  for (const BudgetDiagnosis::Alternative& alt : d.alternatives) {
-    std::string flag;
-    switch (alt.change) {
-      case BudgetDiagnosis::Change::kCheckpointAll:
-        flag = "--checkpoint all";
-        break;
-      case BudgetDiagnosis::Change::kMicroBatch:
-        flag = "--micro-batch " + std::to_string(alt.spec.trainer.policy.micro_batch);
-        break;
-      case BudgetDiagnosis::Change::kBF16:
-        flag = "--dtype bf16";
-        break;
-      case BudgetDiagnosis::Change::kOffload:
-        flag = "--offload";
-        break;
-      case BudgetDiagnosis::Change::kAllOfThese:
-        flag = "all of these";
-        break;
-    }
-    msg += "\n    " + flag + ": " + format_bytes(alt.need) + (alt.fits ? " (fits)" : "");
-  }
-  return msg;
+  return diagnosis_text(d, run, "--budget " + a.budget + " (" + format_bytes(d.budget) + ")",
+                        [](const BudgetDiagnosis::Alternative& alt) -> std::string {
+                          using Change = BudgetDiagnosis::Change;
+                          switch (alt.change) {
+                            case Change::kCheckpointAll:
+                              return "--checkpoint all";
+                            case Change::kMicroBatch:
+                              return "--micro-batch " +
+                                     std::to_string(alt.spec.trainer.policy.micro_batch);
+                            case Change::kBF16:
+                              return "--dtype bf16";
+                            case Change::kOffload:
+                              return "--offload";
+                            case Change::kAllOfThese:
+                              break;
+                          }
+                          return alt.label;  // "all of these"
+                        });
 }
 
 }  // namespace

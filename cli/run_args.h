@@ -67,6 +67,8 @@ void add_run_options(CLI::App* cmd, TrainArgs& a);
 // In the callback, before anything else: which options were given, MEMFIT_ALLOC_CONF.
 void collect_given(CLI::App* cmd, TrainArgs& a);
 
+// --seq-len: ModelSpec::resolve_seq_len (the one check), its error in the flag's name.
+std::int64_t seq_len_flag(const ModelSpec& spec, std::int64_t requested);
 // The one reading of a budget flag: a positive size with units ("64MiB"); InvalidArgument
 // naming `flag` otherwise.
 std::size_t parse_budget(const std::string& text, const char* flag = "--budget");

@@ -26,23 +26,10 @@ struct TrainOnly {
   std::string summary_json;
 };
 
-// Categories with bytes, as a plan file's predicted.peak_by_category lists them.
-nlohmann::json by_category_json(const std::array<std::size_t, kCategoryCount>& a) {
-  nlohmann::json j = nlohmann::json::object();
-  for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    if (a[c] != 0) j[category_name(static_cast<Category>(c))] = a[c];
-  }
-  return j;
-}
-
-// The peaks as summary.json and --summary-json name them, with `prefix` ("" or "predicted_").
+// The peaks as a plan's `predicted` map names them (peaks_json), with `prefix` in front.
 void put_peaks(nlohmann::json& j, const std::string& prefix, const PeakFigures& p) {
-  j[prefix + "peak_reserved_bytes"] = p.reserved;
-  j[prefix + "peak_allocated_bytes"] = p.allocated;
-  j[prefix + "peak_by_category"] = by_category_json(p.at_peak);
-  j[prefix + "cached_bytes_at_peak"] = p.cached();
-  j[prefix + "category_peaks"] = by_category_json(p.category_peaks);
-  j[prefix + "host_pinned_bytes"] = p.host_pinned;
+  const nlohmann::json peaks = nlohmann::json::parse(peaks_json(p));  // outlives the loop
+  for (const auto& [key, value] : peaks.items()) j[prefix + key] = value;
 }
 
 int run_train(const TrainArgs& a, const TrainOnly& t) {

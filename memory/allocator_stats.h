@@ -79,11 +79,7 @@ struct AllocatorStats {
     const std::int64_t a = allocated_bytes[kStatAll].current;
     if (r.current != r.peak) return;
     if (r.current == at_reserved_peak.reserved && a <= at_reserved_peak.allocated) return;
-    at_reserved_peak.reserved = r.current;
-    at_reserved_peak.allocated = a;
-    for (std::size_t c = 0; c < kCategoryCount; ++c) {
-      at_reserved_peak.category[c] = category_bytes[c].current;
-    }
+    note_peak_moment_now();
   }
   // Takes the present as the moment (after the peaks are reset to the current values).
   void note_peak_moment_now() {

@@ -1,7 +1,6 @@
 #include "policies/dry_run.h"
 
 #include <array>
-#include <memory>
 #include <vector>
 
 #include "core/meta/meta_backend.h"
@@ -94,8 +93,8 @@ DryRunResult dry_run(const RunSpec& run) {
   DryRunResult r;
   bool in_step = false;
   try {
-    std::unique_ptr<Model> model = std::make_unique<Model>(run.model, ctx);
-    Trainer trainer(*model, ctx, run.trainer, &host);
+    Model model(run.model, ctx);
+    Trainer trainer(model, ctx, run.trainer, &host);
     r.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
     r.host_pinned = trainer.host_bytes();
 

@@ -304,6 +304,25 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   return p;
 }
 
+// The peak figures as every JSON document names them.
+nlohmann::ordered_json peaks_value(const PeakFigures& pk) {
+  auto cats = [](const std::array<std::size_t, kCategoryCount>& a) {
+    nlohmann::ordered_json c = nlohmann::ordered_json::object();
+    for (std::size_t k = 0; k < kCategoryCount; ++k) {
+      if (a[k] != 0) c[category_name(static_cast<Category>(k))] = a[k];
+    }
+    return c;
+  };
+  nlohmann::ordered_json j;
+  j["peak_reserved_bytes"] = pk.reserved;
+  j["peak_allocated_bytes"] = pk.allocated;
+  j["peak_by_category"] = cats(pk.at_peak);
+  j["cached_bytes_at_peak"] = pk.cached();
+  j["category_peaks"] = cats(pk.category_peaks);
+  j["host_pinned_bytes"] = pk.host_pinned;
+  return j;
+}
+
 nlohmann::ordered_json to_json_value(const Plan& p) {
   nlohmann::ordered_json j;
   const YAML::Node m = YAML::Load(p.model.to_yaml())["model"];
@@ -335,21 +354,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;
-  const PeakFigures& pk = p.predicted.peaks;
-  auto cats = [](const std::array<std::size_t, kCategoryCount>& a) {
-    nlohmann::ordered_json c = nlohmann::ordered_json::object();
-    for (std::size_t k = 0; k < kCategoryCount; ++k) {
-      if (a[k] != 0) c[category_name(static_cast<Category>(k))] = a[k];
-    }
-    return c;
-  };
-  nlohmann::ordered_json pred;
-  pred["peak_reserved_bytes"] = pk.reserved;
-  pred["peak_allocated_bytes"] = pk.allocated;
-  pred["peak_by_category"] = cats(pk.at_peak);
-  pred["cached_bytes_at_peak"] = pk.cached();
-  pred["category_peaks"] = cats(pk.category_peaks);
-  pred["host_pinned_bytes"] = pk.host_pinned;
+  nlohmann::ordered_json pred = peaks_value(p.predicted.peaks);
   pred["step_seconds"] = p.predicted.step_seconds;
   pred["tokens_per_second"] = p.predicted.tokens_per_second;
   j["predicted"] = pred;
@@ -366,6 +371,8 @@ bool is_json_path(const std::string& path) {
 }
 
 }  // namespace
+
+std::string peaks_json(const PeakFigures& p) { return peaks_value(p).dump(); }
 
 RunSpec Plan::run_spec() const {
   if (ranks > 1) {

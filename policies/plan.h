@@ -70,4 +70,10 @@ struct Plan {
   void save(const std::string& path) const;  // atomic (temp + rename); format by extension
 };
 
+// PeakFigures as a JSON object, with the names a plan's `predicted` map uses
+// (peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak,
+// category_peaks, host_pinned_bytes; categories without bytes left out): the one writer, for
+// `memfit train --summary-json` too.
+std::string peaks_json(const PeakFigures& p);
+
 }  // namespace memfit

@@ -64,28 +64,23 @@ BudgetDiagnosis diagnose_budget(const RunSpec& spec, const std::string& failure)
   return d;
 }
 
-namespace {
-
-std::string mib_ceil(std::size_t bytes) {
-  return std::to_string((bytes + kMiB - 1) / kMiB) + " MiB";
-}
-
-std::string diagnosis_text(const RunSpec& spec, const BudgetDiagnosis& d) {
-  std::string msg = "budget " + format_bytes(d.budget) + " is too small for " + d.when + " of " +
-                    spec.describe() + " (" + d.failure + ")";
+std::string diagnosis_text(
+    const BudgetDiagnosis& d, const RunSpec& spec, const std::string& budget,
+    const std::function<std::string(const BudgetDiagnosis::Alternative&)>& label) {
+  std::string msg = budget + " is too small for " + d.when + " of " + spec.describe() + " (" +
+                    d.failure + ")";
   if (!d.dry_run_error.empty()) {
     return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
   }
-  msg += "\n  a dry run of this run reserves " + format_bytes(d.need) +
-         " at its peak: a budget of " + mib_ceil(d.need) +
-         " or more, or another policy (dry-run peaks):";
+  msg += "\n  a dry run of this run reserves " + format_bytes(d.need) + " at its peak: a budget of " +
+         std::to_string((d.need + kMiB - 1) / kMiB) +
+         "MiB or more, or another policy (dry-run peaks):";
   for (const BudgetDiagnosis::Alternative& a : d.alternatives) {
-    msg += "\n    " + a.label + ": " + format_bytes(a.need) + (a.fits ? " (fits)" : "");
+    msg += "\n    " + (label ? label(a) : a.label) + ": " + format_bytes(a.need) +
+           (a.fits ? " (fits)" : "");
   }
   return msg;
 }
-
-}  // namespace
 
 // ---- the tracer -----------------------------------------------------------------------------
 
@@ -157,7 +152,7 @@ RunSetup::~RunSetup() {
 void RunSetup::budget_failure(const OutOfMemory& e) const {
   BudgetDiagnosis d = diagnose_budget(spec_, e.what());
   d.when = model_ ? "step one" : "the model and optimizer";
-  std::string msg = diagnosis_text(spec_, d);
+  std::string msg = diagnosis_text(d, spec_, "budget " + format_bytes(d.budget));
   throw BudgetError(std::move(msg), std::move(d));
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,14 @@ struct BudgetDiagnosis {
 // Dry-runs `spec` without its budget and the usual changes to it: checkpoint all, a quarter
 // of the batch per micro-batch, bf16, optimizer offload, all of these.
 BudgetDiagnosis diagnose_budget(const RunSpec& spec, const std::string& failure);
+
+// The diagnosis as a message: "<budget> is too small for <when> of <spec> (<failure>)", what a
+// dry run reserves, then one line per alternative. `budget` names the budget ("budget 64.00
+// MiB"; the CLI says which flag); `label` names each alternative (default: a.label, in
+// policy terms; the CLI gives the flags that make it).
+std::string diagnosis_text(
+    const BudgetDiagnosis& d, const RunSpec& spec, const std::string& budget,
+    const std::function<std::string(const BudgetDiagnosis::Alternative&)>& label = {});
 
 class BudgetError : public InvalidArgument {
  public:
