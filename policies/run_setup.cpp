@@ -67,13 +67,13 @@ BudgetDiagnosis diagnose_budget(const RunSpec& spec, const std::string& failure)
 std::string diagnosis_text(
     const BudgetDiagnosis& d, const RunSpec& spec, const std::string& budget,
     const std::function<std::string(const BudgetDiagnosis::Alternative&)>& label) {
-  std::string msg = budget + " is too small for " + d.when + " of " + spec.describe() + " (" +
-                    d.failure + ")";
+  std::string msg =
+      budget + " is too small for " + d.when + " of " + spec.describe() + " (" + d.failure + ")";
   if (!d.dry_run_error.empty()) {
     return msg + "\n  (the dry run failed too: " + d.dry_run_error + ")";
   }
-  msg += "\n  a dry run of this run reserves " + format_bytes(d.need) + " at its peak: a budget of " +
-         std::to_string((d.need + kMiB - 1) / kMiB) +
+  msg += "\n  a dry run of this run reserves " + format_bytes(d.need) +
+         " at its peak: a budget of " + std::to_string((d.need + kMiB - 1) / kMiB) +
          "MiB or more, or another policy (dry-run peaks):";
   for (const BudgetDiagnosis::Alternative& a : d.alternatives) {
     msg += "\n    " + (label ? label(a) : a.label) + ": " + format_bytes(a.need) +
