@@ -112,6 +112,15 @@ ModelSpec tiny_gpt_spec(std::int64_t layers) {
   return s;
 }
 
+ModelSpec small_gpt(std::int64_t layers) {
+  ModelSpec s = tiny_gpt_spec(layers);
+  s.name = "small-gpt";
+  s.vocab = 512;
+  s.seq_len = 64;
+  s.hidden = 64;
+  return s;
+}
+
 const TextDataset& test_corpus() {
   static const TextDataset d(std::string(MEMFIT_TEST_SOURCE_DIR) + "/data/corpus.txt");
   return d;

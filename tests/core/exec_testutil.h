@@ -56,6 +56,8 @@ struct Batch {
 // A GPT small enough for whole Trainer steps in a test: byte-level (vocab 256, so it reads
 // test_corpus()), T = 32, C = 32, 4 heads, MLP ratio 4, tied head, `layers` blocks.
 ModelSpec tiny_gpt_spec(std::int64_t layers = 2);
+// tiny_gpt_spec at vocab 512, T = 64, C = 64: what the planner and dry-run proofs search over.
+ModelSpec small_gpt(std::int64_t layers);
 // The bundled corpus, data/corpus.txt, loaded once.
 const TextDataset& test_corpus();
 

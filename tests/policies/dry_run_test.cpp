@@ -18,7 +18,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "policies/run_setup.h"
-#include "tests/policies/policies_testutil.h"
+#include "tests/core/exec_testutil.h"  // small_gpt
 
 namespace memfit {
 namespace {

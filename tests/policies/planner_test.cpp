@@ -15,7 +15,7 @@
 #include "memory/host_provider.h"
 #include "policies/dry_run.h"
 #include "policies/run_setup.h"
-#include "tests/policies/policies_testutil.h"
+#include "tests/core/exec_testutil.h"  // small_gpt
 
 namespace memfit {
 namespace {

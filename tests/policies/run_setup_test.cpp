@@ -10,7 +10,7 @@
 
 #include "memory/size.h"
 #include "policies/dry_run.h"
-#include "tests/policies/policies_testutil.h"
+#include "tests/core/exec_testutil.h"  // small_gpt
 
 namespace memfit {
 namespace {
