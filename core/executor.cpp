@@ -139,25 +139,29 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
           // become dlogits and go before any block's backward adds its temporaries.
           phase.enter(RangeKind::kBackward);
           ScopedRange h(RangeKind::kBlock, ids.head);
+          if (hooks.before_stage) hooks.before_stage(0);
           dy = model_.head().backward(ctx_, mb.targets, dloss);
-          if (hooks.after_head_backward) hooks.after_head_backward();
+          if (hooks.after_stage) hooks.after_stage(0);
         }
       } else {
         phase.enter(RangeKind::kBackward);
         ScopedRange block_range(RangeKind::kBlock, ids.blocks[i]);
+        const int stage = n - op.block;  // Model::backward_stages(): 1 + (n - 1 - block)
+        if (hooks.before_stage) hooks.before_stage(stage);
         Act dx = blk.backward(ctx_, dy);
         dy = std::move(dx);
         ++stats_.backwards;
         x[i].reset();  // nothing after this backward reads block i's input or output
         x[i + 1].reset();
-        if (hooks.after_block_backward) hooks.after_block_backward(op.block);
+        if (hooks.after_stage) hooks.after_stage(stage);
       }
     }
     phase.enter(RangeKind::kBackward);
     ScopedRange b(RangeKind::kBlock, ids.embedding);
+    if (hooks.before_stage) hooks.before_stage(n + 1);
     model_.embedding().backward(ctx_, mb.tokens, dy);
     dy.reset();
-    if (hooks.after_embedding_backward) hooks.after_embedding_backward();
+    if (hooks.after_stage) hooks.after_stage(n + 1);
   } catch (...) {
     // An aborted step holds nothing: every slot, the gradient in flight, the losses and every
     // layer's saved state go before the exception does (the parameters were only read).

@@ -13,8 +13,9 @@
 // released before it propagates, so the allocator holds only what it held before the call
 // plus whatever the gradients received (the trainer zeroes them at the next step) — the
 // parameters are never written by run().
-// Hooks let a caller act as soon as a stage's gradients are complete (an offloading optimizer
-// starts copying them while the remaining backwards run); they run on the calling thread.
+// Hooks let a caller act around each stage's backward (an offloading optimizer lends gradient
+// memory before it and starts copying the gradients after it while the remaining backwards
+// run); they run on the calling thread.
 // forward_only() computes the losses without saving anything (evaluation, dry runs of
 // inference). The same code runs on every backend, meta included (the planner's dry run).
 #pragma once
@@ -33,10 +34,14 @@ struct MicroBatch {
   IndexTensor targets;  // (B,T) int32, ids in [0, vocab)
 };
 
+// Around each backward stage, numbered as Model::backward_stages() numbers them (0: the head,
+// 1 + k: block n-1-k, n + 1: the embedding, the last). before_stage(s) runs just before the
+// stage's backward writes its gradients (a gradient-offloading optimizer lends them memory
+// there); after_stage(s) once its backward is queued (its gradients are complete for this
+// micro-batch).
 struct ExecutorHooks {
-  std::function<void(int block)> after_block_backward;  // block i's grads are complete
-  std::function<void()> after_head_backward;
-  std::function<void()> after_embedding_backward;  // the last stage
+  std::function<void(int stage)> before_stage;
+  std::function<void(int stage)> after_stage;
 };
 
 // What the last run() did; counters for tests and reports.

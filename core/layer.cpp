@@ -19,10 +19,10 @@ LayerCost& LayerCost::operator+=(const LayerCost& o) {
   return *this;
 }
 
-void Layer::allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream) {
+void Layer::allocate(const ParamAlloc& a) {
   for (Parameter* p : parameters()) {
     // Tied parameters appear in more than one layer; the first allocation wins.
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, alloc, compute, device, stream);
+    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
   }
 }
 

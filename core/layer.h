@@ -82,8 +82,8 @@ class Layer {
 
   // Parameters this layer owns or uses, in a fixed order (tied ones appear in each user).
   virtual std::vector<Parameter*> parameters() = 0;
-  // Allocates its parameters (allocate_parameter) for the compute dtype. Called once by Model.
-  virtual void allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream);
+  // Allocates its parameters (allocate_parameter) as `a` says. Called once by Model.
+  virtual void allocate(const ParamAlloc& a);
 
   virtual LayerCost cost(std::int64_t seq_len, DType dtype) const = 0;
 

@@ -6,13 +6,34 @@
 #include <vector>
 
 #include "core/layers/transformer_block.h"
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "memory/error.h"
 
 namespace memfit {
 
-Model::Model(const ModelSpec& spec, LayerContext& ctx)
-    : spec_(spec), dtype_(ctx.dtype), device_(ctx.device()) {
+namespace {
+
+// p's initial FP32 values, drawn from rng (GPT-2's scheme, core/parameter.h's ParamInit).
+void fill_init(const Parameter& p, Rng& rng, float* out) {
+  const auto n = static_cast<std::size_t>(p.numel());
+  switch (p.init.kind) {
+    case ParamInit::Kind::kZeros:
+      std::fill(out, out + n, 0.0f);
+      break;
+    case ParamInit::Kind::kOnes:
+      std::fill(out, out + n, 1.0f);
+      break;
+    case ParamInit::Kind::kNormal:
+      for (std::size_t i = 0; i < n; ++i) out[i] = rng.normal() * p.init.std;
+      break;
+  }
+}
+
+}  // namespace
+
+Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
+    : spec_(spec), dtype_(ctx.dtype), device_(ctx.device()), placement_(placement) {
   spec_.validate();
   const int n = static_cast<int>(spec_.layers);
   blocks_.reserve(static_cast<std::size_t>(n));
@@ -29,8 +50,13 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx)
   build(ctx);
 }
 
-Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, LayerContext& ctx)
-    : spec_(spec), dtype_(ctx.dtype), device_(ctx.device()), blocks_(std::move(blocks)) {
+Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, LayerContext& ctx,
+             ParamPlacement placement)
+    : spec_(spec),
+      dtype_(ctx.dtype),
+      device_(ctx.device()),
+      placement_(placement),
+      blocks_(std::move(blocks)) {
   if (blocks_.empty()) {
     throw InvalidArgument("Model: an empty chain of blocks; valid: at least one block");
   }
@@ -60,9 +86,10 @@ void Model::build(LayerContext& ctx) {
   }
   // In parameters() order, so the allocator's layout is the same on every backend. On an
   // exception the members already allocated free their blocks as the Model unwinds.
-  embedding_->allocate(ctx.alloc, dtype_, device_, ctx.stream);
-  for (auto& b : blocks_) b->allocate(ctx.alloc, dtype_, device_, ctx.stream);
-  head_->allocate(ctx.alloc, dtype_, device_, ctx.stream);
+  const ParamAlloc a{ctx.alloc, dtype_, device_, ctx.stream, placement_};
+  embedding_->allocate(a);
+  for (auto& b : blocks_) b->allocate(a);
+  head_->allocate(a);
 }
 
 Layer& Model::block(int i) {
@@ -100,6 +127,18 @@ std::vector<Parameter*> Model::head_parameters() {
 
 std::vector<Parameter*> Model::embedding_parameters() { return embedding_->parameters(); }
 
+std::vector<Model::BackwardStage> Model::backward_stages() {
+  std::vector<BackwardStage> out;
+  out.reserve(static_cast<std::size_t>(num_blocks()) + 2);
+  out.push_back({head_->parameters(), head_parameters()});
+  for (int i = num_blocks() - 1; i >= 0; --i) {
+    std::vector<Parameter*> own = block_parameters(i);
+    out.push_back({own, own});
+  }
+  out.push_back({embedding_parameters(), embedding_parameters()});
+  return out;
+}
+
 std::int64_t Model::parameter_count() {
   std::int64_t n = 0;
   for (Parameter* p : parameters()) n += p->numel();
@@ -111,25 +150,39 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
   const bool meta = be.device() == Device::kMeta;
   Rng rng(seed);
   std::vector<float> host;
+  std::vector<unsigned char> rounded;  // a low-precision weight without a device master
   for (Parameter* p : parameters()) {
-    const Tensor master = p->master_view();
+    const bool on_host = !p->master_on_device() && p->host_master.defined();
+    if (!p->master_on_device() && !on_host && p->weight.view().dtype() != DType::kF32) {
+      throw InvalidArgument("Model::init: parameter '" + p->name + "' (" +
+                            dtype_name(p->weight.view().dtype()) +
+                            ") has no f32 master on the device or the host; valid: build the "
+                            "model with masters, or bind host masters (an offloading optimizer)");
+    }
+    // Where the FP32 values go: the device master, the f32 weight, or a host master.
+    const Tensor master = p->master_on_device() || !on_host ? p->master_view() : p->host_master;
     if (meta) {
       // No host values to copy on a dry run; a fill stands for the upload (no allocation either
       // way, so the allocator sees the same run).
-      be.fill(ctx.stream, master, 0.0f);
+      be.fill(ctx.stream, on_host ? p->weight.view() : master, 0.0f);
+    } else if (on_host) {
+      // Straight into the pinned master; the working weight is its rounding, copied up.
+      float* m = static_cast<float*>(master.raw());
+      fill_init(*p, rng, m);
+      const DType wt = p->weight.view().dtype();
+      const void* src = m;
+      if (wt != DType::kF32) {
+        rounded.resize(static_cast<std::size_t>(p->numel()) * dtype_size(wt));
+        convert(m, DType::kF32, rounded.data(), wt, static_cast<std::size_t>(p->numel()));
+        src = rounded.data();
+      }
+      be.copy(ctx.stream, Tensor(const_cast<void*>(src), p->shape, wt, Device::kCpu),
+              p->weight.view());
+      be.synchronize(ctx.stream);  // `rounded` is reused for the next parameter
+      continue;
     } else {
       host.resize(static_cast<std::size_t>(p->numel()));
-      switch (p->init.kind) {
-        case ParamInit::Kind::kZeros:
-          std::fill(host.begin(), host.end(), 0.0f);
-          break;
-        case ParamInit::Kind::kOnes:
-          std::fill(host.begin(), host.end(), 1.0f);
-          break;
-        case ParamInit::Kind::kNormal:
-          for (float& v : host) v = rng.normal() * p->init.std;
-          break;
-      }
+      fill_init(*p, rng, host.data());
       const Tensor src(host.data(), p->shape, DType::kF32, Device::kCpu);
       be.copy(ctx.stream, src, master);
       // The host buffer is reused for the next parameter: the copy must have read it.
@@ -140,7 +193,9 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
 }
 
 void Model::zero_grad(LayerContext& ctx) {
-  for (Parameter* p : parameters()) ctx.backend.fill(ctx.stream, p->grad.view(), 0.0f);
+  for (Parameter* p : parameters()) {
+    if (p->grad_on_device()) ctx.backend.fill(ctx.stream, p->grad.view(), 0.0f);
+  }
 }
 
 void Model::release_saved() noexcept {

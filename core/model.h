@@ -12,10 +12,15 @@
 //
 // Parameters are allocated when the model is built, in the compute dtype ctx.dtype (with FP32
 // masters when that is not f32, and FP32 gradients; core/parameter.h), on ctx's device and
-// allocator, in parameters() order: embedding, blocks in order, head. init() fills them from a
-// seeded Rng (core/rng.h) in that order, generating FP32 values on the host and copying them
-// to the masters (the rounded working copies follow), so the same seed gives the same model on
-// any backend and in any compute dtype. On the meta backend init() only issues the copies.
+// allocator, in parameters() order: embedding, blocks in order, head; `placement` leaves the
+// masters or the gradients off the device (an offloading trainer's model). init() fills them
+// from a seeded Rng (core/rng.h) in that order, generating FP32 values on the host and copying
+// them to the masters (the device's, or the host ones an offloading optimizer bound as
+// Parameter::host_master; the rounded working copies follow), so the same seed gives the same
+// model on any backend, in any compute dtype and with any placement. On the meta backend init()
+// only issues the copies.
+// backward_stages(): the backward in the executor's order (head, blocks n-1..0, embedding),
+// each stage with the parameters it adds gradients to and those final after it.
 // Not thread-safe.
 #pragma once
 
@@ -33,16 +38,18 @@ namespace memfit {
 class Model {
  public:
   // kind gpt: TransformerBlock x layers; kind mlp: MLPBlock x layers. Blocks are named "h.<i>".
-  Model(const ModelSpec& spec, LayerContext& ctx);
+  Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement = {});
   // A user's chain; spec.kind and spec.heads/layers/mlp_ratio are ignored (layers is set to
   // blocks.size()). InvalidArgument for an empty chain or a null block.
-  Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, LayerContext& ctx);
+  Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, LayerContext& ctx,
+        ParamPlacement placement = {});
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
   const ModelSpec& spec() const { return spec_; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
+  const ParamPlacement& placement() const { return placement_; }
 
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
   Layer& block(int i);  // 0 <= i < num_blocks()
@@ -59,8 +66,16 @@ class Model {
   std::vector<Parameter*> embedding_parameters();
   std::int64_t parameter_count();
 
+  struct BackwardStage {
+    std::vector<Parameter*> writes;  // gradients its backward adds to (a tied wte in two stages)
+    std::vector<Parameter*> final;   // gradients complete after it: each parameter in one stage
+  };
+  // Stage 0 is the head, stage 1 + k block n-1-k, stage n + 1 the embedding: the order the
+  // executor runs them in every micro-batch (ExecutorHooks::before_stage/after_stage).
+  std::vector<BackwardStage> backward_stages();
+
   void init(std::uint64_t seed, LayerContext& ctx);
-  void zero_grad(LayerContext& ctx);  // every grad := 0
+  void zero_grad(LayerContext& ctx);  // every grad on the device := 0
   // Drops every layer's saved state (an aborted step). Never throws.
   void release_saved() noexcept;
   bool any_saved() const;
@@ -75,6 +90,7 @@ class Model {
   ModelSpec spec_;
   DType dtype_;
   Device device_;
+  ParamPlacement placement_;
   std::unique_ptr<TokenEmbedding> embedding_;
   std::vector<std::unique_ptr<Layer>> blocks_;
   std::unique_ptr<LmHead> head_;

@@ -13,6 +13,9 @@
 // - grads_ready(ctx, params): the step's gradients of `params` are final (called from
 //   executor hooks during the last micro-batch's backward). An implementation may start
 //   moving them. Optional: step() must work without it.
+// - before_stage/after_stage(ctx, stage, m, count): every micro-batch's backward stages
+//   (gradient offload needs them all; grads_ready is the last micro-batch's after_stage seen
+//   per parameter).
 // - step(ctx, grad_scale): one update of every parameter with gradients multiplied by
 //   grad_scale (1 / loss scale; the accumulation weighting is already in the loss's gradient),
 //   then the working weights (Parameter::weight) hold the new values rounded to the compute
@@ -49,6 +52,15 @@ class Optimizer {
   virtual void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
     (void)ctx;
     (void)params;
+  }
+  // Around stage `stage` of Model::backward_stages() in every micro-batch (`micro_batch` of
+  // `count`): an optimizer that keeps the gradients off the device lends Parameter::grad its
+  // memory before the stage and takes the gradients after it. No-ops by default.
+  virtual void before_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
+    (void)ctx, (void)stage, (void)micro_batch, (void)count;
+  }
+  virtual void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
+    (void)ctx, (void)stage, (void)micro_batch, (void)count;
   }
   virtual void step(LayerContext& ctx, double grad_scale) = 0;
   virtual void skip(LayerContext& ctx) = 0;

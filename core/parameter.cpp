@@ -21,22 +21,25 @@ Tensor Parameter::master_view() const {
   return weight.view();
 }
 
-void allocate_parameter(Parameter& p, CachingAllocator& alloc, DType compute, Device device,
-                        StreamId stream) {
+void allocate_parameter(Parameter& p, const ParamAlloc& a) {
   if (p.name.empty()) {
     throw InvalidArgument("allocate_parameter: the parameter of shape " + p.shape.str() +
                           " has an empty name; every parameter needs a unique name");
   }
-  p.weight =
-      OwnedTensor::empty(alloc, p.shape, compute, device, Category::kParameter, stream, p.name);
-  if (compute != DType::kF32) {
-    p.master = OwnedTensor::empty(alloc, p.shape, DType::kF32, device, Category::kOptimizerState,
-                                  stream, p.name);
+  p.weight = OwnedTensor::empty(a.alloc, p.shape, a.compute, a.device, Category::kParameter,
+                                a.stream, p.name);
+  if (a.compute != DType::kF32 && a.placement.master) {
+    p.master = OwnedTensor::empty(a.alloc, p.shape, DType::kF32, a.device,
+                                  Category::kOptimizerState, a.stream, p.name);
   } else {
     p.master.reset();
   }
-  p.grad =
-      OwnedTensor::empty(alloc, p.shape, DType::kF32, device, Category::kGradient, stream, p.name);
+  if (a.placement.grad) {
+    p.grad = OwnedTensor::empty(a.alloc, p.shape, DType::kF32, a.device, Category::kGradient,
+                                a.stream, p.name);
+  } else {
+    p.grad.reset();
+  }
 }
 
 }  // namespace memfit

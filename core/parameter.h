@@ -14,7 +14,13 @@
 //   f32; with f32 compute the weight is its own master. An offloading optimizer moves the master
 //   to pinned host memory and resets this one (master_on_device() turns false).
 // - grad: FP32, Category::kGradient, accumulated over micro-batches; zeroed by the trainer at
-//   the start of each step (Model::zero_grad).
+//   the start of each step (Model::zero_grad). Under gradient offload it is not allocated: the
+//   offloading optimizer lends it a slice of a device bucket for the backward of the stage that
+//   writes it (OwnedTensor::borrow) and takes it back after copying it to the host.
+// - host_master: a view of the FP32 master in an offloading optimizer's pinned host memory,
+//   bound by that optimizer (Model::init writes a fresh model's values there directly).
+// ParamPlacement says which of master and grad the model allocates on the device: an offloading
+// trainer builds its model without them, so they are never on the device, not even at setup.
 // A Parameter never moves once made (layers and optimizers hold pointers to it); the model
 // owns it. Tied parameters (GPT-2's head and token embedding) are one Parameter used twice.
 #pragma once
@@ -44,10 +50,12 @@ struct Parameter {
   ParamInit init;
   OwnedTensor weight;  // compute dtype, kParameter
   OwnedTensor master;  // f32, kOptimizerState; empty when weight is f32 or after offload
-  OwnedTensor grad;    // f32, kGradient
+  OwnedTensor grad;    // f32, kGradient; lent for one stage's backward under gradient offload
+  Tensor host_master;  // f32 on the host, when an offloading optimizer holds the master
 
   std::int64_t numel() const { return shape.numel(); }
   bool master_on_device() const { return master.view().raw() != nullptr; }
+  bool grad_on_device() const { return grad.view().raw() != nullptr; }
   // The FP32 values an on-device optimizer updates: master when present, else weight (f32).
   // MEMFIT_CHECKs that one of them is f32 on the device.
   Tensor master_view() const;
@@ -55,9 +63,25 @@ struct Parameter {
 
 class CachingAllocator;
 
-// Allocates p.weight (compute dtype), p.master (f32, only when compute != f32) and p.grad (f32)
-// for p.shape on `device`, tagged p.name, uninitialized. InvalidArgument for an empty name.
-void allocate_parameter(Parameter& p, CachingAllocator& alloc, DType compute, Device device,
-                        StreamId stream = kDefaultStream);
+// What of each parameter the model allocates on the device besides its working weight.
+struct ParamPlacement {
+  bool master = true;  // the f32 master (compute dtype != f32 only); false: optimizer offload
+  bool grad = true;    // the f32 gradient; false: gradient offload (lent per stage)
+  bool operator==(const ParamPlacement&) const = default;
+};
+
+// Where and how a layer allocates its parameters (Layer::allocate).
+struct ParamAlloc {
+  CachingAllocator& alloc;
+  DType compute = DType::kF32;
+  Device device = Device::kCpu;
+  StreamId stream = kDefaultStream;
+  ParamPlacement placement;
+};
+
+// Allocates p.weight (compute dtype), p.master (f32, only when compute != f32 and
+// placement.master) and p.grad (f32, when placement.grad) for p.shape, tagged p.name,
+// uninitialized. InvalidArgument for an empty name.
+void allocate_parameter(Parameter& p, const ParamAlloc& a);
 
 }  // namespace memfit

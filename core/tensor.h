@@ -117,6 +117,13 @@ class OwnedTensor {
   static OwnedTensor empty(CachingAllocator& alloc, Shape shape, DType dtype, Device device,
                            Category category, StreamId stream = kDefaultStream,
                            std::string_view tag = {});
+  // A view of memory someone else owns and keeps alive while this is in use (a slice of an
+  // offload bucket lent to a parameter's gradient); reset() gives it back, freeing nothing.
+  static OwnedTensor borrow(const Tensor& view) {
+    OwnedTensor t;
+    t.view_ = view;
+    return t;
+  }
   const Tensor& view() const { return view_; }
   operator const Tensor&() const { return view_; }  // NOLINT: a view is what callers want
   Block& block() { return block_; }

@@ -5,9 +5,11 @@
 //
 // f16 weights and activations (so the dynamic loss scaler is on), a batch of 8 split into 3
 // micro-batches (3 + 3 + 2: the loss gradient scale / (B*T) weights the uneven one by its
-// rows), every second block checkpointed, and AdamW offloaded to the CPU: each block's
-// gradients start their copy to the host as soon as that block's backward of the last
-// micro-batch is done, while the remaining backwards run.
+// rows), every second block checkpointed, and AdamW and the gradients offloaded to the CPU:
+// the model is built without device masters or gradients (ParamPlacement), each backward
+// stage borrows its gradients' memory from a ring of two device buckets and sends them to the
+// host as soon as it is done, while the remaining backwards run; the host holds the sum over
+// the micro-batches, checks it for inf/NaN and runs AdamW on it.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -69,24 +71,26 @@ int main(int argc, char** argv) {
   spec.layers = 4;
   spec.hidden = 128;
   spec.seq_len = kSeqLen;
-  Model model(spec, ctx);
-  model.init(/*seed=*/1, ctx);
+  Model model(spec, ctx, ParamPlacement{.master = false, .grad = false});
 
   PinnedHostProvider pinned;
   OffloadOptions oo;
   oo.adamw.lr = 2e-3;
-  OffloadOptimizer opt(model.parameters(), oo, ctx, pinned);  // masters move to the host
+  oo.gradients = true;  // two device buckets (oo.grad_buckets)
+  oo.stages = model.backward_stages();
+  OffloadOptimizer opt(model.parameters(), oo, ctx, pinned);  // binds host masters...
+  model.init(/*seed=*/1, ctx);                                // ...which init fills
   LossScaler scaler;                                          // 65536, x2 / 2000 clean steps
   const Schedule schedule = Schedule::every(model.num_blocks(), 2);
   Executor ex(model, ctx);
 
-  // What the hooks hand to the optimizer: each stage's parameters, final in the last pass.
-  std::vector<std::vector<Parameter*>> block_params;
-  for (int i = 0; i < model.num_blocks(); ++i) block_params.push_back(model.block_parameters(i));
-  ExecutorHooks last;
-  last.after_block_backward = [&](int i) { opt.grads_ready(ctx, block_params[i]); };
-  last.after_head_backward = [&] { opt.grads_ready(ctx, model.head_parameters()); };
-  last.after_embedding_backward = [&] { opt.grads_ready(ctx, model.embedding_parameters()); };
+  // Every micro-batch's backward stages go through the optimizer: it lends each stage its
+  // gradient memory and takes the gradients to the host after it.
+  const int count = static_cast<int>(split_batch(kBatch, kAccum).size());
+  int m_now = 0;
+  ExecutorHooks hooks;
+  hooks.before_stage = [&](int s) { opt.before_stage(ctx, s, m_now, count); };
+  hooks.after_stage = [&](int s) { opt.after_stage(ctx, s, m_now, count); };
 
   const TextDataset data(path);
   Rng rng(2);
@@ -95,17 +99,16 @@ int main(int argc, char** argv) {
     const Batch b = data.sample(kBatch, kSeqLen, rng);
     const double scale = scaler.scale();
     const auto dloss = static_cast<float>(scale / double(kBatch * kSeqLen));
-    model.zero_grad(ctx);
     double loss = 0;
     std::int64_t row0 = 0;
     for (std::size_t m = 0; m < micro.size(); ++m) {
       DeviceRows d = upload(ctx, b, row0, micro[m]);
-      const Act losses =
-          ex.run(schedule, d.mb, dloss, m + 1 == micro.size() ? last : ExecutorHooks{});
+      m_now = static_cast<int>(m);  // the first micro-batch starts the gradients at zero
+      const Act losses = ex.run(schedule, d.mb, dloss, hooks);
       loss += sum_losses(ctx, *losses);
       row0 += micro[m];
     }
-    const bool overflow = grads_nonfinite(ctx, model.parameters());
+    const bool overflow = opt.grads_nonfinite(ctx);  // on the host's gradients
     const bool skip = scaler.update(overflow);
     if (skip) {
       opt.skip(ctx);
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
         t.wait_grads_s * 1e3);
   }
   std::printf(
-      "peak allocated %s; pinned host %s (masters and moments)\n",
+      "peak allocated %s; pinned host %s (masters, moments, gradients)\n",
       format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak))
           .c_str(),
       format_bytes(opt.host_bytes()).c_str());

@@ -217,7 +217,7 @@ int train(RuntimeEnv& env, const Args& args) {
   int status = 1;
   {
     Net net;
-    for (Layer* l : net.layers()) l->allocate(alloc, ctx.dtype, be.device(), ctx.stream);
+    for (Layer* l : net.layers()) l->allocate({alloc, ctx.dtype, be.device(), ctx.stream});
     const std::vector<Parameter*> params = net.parameters();
     init_params(ctx, params, /*seed=*/1);
     AdamWOptions opts;

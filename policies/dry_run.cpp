@@ -93,7 +93,7 @@ DryRunResult dry_run(const RunSpec& run) {
   DryRunResult r;
   bool in_step = false;
   try {
-    Model model(run.model, ctx);
+    Model model(run.model, ctx, Trainer::placement(run.trainer.policy));
     Trainer trainer(model, ctx, run.trainer, &host);
     r.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
     r.host_pinned = trainer.host_bytes();

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <string>
@@ -21,6 +22,7 @@
 #include <utility>
 
 #include "core/cpu/adamw.h"
+#include "policies/offload_grad_ring.h"
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -94,6 +96,7 @@ struct OffloadOptimizer::Impl {
   std::int64_t steps = 0;
   std::vector<EventHandle> grad_events;  // D2H batches of this step
   std::vector<EventHandle> pending_h2d;  // weight copy-backs not yet known complete
+  std::unique_ptr<GradRing> ring;        // gradient offload
   std::future<double> update;            // delayed update in flight: its AdamW seconds
   bool update_unlanded = false;          // a delayed update's weights are not copied back yet
   Timing timing;
@@ -108,6 +111,8 @@ struct OffloadOptimizer::Impl {
       } catch (...) {  // a destructor reports nothing; the copies are over either way
       }
     }
+    ring.reset();  // its copies are over
+    for (Slot& s : slots) s.p->host_master = Tensor();
     if (slab != nullptr) host->deallocate(slab, slab_bytes);
   }
 
@@ -146,12 +151,16 @@ struct OffloadOptimizer::Impl {
     copy_grads(ctx, rest);
   }
 
-  void wait_grads() {
+  // The host holds every gradient copy queued so far.
+  void sync_grads() {
     for (EventHandle e : grad_events) {
       be->synchronize_event(e);
       be->release_event(e);
     }
     grad_events.clear();
+  }
+  void wait_grads() {
+    sync_grads();
     for (Slot& s : slots) s.copied = false;
   }
 
@@ -163,6 +172,7 @@ struct OffloadOptimizer::Impl {
       grad_events.clear();
     }
     for (Slot& s : slots) s.copied = false;
+    if (ring) ring->reset(ctx);
   }
 
   // H2D copies of the updated weights; the compute stream waits for them, and so does the host
@@ -243,15 +253,20 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     const Tensor& w = p->weight.view();
     const Tensor& g = p->grad.view();
     const std::int64_t n = p->numel();
-    if (w.numel() != n || g.numel() != n || (n > 0 && (w.raw() == nullptr || g.raw() == nullptr))) {
-      bad("parameter '" + p->name + "' " + p->shape.str() +
-          " has no weight or gradient of that size; valid: allocate_parameter() first");
+    // Under gradient offload a parameter needs no device gradient (any it has is released).
+    const bool grad_needed = !options.gradients;
+    if (w.numel() != n || (n > 0 && w.raw() == nullptr) ||
+        (grad_needed && (g.numel() != n || (n > 0 && g.raw() == nullptr)))) {
+      bad("parameter '" + p->name + "' " + p->shape.str() + " has no weight" +
+          (grad_needed ? " or gradient" : "") + " of that size; valid: allocate_parameter() first");
     }
-    if (w.device() != ctx.device() || g.device() != ctx.device()) {
+    if (w.device() != ctx.device() || (p->grad_on_device() && g.device() != ctx.device())) {
       bad("parameter '" + p->name + "' lives on " + device_name(w.device()) + "; valid: on " +
           device_name(ctx.device()) + ", the context's device");
     }
-    if (g.dtype() != DType::kF32) bad("parameter '" + p->name + "': gradient must be f32");
+    if (p->grad_on_device() && g.dtype() != DType::kF32) {
+      bad("parameter '" + p->name + "': gradient must be f32");
+    }
     if (p->master_on_device() &&
         (p->master.view().dtype() != DType::kF32 || p->master.view().numel() != n)) {
       bad("parameter '" + p->name + "': master must be f32 of the weight's size");
@@ -298,6 +313,10 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     m.stage = base + 4 * f32_region;
     if (!m.dry) std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and grads)
   }
+  if (options.gradients && options.stages.empty()) {
+    bad("gradient offload needs the model's backward stages (OffloadOptions::stages = "
+        "model.backward_stages())");
+  }
   m.be = &ctx.backend;
   m.copy = ctx.backend.create_stream();
 
@@ -319,6 +338,17 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
       convert(m.host_weights(s).raw(), s.dtype, m.master + s.offset, DType::kF32, s.n);
     }
     s.p->master.reset();
+    s.p->host_master = m.host_f32(m.master, s);  // Model::init writes fresh values here
+  }
+  if (options.gradients) {
+    std::vector<GradRing::Home> homes;
+    homes.reserve(m.slots.size());
+    for (Impl::Slot& s : m.slots) {
+      s.p->grad.reset();  // the host's gradient region replaces it
+      homes.push_back({s.p, m.grad + s.offset});
+    }
+    m.ring = std::make_unique<GradRing>(ctx, m.copy, std::move(homes), options.stages,
+                                        options.grad_buckets);
   }
 }
 
@@ -326,6 +356,7 @@ OffloadOptimizer::~OffloadOptimizer() = default;
 
 void OffloadOptimizer::grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
   Impl& m = *impl_;
+  if (m.ring) return;  // after_stage() of the last micro-batch sent them already
   std::vector<std::size_t> which;
   which.reserve(params.size());
   for (const Parameter* p : params) {
@@ -340,12 +371,62 @@ void OffloadOptimizer::grads_ready(LayerContext& ctx, const std::vector<Paramete
   m.copy_grads(ctx, which);
 }
 
+void OffloadOptimizer::before_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
+  Impl& m = *impl_;
+  if (!m.ring) return;
+  (void)count;
+  // The step's first copy into the gradient region: a delayed update may still read it.
+  if (stage == 0 && micro_batch == 0) m.finish_update();
+  m.ring->before_stage(ctx, stage, micro_batch == 0);
+}
+
+void OffloadOptimizer::after_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
+  Impl& m = *impl_;
+  if (!m.ring) return;
+  const std::vector<std::size_t>& sent = m.ring->after_stage(ctx, stage);
+  if (micro_batch + 1 == count) {
+    for (std::size_t i : sent) m.slots[i].copied = true;  // GradRing's homes are the slots
+    m.grad_events.push_back(m.be->record_event(m.copy));
+  }
+}
+
+bool OffloadOptimizer::grads_nonfinite(LayerContext& ctx) {
+  Impl& m = *impl_;
+  (void)ctx;
+  if (!m.ring) {
+    bad("grads_nonfinite: the gradients are on the device (no gradient offload); use "
+        "grads_nonfinite(ctx, params) from policies/loss_scaler.h");
+  }
+  m.sync_grads();
+  if (m.dry) return false;
+  const float* g = m.grad;
+  const auto n = static_cast<std::int64_t>(m.total);
+  std::int64_t bad_count = 0;
+#pragma omp parallel for reduction(+ : bad_count) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) bad_count += std::isfinite(g[i]) ? 0 : 1;
+  return bad_count != 0;
+}
+
+std::size_t OffloadOptimizer::grad_device_bytes() const {
+  return impl_->ring ? impl_->ring->device_bytes() : 0;
+}
+
 void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   Impl& m = *impl_;
   const AdamWConstants k = adamw_constants(m.options.adamw, m.steps + 1, grad_scale);
   m.timing = Timing{};
   m.land_update(ctx);
-  m.copy_remaining_grads(ctx);
+  if (m.ring) {
+    for (const Impl::Slot& s : m.slots) {
+      if (!s.copied) {
+        bad("step(): the gradient of '" + s.p->name + "' never left the device: gradient "
+            "offload needs before_stage()/after_stage() around every stage of the last "
+            "micro-batch");
+      }
+    }
+  } else {
+    m.copy_remaining_grads(ctx);
+  }
   const auto t0 = Clock::now();
   {
     const ScopedRange r(RangeKind::kOffload, range_ids().wait_grads);

@@ -29,6 +29,13 @@
 // Parameters' weight and grad (their masters are released at construction). A parameter
 // listed twice is an InvalidArgument. State names: master/<name>, exp_avg/<name>,
 // exp_avg_sq/<name> (DeviceAdamW names an f32 model's master weight/<name>).
+// Gradient offload (OffloadOptions::gradients): the gradient region of the slab becomes the
+// gradients themselves, summed over the step's micro-batches exactly as the device would
+// (GradRing), so the step waits only for the last stages' copies; the loss scaler's inf/NaN
+// check reads them there (grads_nonfinite()). Bit-identical to resident gradients.
+// Host masters: the constructor binds each Parameter::host_master to its slab slice, so
+// Model::init() writes a fresh model's FP32 values there directly (no device master needed,
+// ever); the destructor unbinds them.
 // Dry runs: over a host provider of MemoryKind::kNone (NullProvider) the slab is an address
 // range only, so the optimizer makes the same allocations, copies and events on the (meta)
 // backend but never reads or writes host memory: no moment zeroing, no widening of masters, no
@@ -39,6 +46,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/model.h"
 #include "core/optimizer.h"
 #include "memory/provider.h"
 
@@ -48,6 +56,16 @@ struct OffloadOptions {
   AdamWOptions adamw;
   bool delayed_update = false;
   int threads = 0;  // CPU AdamW threads; 0 = OpenMP's default
+  // Gradient offload (policies/offload_grad_ring.h): the gradients live in the host slab's
+  // gradient region, streamed out stage by stage through `grad_buckets` device buckets
+  // (1: no refill ahead; 2, the default: each stage's copies overlap the next stage's
+  // backward). `stages` is the model's backward_stages(); the trainer calls before_stage() and
+  // after_stage() around each stage in every micro-batch. Device gradients the parameters
+  // still have are released (build the model with ParamPlacement{.grad = false} to never make
+  // them).
+  bool gradients = false;
+  int grad_buckets = 2;
+  std::vector<Model::BackwardStage> stages;
 };
 
 class OffloadOptimizer final : public Optimizer {
@@ -61,6 +79,14 @@ class OffloadOptimizer final : public Optimizer {
 
   const char* name() const override { return "offload-adamw"; }
   void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) override;
+  void before_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
+  void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
+  // Gradient offload: waits for the gradients' copies and checks them on the host (false in a
+  // dry run). Without gradient offload: InvalidArgument (the device's check, grads_nonfinite in
+  // policies/loss_scaler.h, applies).
+  bool grads_nonfinite(LayerContext& ctx);
+  // Device bytes of the gradient ring (0 without gradient offload).
+  std::size_t grad_device_bytes() const;
   void step(LayerContext& ctx, double grad_scale) override;
   void skip(LayerContext& ctx) override;
   // Waits for a delayed update in flight and copies its weights back (before a save, or at

@@ -111,7 +111,41 @@ bool Checkpointing::operator==(const Checkpointing& o) const {
 
 std::string OffloadSwitches::describe() const {
   if (!any()) return "off";
-  return delayed_update ? "optimizer (delayed update)" : "optimizer";
+  std::string s;
+  if (optimizer) s = "optimizer";
+  if (gradients) s += s.empty() ? "gradients" : ",gradients";
+  if (delayed_update) s += " (delayed update)";
+  return s;
+}
+
+OffloadSwitches OffloadSwitches::parse(std::string_view text) {
+  constexpr const char* kValid = "optimizer, gradients, all, off (a comma-separated list)";
+  OffloadSwitches o;
+  bool off = false;
+  std::size_t pos = 0;
+  do {
+    const std::size_t comma = text.find(',', pos);
+    const std::string_view word =
+        text.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    if (word == "optimizer") {
+      o.optimizer = true;
+    } else if (word == "gradients") {
+      o.gradients = o.optimizer = true;
+    } else if (word == "all") {
+      o.gradients = o.optimizer = true;
+    } else if (word == "off" || word == "none") {
+      off = true;
+    } else {
+      throw InvalidArgument("offload '" + std::string(text) + "': unknown switch '" +
+                            std::string(word) + "'; valid: " + kValid);
+    }
+    pos = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
+  } while (pos <= text.size());
+  if (off && o.any()) {
+    throw InvalidArgument("offload '" + std::string(text) +
+                          "': 'off' with other switches; valid: " + kValid);
+  }
+  return o;
 }
 
 void MemoryPolicy::validate() const {
@@ -131,6 +165,11 @@ void MemoryPolicy::validate() const {
   if (offload.delayed_update && !offload.optimizer) {
     throw InvalidArgument(
         "delayed update (ZeRO-Offload's delayed parameter update) needs the optimizer offloaded");
+  }
+  if (offload.gradients && !offload.optimizer) {
+    throw InvalidArgument(
+        "gradient offload needs the optimizer offloaded (the CPU AdamW reads the gradients on "
+        "the host)");
   }
 }
 

@@ -17,8 +17,9 @@
 // it has no schedule); or an explicit op list (a solved optimal schedule keeps the name
 // "optimal"; one a user wrote is named "ops"). Its text forms, for flags and plan files:
 // name() ("none", "every:2", "optimal", "ops") and, for explicit schedules, ops_text()
-// (Schedule::str()). Offload is a set of independent switches (today the optimizer's FP32
-// masters and Adam moments; gradients, weights and activations come next), each one a field.
+// (Schedule::str()). Offload is a set of switches, each one a field: the optimizer's FP32
+// masters and Adam moments, and on top of it the FP32 gradients (weights and checkpointed
+// activations come next).
 #pragma once
 
 #include <cstdint>
@@ -78,10 +79,18 @@ class Checkpointing {
 // device.
 struct OffloadSwitches {
   bool optimizer = false;       // FP32 masters + Adam moments on the host, CPU AdamW
+  bool gradients = false;       // FP32 gradients on the host, streamed out stage by stage
+                                // through a ring of device buckets; needs optimizer
   bool delayed_update = false;  // the optimizer's: ZeRO-Offload's one-step delayed update (DPU;
                                 // changes the math); needs optimizer
-  bool any() const { return optimizer; }
-  std::string describe() const;  // "optimizer", "optimizer (delayed update)", "off"
+  bool any() const { return optimizer || gradients; }
+  // "off" | "optimizer" | "optimizer,gradients" ...: the switches on, in this order;
+  // ", delayed update" follows when on.
+  std::string describe() const;
+  // A comma-separated list of switches: optimizer, gradients, all (every switch above but the
+  // delayed update), off (or none). Gradients without optimizer turn the optimizer on (they
+  // need it). InvalidArgument names the bad word and the valid ones.
+  static OffloadSwitches parse(std::string_view text);
   bool operator==(const OffloadSwitches&) const = default;
 };
 
@@ -93,7 +102,7 @@ struct MemoryPolicy {
   std::int64_t accum = 0;        // or: this many micro-batches (split_batch); 0: unused
 
   // InvalidArgument: a negative micro-batch or accumulation count, both given, delayed update
-  // without optimizer offload.
+  // or gradient offload without optimizer offload.
   void validate() const;
   // The micro-batch sizes of one step of `batch` samples (policies/accumulation.h's splits).
   std::vector<std::int64_t> micro_batches(std::int64_t batch) const;

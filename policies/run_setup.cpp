@@ -131,7 +131,7 @@ RunSetup::RunSetup(const RunSpec& spec, RunSetupOptions options) : spec_(spec) {
   ctx_ = std::make_unique<LayerContext>(
       LayerContext{*env_.backend, *env_.alloc, kDefaultStream, p.dtype});
   try {
-    model_ = std::make_unique<Model>(spec_.model, *ctx_);
+    model_ = std::make_unique<Model>(spec_.model, *ctx_, Trainer::placement(spec_.trainer.policy));
     trainer_ = std::make_unique<Trainer>(*model_, *ctx_, spec_.trainer);
   } catch (const OutOfMemory& e) {
     trainer_.reset();

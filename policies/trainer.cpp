@@ -69,6 +69,7 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
   j["micro_batch"] = o.policy.micro_batch;
   j["accum"] = o.policy.accum;
   j["offload"] = o.policy.offload.optimizer;
+  j["offload_gradients"] = o.policy.offload.gradients;
   j["delayed_update"] = o.policy.offload.delayed_update;
   j["adamw"] = {{"lr", o.adamw.lr},
                 {"beta1", o.adamw.beta1},
@@ -108,22 +109,32 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
                           " differs from the context's " + dtype_name(ctx_.dtype) +
                           "; valid: the dtype the model was built with");
   }
-  if (options_.init_model) model_.init(options_.seed, ctx_);
-  if (options_.policy.offload.optimizer) {
+  // The optimizer first: an offloading one binds host masters that init() then fills.
+  const OffloadSwitches& off = options_.policy.offload;
+  if (off.optimizer) {
     if (host == nullptr) {
       offload_ = std::make_unique<Offload>(ctx_.device());
       host = &offload_->pinned;
     }
     OffloadOptions o;
     o.adamw = options_.adamw;
-    o.delayed_update = options_.policy.offload.delayed_update;
-    optimizer_ = std::make_unique<OffloadOptimizer>(model_.parameters(), o, ctx_, *host);
-    // The device masters just went to the host; hand their segments back so the reserved
-    // bytes (what a budget limits) show the saving.
-    ctx_.alloc.empty_cache();
+    o.delayed_update = off.delayed_update;
+    o.gradients = off.gradients;
+    if (off.gradients) o.stages = model_.backward_stages();
+    auto opt = std::make_unique<OffloadOptimizer>(model_.parameters(), std::move(o), ctx_, *host);
+    offload_opt_ = opt.get();
+    optimizer_ = std::move(opt);
+    // A model built with device masters or gradients (not placement(policy)) just lost them;
+    // hand their segments back so the reserved bytes (what a budget limits) show the saving.
+    if (model_.placement() != placement(options_.policy)) ctx_.alloc.empty_cache();
   } else {
     optimizer_ = std::make_unique<DeviceAdamW>(model_.parameters(), options_.adamw, ctx_);
   }
+  if (options_.init_model) model_.init(options_.seed, ctx_);
+}
+
+ParamPlacement Trainer::placement(const MemoryPolicy& policy) {
+  return ParamPlacement{.master = !policy.offload.optimizer, .grad = !policy.offload.gradients};
 }
 
 Trainer::~Trainer() {
@@ -194,10 +205,8 @@ StepResult Trainer::step(const Batch& batch) {
   const auto dloss = static_cast<float>(scale / static_cast<double>(rows));
 
   const std::vector<Parameter*> params = model_.parameters();
-  std::vector<std::vector<Parameter*>> block_params(static_cast<std::size_t>(model_.num_blocks()));
-  for (int i = 0; i < model_.num_blocks(); ++i) block_params[i] = model_.block_parameters(i);
-  const std::vector<Parameter*> head_params = model_.head_parameters();
-  const std::vector<Parameter*> emb_params = model_.embedding_parameters();
+  const std::vector<Model::BackwardStage> stages = model_.backward_stages();
+  const int count = static_cast<int>(sizes.size());
 
   ctx_.alloc.reset_peak_stats();
   Executor ex(model_, ctx_);
@@ -210,22 +219,17 @@ StepResult Trainer::step(const Batch& batch) {
     for (std::size_t m = 0; m < sizes.size(); ++m) {
       const ScopedRange mb_range(RangeKind::kMicroBatch, micro_batch_name(m));
       DeviceBatch d = upload(ctx_, batch, row0, sizes[m]);
+      const int mi = static_cast<int>(m);
       ExecutorHooks hooks;
-      if (m + 1 == sizes.size()) {
+      hooks.before_stage = [&](int s) {
+        reported = true;
+        optimizer_->before_stage(ctx_, s, mi, count);
+      };
+      hooks.after_stage = [&](int s) {
+        optimizer_->after_stage(ctx_, s, mi, count);
         // The last micro-batch: each stage's gradients are final once its backward ran.
-        hooks.after_block_backward = [&](int i) {
-          reported = true;
-          optimizer_->grads_ready(ctx_, block_params[static_cast<std::size_t>(i)]);
-        };
-        hooks.after_head_backward = [&] {
-          reported = true;
-          optimizer_->grads_ready(ctx_, head_params);
-        };
-        hooks.after_embedding_backward = [&] {
-          reported = true;
-          optimizer_->grads_ready(ctx_, emb_params);
-        };
-      }
+        if (mi + 1 == count) optimizer_->grads_ready(ctx_, stages[static_cast<std::size_t>(s)].final);
+      };
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
       loss_sum += sum_losses(ctx_, *losses);
       row0 += sizes[m];
@@ -235,7 +239,10 @@ StepResult Trainer::step(const Batch& batch) {
         m = sizes.size() - 2;
       }
     }
-    if (scaler_.enabled()) found_inf = grads_nonfinite(ctx_, params);
+    if (scaler_.enabled()) {
+      found_inf = options_.policy.offload.gradients ? offload_opt_->grads_nonfinite(ctx_)
+                                                    : grads_nonfinite(ctx_, params);
+    }
   } catch (...) {
     // Nothing of the training state changed yet: drop what the optimizer was told, if anything
     // (skip() leaves parameters, moments and steps as they are), and let the error through.

@@ -25,6 +25,10 @@
 // bytes the optimizer holds). An exception during a step (an OutOfMemory above all) leaves
 // parameters, optimizer state, scaler and step count as they were before it; the trainer
 // stays usable (try a smaller micro-batch).
+// The optimizer is built before init(): an offloading one binds pinned host masters that the
+// initialization writes directly (core/model.h). Gradient offload (policy.offload.gradients)
+// runs the executor's stage hooks into the optimizer in every micro-batch and checks the loss
+// scaler's inf/NaN on the host.
 // Offload's pinned host memory comes from `host` when given (it must outlive the trainer; a
 // NullProvider in dry runs), else from a PinnedHostProvider the trainer owns (page-locked
 // through the CUDA driver for a model on a GPU, mlock otherwise).
@@ -73,6 +77,8 @@ struct StepResult {
   PeakFigures peaks;           // the allocator's during the step; host_pinned: offload's bytes
 };
 
+class OffloadOptimizer;
+
 class Trainer {
  public:
   Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryProvider* host = nullptr);
@@ -98,6 +104,11 @@ class Trainer {
   LayerContext& context() { return ctx_; }
   std::size_t host_bytes() const;  // pinned host bytes the optimizer holds (0 without offload)
 
+  // What a model trained under `policy` needs on the device: no masters with optimizer
+  // offload, no gradients with gradient offload. Build the model with it (RunSetup and dry
+  // runs do) and nothing is ever allocated on the device only to move to the host at setup.
+  static ParamPlacement placement(const MemoryPolicy& policy);
+
   // Dry runs (meta backend only: InvalidArgument otherwise). Called after each full
   // micro-batch but the last with its index; true skips the full micro-batches that follow
   // (the last micro-batch, uneven or not, still runs), because the caller saw the allocator
@@ -115,6 +126,7 @@ class Trainer {
   LossScaler scaler_;
   std::unique_ptr<Offload> offload_;  // the owned pinned provider, when offloading without `host`
   std::unique_ptr<Optimizer> optimizer_;
+  OffloadOptimizer* offload_opt_ = nullptr;  // optimizer_, when it offloads
   std::int64_t attempted_ = 0;
   RepeatCheck repeat_check_;
 };

@@ -4,7 +4,7 @@
 //   Conv2dSpec spec{.height = 12, .width = 12, .in_channels = 1, .out_channels = 16,
 //                   .kernel_h = 3, .kernel_w = 3, .pad_h = 1, .pad_w = 1};
 //   Conv2d conv("conv1", spec);                    // "conv1.weight" (K,R,S,C), "conv1.bias" (K)
-//   conv.allocate(alloc, DType::kBF16, Device::kCpu, kDefaultStream);
+//   conv.allocate({alloc, DType::kBF16, Device::kCpu, kDefaultStream});
 //   Act y = conv.forward(ctx, x, /*save=*/true);  // x (B, H*W, C) -> y (B, P*Q, K)
 //   Act dx = conv.backward(ctx, dy);              // dW += , db += (FP32); dx (B, H*W, C)
 //

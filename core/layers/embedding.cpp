@@ -53,10 +53,9 @@ void TokenEmbedding::backward(LayerContext& ctx, const IndexTensor& tokens, cons
                                  wpe_.grad.view());
 }
 
-void TokenEmbedding::allocate(CachingAllocator& alloc, DType compute, Device device,
-                              StreamId stream) {
+void TokenEmbedding::allocate(const ParamAlloc& a) {
   for (Parameter* p : parameters()) {
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, alloc, compute, device, stream);
+    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
   }
 }
 

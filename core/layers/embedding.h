@@ -31,7 +31,7 @@ class TokenEmbedding {
   Parameter& wte() { return wte_; }
   Parameter& wpe() { return wpe_; }
   std::vector<Parameter*> parameters() { return {&wte_, &wpe_}; }
-  void allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream);
+  void allocate(const ParamAlloc& a);
   LayerCost cost(std::int64_t seq_len, DType dtype) const;  // per sample
 
   std::int64_t vocab() const { return vocab_; }

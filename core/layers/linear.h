@@ -1,7 +1,7 @@
 // Linear: y = x @ W^T + b over the last dimension, as torch.nn.Linear (W is (out, in)).
 //
 //   Linear fc("h.0.mlp.fc", /*in=*/C, /*out=*/4 * C);         // "h.0.mlp.fc.weight", ".bias"
-//   fc.allocate(alloc, DType::kBF16, Device::kCpu, kDefaultStream);
+//   fc.allocate({alloc, DType::kBF16, Device::kCpu, kDefaultStream});
 //   Act y = fc.forward(ctx, x, /*save=*/true);   // x (..., in) -> y (..., out)
 //   Act dx = fc.backward(ctx, dy);               // dW += dy^T x, db += sum dy (FP32)
 //

@@ -48,11 +48,11 @@ std::vector<Parameter*> LmHead::parameters() {
   return {&ln_w_, &ln_b_, tied_ != nullptr ? tied_ : &proj_};
 }
 
-void LmHead::allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream) {
+void LmHead::allocate(const ParamAlloc& a) {
   std::vector<Parameter*> own = {&ln_w_, &ln_b_};
   if (tied_ == nullptr) own.push_back(&proj_);
   for (Parameter* p : own) {
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, alloc, compute, device, stream);
+    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
   }
 }
 

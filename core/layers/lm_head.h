@@ -42,7 +42,7 @@ class LmHead {
   // lnf.weight, lnf.bias, then the projection's weight (the tied wte too, when tied).
   std::vector<Parameter*> parameters();
   // Allocates the parameters it owns (a tied wte is its owner's).
-  void allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream);
+  void allocate(const ParamAlloc& a);
   LayerCost cost(std::int64_t seq_len, DType dtype) const;  // per sample; the loss included
   bool tied() const { return tied_ != nullptr; }
 

@@ -29,9 +29,7 @@ class Residual final : public Layer {
   void release_saved() noexcept override { inner_->release_saved(); }
   bool has_saved() const override { return inner_->has_saved(); }
   std::vector<Parameter*> parameters() override { return inner_->parameters(); }
-  void allocate(CachingAllocator& alloc, DType compute, Device device, StreamId stream) override {
-    inner_->allocate(alloc, compute, device, stream);
-  }
+  void allocate(const ParamAlloc& a) override { inner_->allocate(a); }
   LayerCost cost(std::int64_t seq_len, DType dtype) const override {
     return inner_->cost(seq_len, dtype);
   }

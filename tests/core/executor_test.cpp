@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -119,11 +120,32 @@ TEST(Executor, StatsHooksAndNothingLeft) {
   Executor ex(m, ctx);
   std::vector<std::string> calls;
   ExecutorHooks hooks;
-  hooks.after_block_backward = [&](int i) { calls.push_back("B" + std::to_string(i)); };
-  hooks.after_head_backward = [&] { calls.push_back("head"); };
-  hooks.after_embedding_backward = [&] { calls.push_back("emb"); };
+  hooks.before_stage = [&](int s) { calls.push_back("<" + std::to_string(s)); };
+  hooks.after_stage = [&](int s) { calls.push_back(std::to_string(s) + ">"); };
   Act losses = ex.run(Schedule::every(6, 2), batch.mb, 1.0f, hooks);
-  EXPECT_EQ(calls, (std::vector<std::string>{"head", "B5", "B4", "B3", "B2", "B1", "B0", "emb"}));
+  // Model::backward_stages()' numbering: 0 the head, 1..6 blocks 5..0, 7 the embedding.
+  std::vector<std::string> want_calls;
+  for (int s = 0; s <= 7; ++s) {
+    want_calls.push_back("<" + std::to_string(s));
+    want_calls.push_back(std::to_string(s) + ">");
+  }
+  EXPECT_EQ(calls, want_calls);
+  const std::vector<Model::BackwardStage> stages = m.backward_stages();
+  ASSERT_EQ(stages.size(), 8u);
+  EXPECT_EQ(stages[0].final, m.head_parameters());
+  EXPECT_EQ(stages[1].final, m.block_parameters(5));
+  EXPECT_EQ(stages[6].final, m.block_parameters(0));
+  EXPECT_EQ(stages[7].final, m.embedding_parameters());
+  // Each parameter is final in exactly one stage, and written by the stage it is final in.
+  std::map<const Parameter*, int> finals;
+  for (const Model::BackwardStage& st : stages) {
+    for (const Parameter* p : st.final) {
+      ++finals[p];
+      EXPECT_NE(std::find(st.writes.begin(), st.writes.end(), p), st.writes.end()) << p->name;
+    }
+  }
+  EXPECT_EQ(finals.size(), m.parameters().size());
+  for (const auto& [p, n] : finals) EXPECT_EQ(n, 1) << p->name;
   EXPECT_EQ(ex.stats().forwards, 12);
   EXPECT_EQ(ex.stats().recomputes, 6);
   // x[0], x[2], x[4] (checkpoints) and x[5] + x[6] at the head.

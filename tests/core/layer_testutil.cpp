@@ -234,7 +234,7 @@ void expect_matches(const Vec& got, const Vec& ref, const std::string& what, dou
 void check_gradients(Layer& layer, Shape in_shape, const RefFn& ref, std::uint32_t seed) {
   SCOPED_TRACE("gradient check of " + layer.name());
   CpuEnv env(DType::kF32);
-  layer.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  layer.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   FreeOnExit free_params{layer};
   const std::vector<Parameter*> ps = layer.parameters();
   std::mt19937 rng(seed);
@@ -276,7 +276,7 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
   std::unique_ptr<Layer> lp = make();
   SCOPED_TRACE(std::string("low precision ") + dtype_name(dt) + " of " + lp->name());
   CpuEnv env(dt);
-  lp->allocate(env.alloc, dt, Device::kCpu, kDefaultStream);
+  lp->allocate({env.alloc, dt, Device::kCpu, kDefaultStream});
   FreeOnExit free_lp{*lp};
   std::mt19937 rng(seed);
   set_params(lp->parameters(), rand_params(lp->parameters(), rng));
@@ -311,7 +311,7 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
 
   std::unique_ptr<Layer> f32 = make();
   CpuEnv e32(DType::kF32);
-  f32->allocate(e32.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  f32->allocate({e32.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   FreeOnExit free_f32{*f32};
   set_params(f32->parameters(), stored);
   zero_grads(e32.ctx, f32->parameters());
@@ -339,7 +339,7 @@ void check_low_precision(const std::function<std::unique_ptr<Layer>()>& make, DT
 void check_recompute(Layer& layer, Shape in_shape, std::uint32_t seed) {
   SCOPED_TRACE("recompute of " + layer.name());
   CpuEnv env(DType::kF32);
-  layer.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  layer.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   FreeOnExit free_params{layer};
   const std::vector<Parameter*> ps = layer.parameters();
   std::mt19937 rng(seed);

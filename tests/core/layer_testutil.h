@@ -118,7 +118,7 @@ void check_memory(Layer& layer, MetaEnv& env, Shape in_shape, std::int64_t seq_l
 template <class L>
 void check_memory_of(L& layer, DType dt, Shape in_shape) {
   MetaEnv env(dt);
-  layer.allocate(env.alloc, dt, Device::kMeta, kDefaultStream);
+  layer.allocate({env.alloc, dt, Device::kMeta, kDefaultStream});
   FreeOnExit free_params{layer};
   const std::int64_t t = in_shape[1];
   MemoryExpect e{layer.cost(t, dt), layer.peaks(t, dt)};

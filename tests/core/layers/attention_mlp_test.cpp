@@ -63,7 +63,7 @@ TEST(AttentionTest, RecomputeSavedStateMemory) {
   }
   testing::MetaEnv meta(DType::kBF16);
   CausalSelfAttention s("attn", 16, 2);
-  s.allocate(meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  s.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(s, meta.ctx, Shape{2, 4, 16});
 }
 
@@ -82,7 +82,7 @@ TEST(AttentionTest, CostFormula) {
 TEST(AttentionTest, RejectsTwoDimensionalInput) {
   testing::CpuEnv env;
   CausalSelfAttention a("attn", 8, 2);
-  a.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  a.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   Act x = env.ctx.make(Shape{6, 8}, DType::kF32, Category::kActivation, "x");
   testing::expect_invalid([&] { a.forward(env.ctx, x, true); }, {"attn", "(6, 8)"});
   EXPECT_FALSE(a.has_saved());
@@ -128,7 +128,7 @@ TEST(MlpTest, LowPrecisionRecomputeMemory) {
   }
   testing::CpuEnv cpu;
   MLP s("mlp", 8, 16);
-  s.allocate(cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  s.allocate({cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   testing::check_saved_state(s, cpu.ctx, Shape{2, 3, 8});
 }
 

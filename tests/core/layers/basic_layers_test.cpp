@@ -53,7 +53,7 @@ TEST(LinearTest, GradientsAccumulate) {
   // A second backward adds to the first: the gradient doubles for the same x and dy.
   testing::CpuEnv env;
   Linear l("fc", 3, 2);
-  l.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  l.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   std::mt19937 rng(3);
   testing::set_params(l.parameters(), testing::rand_params(l.parameters(), rng));
   testing::zero_grads(env.ctx, l.parameters());
@@ -90,18 +90,18 @@ TEST(LinearTest, SavedStateAndMemory) {
   }
   testing::CpuEnv cpu;
   Linear l("fc", 8, 4);
-  l.allocate(cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  l.allocate({cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   testing::check_saved_state(l, cpu.ctx, Shape{2, 3, 8});
   testing::MetaEnv meta(DType::kBF16);
   Linear m("fc", 8, 4);
-  m.allocate(meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  m.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(m, meta.ctx, Shape{2, 3, 8});
 }
 
 TEST(LinearTest, RejectsWrongInputs) {
   testing::CpuEnv env;
   Linear l("fc", 8, 4);
-  l.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  l.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   Act bad = env.ctx.make(Shape{2, 3, 7}, DType::kF32, Category::kActivation, "x");
   testing::expect_invalid([&] { l.forward(env.ctx, bad, true); }, {"fc", "(2, 3, 7)", "8"});
   EXPECT_FALSE(l.has_saved());
@@ -142,7 +142,7 @@ TEST(LayerNormTest, GradientsMatchFiniteDifferences) {
 TEST(LayerNormTest, BackwardIntoAccumulates) {
   testing::CpuEnv env;
   LayerNorm ln("ln", 4);
-  ln.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  ln.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   std::mt19937 rng(12);
   testing::set_params(ln.parameters(), testing::rand_params(ln.parameters(), rng));
   testing::zero_grads(env.ctx, ln.parameters());
@@ -172,7 +172,7 @@ TEST(LayerNormTest, LowPrecisionRecomputeMemory) {
   }
   testing::MetaEnv meta(DType::kF16);
   LayerNorm m("ln", 8);
-  m.allocate(meta.alloc, DType::kF16, Device::kMeta, kDefaultStream);
+  m.allocate({meta.alloc, DType::kF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(m, meta.ctx, Shape{2, 3, 8});
 }
 
@@ -213,7 +213,7 @@ TEST(ResidualTest, AddsTheSkipConnection) {
   for (DType dt : kDTypes) {
     testing::MetaEnv env(dt);
     Residual m("res", std::make_unique<Linear>("res.fc", 64, 64));
-    m.allocate(env.alloc, dt, Device::kMeta, kDefaultStream);
+    m.allocate({env.alloc, dt, Device::kMeta, kDefaultStream});
     testing::check_memory(m, env, Shape{2, 64, 64}, 64, {m.cost(64, dt), PeakExcess{}});
   }
   testing::MetaEnv meta;
@@ -225,7 +225,7 @@ TEST(ResidualTest, AddsTheSkipConnection) {
 TEST(ResidualTest, RejectsAShapeChangingInner) {
   testing::CpuEnv env;
   Residual r("res", std::make_unique<Linear>("res.fc", 4, 3));
-  r.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  r.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   Act x = env.ctx.make(Shape{1, 2, 4}, DType::kF32, Category::kActivation, "x");
   env.be.fill(kDefaultStream, x->view(), 1.0f);
   testing::expect_invalid([&] { r.forward(env.ctx, x, true); }, {"res", "(1, 2, 3)"});

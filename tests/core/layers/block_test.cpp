@@ -90,11 +90,11 @@ TEST(TransformerBlockTest, MemoryMatchesCost) {
   }
   testing::MetaEnv meta(DType::kBF16);
   TransformerBlock s("h.0", 16, 2, 4, 2);
-  s.allocate(meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  s.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(s, meta.ctx, Shape{2, 4, 16});
   testing::CpuEnv cpu;
   TransformerBlock t("h.0", 16, 2, 4, 2);
-  t.allocate(cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  t.allocate({cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   testing::check_saved_state(t, cpu.ctx, Shape{2, 4, 16});
 }
 
@@ -122,7 +122,7 @@ TEST(TransformerBlockTest, ForwardFailureReleasesPartialState) {
   // clean.
   testing::MetaEnv meta;
   TransformerBlock blk("h.0", 64, 4, 4, 2);
-  blk.allocate(meta.alloc, DType::kF32, Device::kMeta, kDefaultStream);
+  blk.allocate({meta.alloc, DType::kF32, Device::kMeta, kDefaultStream});
   testing::FreeOnExit free_params{blk};
   Act x = meta.ctx.make(Shape{4, 128, 64}, DType::kF32, Category::kActivation, "input");
   const std::int64_t base = testing::live_bytes(meta.alloc);
@@ -178,7 +178,7 @@ TEST(MlpBlockTest, LowPrecisionRecomputeMemory) {
   }
   testing::MetaEnv meta(DType::kF16);
   MLPBlock s("h.0", 16, 4, 2);
-  s.allocate(meta.alloc, DType::kF16, Device::kMeta, kDefaultStream);
+  s.allocate({meta.alloc, DType::kF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(s, meta.ctx, Shape{2, 4, 16});
 }
 

@@ -105,11 +105,11 @@ TEST(Conv2dTest, SavedStateAndMemory) {
   }
   testing::CpuEnv cpu;
   Conv2d l("conv", spec(5, 5, 2, 3, 3, 3, 2, 1));
-  l.allocate(cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  l.allocate({cpu.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   testing::check_saved_state(l, cpu.ctx, Shape{2, 25, 2});
   testing::MetaEnv meta(DType::kBF16);
   Conv2d m("conv", spec(5, 5, 2, 3, 3, 3, 2, 1));
-  m.allocate(meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  m.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   testing::check_saved_state(m, meta.ctx, Shape{2, 25, 2});
   l.release_saved();
   EXPECT_THROW(l.cost(24, DType::kF32), InvalidArgument);  // seq_len must be H*W
@@ -118,7 +118,7 @@ TEST(Conv2dTest, SavedStateAndMemory) {
 TEST(Conv2dTest, RejectsWrongInputs) {
   testing::CpuEnv env;
   Conv2d l("conv", spec(4, 4, 2, 3, 3, 3, 1, 1));
-  l.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  l.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   Act wrong_c = env.ctx.make(Shape{2, 16, 3}, DType::kF32, Category::kActivation, "x");
   testing::expect_invalid([&] { l.forward(env.ctx, wrong_c, true); }, {"conv", "(2, 16, 3)"});
   Act wrong_t = env.ctx.make(Shape{2, 15, 2}, DType::kF32, Category::kActivation, "x");

@@ -60,7 +60,7 @@ TEST(TokenEmbeddingTest, NamesShapesInit) {
 TEST(TokenEmbeddingTest, ForwardAndGradients) {
   testing::CpuEnv env;
   TokenEmbedding e("emb", 7, 5, 4);
-  e.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+  e.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
   std::mt19937 rng(81);
   const Params p = testing::rand_params(e.parameters(), rng);
   testing::set_params(e.parameters(), p);
@@ -100,7 +100,7 @@ TEST(TokenEmbeddingTest, ForwardAndGradients) {
 TEST(TokenEmbeddingTest, LowPrecisionIsOneRounding) {
   testing::CpuEnv env(DType::kBF16);
   TokenEmbedding e("emb", 5, 4, 8);
-  e.allocate(env.alloc, DType::kBF16, Device::kCpu, kDefaultStream);
+  e.allocate({env.alloc, DType::kBF16, Device::kCpu, kDefaultStream});
   std::mt19937 rng(82);
   testing::set_params(e.parameters(), testing::rand_params(e.parameters(), rng));
   const Params p = testing::stored_params(e.parameters());
@@ -120,7 +120,7 @@ TEST(TokenEmbeddingTest, MetaCostAndChecks) {
   for (DType dt : kDTypes) {
     testing::MetaEnv env(dt);
     TokenEmbedding e("emb", 128, 64, 64);
-    e.allocate(env.alloc, dt, Device::kMeta, kDefaultStream);
+    e.allocate({env.alloc, dt, Device::kMeta, kDefaultStream});
     // Meta: the ids are never read, any aligned address will do.
     const IndexTensor tok{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}), Shape{2, 64},
                           Device::kMeta};
@@ -184,8 +184,8 @@ TEST(LmHeadTest, LossesLogitsAndGradients) {
     const std::int64_t b = 2, t = 3, c = 6, v = 5;
     TokenEmbedding emb("emb", v, t, c);
     LmHead head("head", v, c, tie ? &emb.wte() : nullptr);
-    emb.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
-    head.allocate(env.alloc, DType::kF32, Device::kCpu, kDefaultStream);
+    emb.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
+    head.allocate({env.alloc, DType::kF32, Device::kCpu, kDefaultStream});
     const std::vector<Parameter*> ps = head.parameters();
     std::mt19937 rng(91);
     const Params p = testing::rand_params(ps, rng);
@@ -250,7 +250,7 @@ TEST(LmHeadTest, RecomputeAndLowPrecision) {
   for (DType dt : kDTypes) {
     testing::CpuEnv env(dt);
     LmHead head("head", v, c, nullptr);
-    head.allocate(env.alloc, dt, Device::kCpu, kDefaultStream);
+    head.allocate({env.alloc, dt, Device::kCpu, kDefaultStream});
     if (p.empty()) p = testing::rand_params(head.parameters(), rng);
     testing::set_params(head.parameters(), p);
     testing::zero_grads(env.ctx, head.parameters());
@@ -280,7 +280,7 @@ TEST(LmHeadTest, MemoryMatchesCost) {
     testing::MetaEnv env(dt);
     const std::int64_t b = 2, t = 64, c = 64, v = 256;
     LmHead head("head", v, c, nullptr);
-    head.allocate(env.alloc, dt, Device::kMeta, kDefaultStream);
+    head.allocate({env.alloc, dt, Device::kMeta, kDefaultStream});
     const LayerCost k = head.cost(t, dt);
     const IndexTensor tgt{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}), Shape{b, t},
                           Device::kMeta};

@@ -34,7 +34,7 @@ TEST(ParameterTest, AllocatesWeightMasterGrad) {
     Parameter p;
     p.name = "h.0.attn.qkv.weight";
     p.shape = Shape{12, 4};
-    allocate_parameter(p, env.alloc, dt, Device::kMeta);
+    allocate_parameter(p, {env.alloc, dt, Device::kMeta});
     EXPECT_EQ(p.weight.view().dtype(), dt);
     EXPECT_EQ(p.weight.view().shape(), p.shape);
     EXPECT_EQ(p.grad.view().dtype(), DType::kF32);
@@ -70,7 +70,7 @@ TEST(ParameterTest, EmptyNameIsRejected) {
   testing::MetaEnv env;
   Parameter p;
   p.shape = Shape{3};
-  testing::expect_invalid([&] { allocate_parameter(p, env.alloc, DType::kF32, Device::kMeta); },
+  testing::expect_invalid([&] { allocate_parameter(p, {env.alloc, DType::kF32, Device::kMeta}); },
                           {"empty name", "(3)"});
   EXPECT_EQ(testing::live_bytes(env.alloc), 0);
 }
@@ -79,19 +79,19 @@ TEST(ParameterTest, LayerAllocateSkipsTiedParameters) {
   testing::MetaEnv env;
   TokenEmbedding emb("emb", 16, 8, 4);
   LmHead head("head", 16, 4, &emb.wte());
-  emb.allocate(env.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  emb.allocate({env.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   const std::int64_t after_emb = testing::live_bytes(env.alloc);
   void* wte = emb.wte().weight.view().raw();
-  head.allocate(env.alloc, DType::kBF16, Device::kMeta, kDefaultStream);
+  head.allocate({env.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
   EXPECT_EQ(emb.wte().weight.view().raw(), wte) << "the tied wte was allocated again";
   // lnf weight and bias: bf16 weight + f32 master + f32 grad, 512-byte granules each.
   EXPECT_EQ(testing::live_bytes(env.alloc) - after_emb, 2 * 3 * 512);
 
   // Layer::allocate (the default) allocates each parameter once and keeps allocated ones.
   Linear l("fc", 4, 4);
-  l.allocate(env.alloc, DType::kF32, Device::kMeta, kDefaultStream);
+  l.allocate({env.alloc, DType::kF32, Device::kMeta, kDefaultStream});
   void* w = l.weight().weight.view().raw();
-  l.allocate(env.alloc, DType::kF32, Device::kMeta, kDefaultStream);
+  l.allocate({env.alloc, DType::kF32, Device::kMeta, kDefaultStream});
   EXPECT_EQ(l.weight().weight.view().raw(), w);
   testing::FreeOnExit f{l};
   for (Parameter* p : head.parameters()) {
