@@ -120,6 +120,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
     o.adamw = options_.adamw;
     o.delayed_update = off.delayed_update;
     o.gradients = off.gradients;
+    o.grad_buckets = options_.grad_buckets;
     if (off.gradients) o.stages = model_.backward_stages();
     auto opt = std::make_unique<OffloadOptimizer>(model_.parameters(), std::move(o), ctx_, *host);
     offload_opt_ = opt.get();

@@ -63,6 +63,7 @@ struct TrainerOptions {
   LossScalerOptions scaler;         // scaler.enabled is forced off unless the dtype is f16...
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise
   std::uint64_t seed = 1337;        // model initialization and the trainer's Rng
+  int grad_buckets = 2;             // gradient offload's device bucket ring (OffloadOptions)
   bool init_model = true;           // false: keep the model's current weights
 };
 

@@ -34,13 +34,15 @@ struct Case {
   std::int64_t accum = 0;  // or policy.accum
   std::int64_t batch = 1;
   std::int64_t seq_len = 0;
+  bool grads = false;  // gradient offload too (with the optimizer's)
 
   RunSpec run(std::size_t budget) const {
     RunSpec r;
     r.model = spec;
     r.trainer.policy.dtype = dtype;
     r.trainer.policy.checkpoint = checkpoint;
-    r.trainer.policy.offload.optimizer = offload;
+    r.trainer.policy.offload.optimizer = offload || grads;
+    r.trainer.policy.offload.gradients = grads;
     r.trainer.policy.micro_batch = micro;
     r.trainer.policy.accum = accum;
     r.batch = batch;
@@ -102,7 +104,7 @@ void expect_same_peaks(const Case& c, const DryRunResult& d, const Measured& m) 
   }
   EXPECT_EQ(d.host_pinned, m.host_pinned);
   EXPECT_EQ(d.step.host_pinned, m.step->peaks.host_pinned);
-  EXPECT_EQ(d.host_pinned > 0, c.offload);
+  EXPECT_EQ(d.host_pinned > 0, c.offload || c.grads);
   EXPECT_EQ(d.step, m.step->peaks);  // every field, in one
 }
 
@@ -119,10 +121,11 @@ std::vector<Case> unbudgeted_cases() {
   std::vector<Case> v;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Checkpointing& ck : rules) {
-      for (bool off : {false, true}) {
-        v.push_back({gpt, dt, ck, off, 5, 0, 12, 0});   // 5, 5, 2
-        v.push_back({micro, dt, ck, off, 0, 0, 3, 0});  // the whole batch at once
-        v.push_back({gpt, dt, ck, off, 0, 3, 7, 0});    // --accum 3: 3, 3, 1
+      for (int off : {0, 1, 2}) {  // no offload, the optimizer's, with the gradients'
+        const bool opt = off > 0, grads = off > 1;
+        v.push_back({gpt, dt, ck, opt, 5, 0, 12, 0, grads});   // 5, 5, 2
+        v.push_back({micro, dt, ck, opt, 0, 0, 3, 0, grads});  // the whole batch at once
+        v.push_back({gpt, dt, ck, opt, 0, 3, 7, 0, grads});    // --accum 3: 3, 3, 1
       }
     }
   }
@@ -132,6 +135,8 @@ std::vector<Case> unbudgeted_cases() {
   v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16});
   v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), false, 4, 0, 9, 0});
   v.push_back({gpt, DType::kF16, Checkpointing::solved(Schedule::sqrt_n(3)), true, 3, 0, 6, 0});
+  v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, true});
+  v.push_back({gpt, DType::kBF16, Checkpointing::every(2), true, 2, 0, 11, 0, true});
   return v;
 }
 
@@ -176,6 +181,9 @@ TEST(DryRun, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot) {
       {{gpt, DType::kBF16, Checkpointing::none(), true}, 2, 5},
       {{mlp, DType::kF32, Checkpointing::all(), false, 0, 0, 1, 32}, 1, 3},
       {{mlp, DType::kBF16, Checkpointing::sqrt(), true, 0, 0, 1, 32}, 1, 3},
+      {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true}, 3, 12},
+      {{micro, DType::kF16, Checkpointing::none(), true, 0, 0, 1, 0, true}, 1, 24},
+      {{gpt, DType::kF32, Checkpointing::every(2), true, 0, 0, 1, 0, true}, 2, 6},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;
@@ -258,6 +266,30 @@ TEST(DryRun, OffloadKeepsNoOptimizerStateOnTheDeviceAndSaysWhatTheHostHolds) {
     EXPECT_GE(off.host_pinned, 4 * f32 + stage);
     EXPECT_LT(off.host_pinned, 4 * f32 + stage + 64 * 64);
   }
+}
+
+// Gradient offload: the same host slab, and on the device only the bucket ring (two buckets
+// of the largest block's gradients) and the tied wte's own buffer, not the model's gradients.
+TEST(DryRun, GradientOffloadKeepsOnlyTheBucketRingOnTheDevice) {
+  const ModelSpec spec = small_gpt(3);
+  Case c{spec, DType::kBF16, Checkpointing::all(), true, 0, 0, 4};
+  const DryRunResult opt = dry_run(c.run(0));
+  c.grads = true;
+  const DryRunResult grads = dry_run(c.run(0));
+  ASSERT_TRUE(opt.fits && grads.fits);
+  const auto g = category_index(Category::kGradient);
+  EXPECT_EQ(grads.host_pinned, opt.host_pinned);  // the slab's gradient region was there already
+  const auto all = static_cast<std::size_t>(spec.parameter_count()) * 4;
+  EXPECT_GE(opt.step.category_peaks[g], all);
+  // One block's gradients (its weights in f32) per bucket, two buckets, and wte.
+  const std::size_t block = static_cast<std::size_t>(12 * spec.hidden * spec.hidden + 13 * spec.hidden) * 4;
+  const std::size_t wte = static_cast<std::size_t>(spec.vocab * spec.hidden) * 4;
+  EXPECT_GE(grads.step.category_peaks[g], 2 * block + wte);
+  EXPECT_LT(grads.step.category_peaks[g], 2 * block + wte + 64 * 1024);
+  EXPECT_LT(grads.step.category_peaks[g], opt.step.category_peaks[g]);
+  EXPECT_LT(grads.step.allocated, opt.step.allocated);
+  // And construction never holds more than the step (no device gradients made, then dropped).
+  EXPECT_LE(grads.setup_peak_reserved, grads.step.reserved);
 }
 
 TEST(DryRun, ABudgetBelowTheWeightsFailsInSetupWithTheRequest) {

@@ -120,12 +120,14 @@ TEST(Trainer, AccumulationEqualsTheFullBatchWithinFp32Tolerance) {
 }
 
 TEST(Trainer, F16OverflowSkipsTheStepHalvesTheScaleAndLeavesWeights) {
-  for (bool offload : {false, true}) {
-    SCOPED_TRACE(offload ? "offload" : "device adamw");
+  for (int mode : {0, 1, 2}) {  // device AdamW, optimizer offload, with gradient offload
+    const bool offload = mode > 0;
+    SCOPED_TRACE(mode == 0 ? "device adamw" : mode == 1 ? "offload" : "offload gradients");
     Rig r(DType::kF16, offload);
-    Model m(test_spec(), r.ctx);
     TrainerOptions o;
     o.policy.offload.optimizer = offload;
+    o.policy.offload.gradients = mode == 2;  // the inf/NaN check then reads the host's copy
+    Model m(test_spec(), r.ctx, Trainer::placement(o.policy));
     Trainer t(m, r.ctx, r.opts(o));
     ASSERT_TRUE(t.scaler().enabled());
     const Batch b = corpus().sequential(4, 32, 0);
@@ -172,6 +174,7 @@ struct ResumeCase {
   std::int64_t micro_batch;
   bool offload;
   bool delayed;
+  bool grads = false;  // gradient offload too
 };
 
 class TrainerResume : public ::testing::TestWithParam<ResumeCase> {};
@@ -183,6 +186,7 @@ TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
   o.policy.micro_batch = c.micro_batch;
   o.policy.offload.optimizer = c.offload;
   o.policy.offload.delayed_update = c.delayed;
+  o.policy.offload.gradients = c.grads;
   o.adamw.lr = 3e-3;
   const std::string path = temp_path(std::string(c.name) + ".mfstate");
 
@@ -221,7 +225,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ResumeCase{"f16_scaler", DType::kF16, "every:2", 0, false, false},
                       ResumeCase{"offload_bf16", DType::kBF16, "none", 0, true, false},
                       ResumeCase{"offload_f32", DType::kF32, "sqrt", 2, true, false},
-                      ResumeCase{"offload_delayed", DType::kBF16, "none", 0, true, true}),
+                      ResumeCase{"offload_delayed", DType::kBF16, "none", 0, true, true},
+                      ResumeCase{"offload_grads_f16", DType::kF16, "every:2", 0, true, false, true},
+                      ResumeCase{"offload_grads_bf16_micro", DType::kBF16, "all", 2, true, false,
+                                 true},
+                      ResumeCase{"offload_grads_delayed", DType::kBF16, "none", 2, true, true,
+                                 true}),
     [](const ::testing::TestParamInfo<ResumeCase>& i) { return std::string(i.param.name); });
 
 TEST(Trainer, InterruptedSaveLeavesThePreviousStateLoadable) {
@@ -313,10 +322,11 @@ TEST(Trainer, CorruptTruncatedOrForeignStatesLeaveTheTrainerUntouched) {
 }
 
 TEST(Trainer, OutOfMemoryDuringAStepChangesNothing) {
-  for (bool offload : {false, true}) {
-    SCOPED_TRACE(offload ? "offload" : "device adamw");
+  for (int mode : {0, 1, 2}) {  // device AdamW, optimizer offload, with gradient offload
+    SCOPED_TRACE(mode == 0 ? "device adamw" : mode == 1 ? "offload" : "offload gradients");
     TrainerOptions o;
-    o.policy.offload.optimizer = offload;
+    o.policy.offload.optimizer = mode > 0;
+    o.policy.offload.gradients = mode == 2;
     o.policy.micro_batch = 32;  // OOMs can land in a later micro-batch, after gradients accumulated
     const Batch b = corpus().sequential(64, 32, 77);
     // What one step needs, from an identical trainer.
