@@ -89,13 +89,20 @@ std::string short_rate(double r) {
   return buf;
 }
 
+// "off", "opt" (the optimizer's), "opt+grad" (and its gradients); "+dpu": the delayed update.
+const char* offload_column(const OffloadSwitches& o) {
+  if (!o.any()) return "off";
+  if (o.gradients) return o.delayed_update ? "o+g+dpu" : "opt+grad";
+  return o.delayed_update ? "opt+dpu" : "opt";
+}
+
 // The breakdown columns are the bytes by category at the moment of the reserved peak plus the
 // cached bytes then, so each row's columns add up to its peak.
 void print_table(const PlanResult& r, std::int64_t top) {
-  std::printf("%-5s %-10s %-7s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
+  std::printf("%-5s %-10s %-8s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
               "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
               "activ", "other", "cached", "host", "step", "tokens/s");
-  std::printf("%s\n", std::string(139, '-').c_str());
+  std::printf("%s\n", std::string(140, '-').c_str());
   std::int64_t shown = 0;
   for (const Plan& p : r.candidates) {
     if (top > 0 && shown == top) break;
@@ -103,9 +110,9 @@ void print_table(const PlanResult& r, std::int64_t top) {
     const PeakFigures& k = p.predicted.peaks;
     const std::size_t other = k.at_peak_of(Category::kTemporary) + k.at_peak_of(Category::kInput) +
                               k.at_peak_of(Category::kWorkspace) + k.at_peak_of(Category::kUnknown);
-    std::printf("%-5s %-10s %-7s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
+    std::printf("%-5s %-10s %-8s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
                 dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
-                p.policy.offload.any() ? "on" : "off", static_cast<long long>(p.policy.micro_batch),
+                offload_column(p.policy.offload), static_cast<long long>(p.policy.micro_batch),
                 static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
                 short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
                 short_bytes(k.at_peak_of(Category::kGradient)).c_str(),

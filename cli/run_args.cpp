@@ -42,8 +42,12 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--checkpoint", a.checkpoint, "none | all | sqrt | every:K")
       ->capture_default_str();
-  cmd->add_flag("--offload", a.offload,
-                "FP32 masters and Adam moments in pinned host memory, CPU AdamW");
+  cmd->add_option("--offload", a.offload,
+                  "to pinned host memory: optimizer (FP32 masters and Adam moments, CPU AdamW; "
+                  "what a bare --offload means), gradients (FP32 gradients streamed out stage "
+                  "by stage through two device buckets; needs the optimizer's), all, or a "
+                  "comma-separated list")
+      ->expected(0, 1);
   cmd->add_option("--budget", a.budget,
                   "allocator budget on the device (96MiB, 1GiB, ...); with no policy flag "
                   "(--dtype --checkpoint --micro-batch --accum --offload) memfit plans first: "
@@ -163,7 +167,9 @@ RunSpec run_from_flags(const TrainArgs& a) {
   }
   p.micro_batch = std::min(a.micro_batch, a.batch);
   p.accum = a.accum;
-  p.offload.optimizer = a.offload;
+  if (given(a, "--offload")) {
+    p.offload = OffloadSwitches::parse(a.offload.empty() ? "optimizer" : a.offload);
+  }
   r.alloc = parse_alloc_conf(a.alloc_conf);
   if (!a.budget.empty()) r.alloc.budget = parse_budget(a.budget);
   return r;
@@ -247,7 +253,7 @@ std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec&
                             case Change::kBF16:
                               return "--dtype bf16";
                             case Change::kOffload:
-                              return "--offload";
+                              return "--offload optimizer,gradients";
                             case Change::kAllOfThese:
                               break;
                           }

@@ -44,7 +44,7 @@ struct TrainArgs {
   std::int64_t seq_len = 0;  // 0: the model's
   std::string dtype = "f32";
   std::string checkpoint = "none";
-  bool offload = false;
+  std::string offload;  // --offload's list (empty: given bare, or not given)
   std::string budget;
   std::uint64_t seed = 1337;
   double lr = 1e-3;

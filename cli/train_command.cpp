@@ -129,6 +129,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["accum"] = pol.accum;
     j["micro_batches"] = micro_batches;
     j["offload"] = pol.offload.optimizer;
+    j["offload_gradients"] = pol.offload.gradients;
     j["optimizer"] = trainer.optimizer().name();
     j["loss_scaling"] = trainer.scaler().enabled();
     j["loss_scale"] = last_scale;

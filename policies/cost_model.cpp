@@ -3,6 +3,8 @@
 // calibrate() and cpu_adamw_rate() are in cost_model_calibrate.cpp.
 #include "policies/cost_model.h"
 
+#include "policies/offload_grad_ring.h"
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -121,6 +123,9 @@ CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len) {
   Model m(spec, ctx);
   costmodel::read_structure(m, cm.block_params_, cm.embedding_params_, cm.head_read_params_,
                             cm.params_);
+  const GradRing::Sizes ring = GradRing::sizes(m.backward_stages());
+  cm.grad_bucket_bytes_ = static_cast<std::int64_t>(ring.bucket_bytes);
+  cm.grad_own_bytes_ = static_cast<std::int64_t>(ring.own_bytes);
   const std::size_t n = static_cast<std::size_t>(m.num_blocks());
   cm.blocks_.resize(n);
   cm.block_excess_.resize(n);
@@ -149,7 +154,8 @@ LayerCost CostModel::block(int i, DType dt) const {
   return blocks_[static_cast<std::size_t>(i)][dt_index(dt)];
 }
 
-StaticBytes CostModel::static_bytes(DType dt, bool offload) const {
+StaticBytes CostModel::static_bytes(DType dt, const OffloadSwitches& off) const {
+  const bool offload = off.optimizer;
   // As allocate_parameter, DeviceAdamW and OffloadOptimizer allocate them (element bytes; the
   // allocator's rounding is the dry run's business).
   const std::int64_t n = params_;
@@ -157,7 +163,11 @@ StaticBytes CostModel::static_bytes(DType dt, bool offload) const {
   StaticBytes s;
   s.device[static_cast<std::size_t>(Category::kParameter)] =
       mul(n, static_cast<std::int64_t>(dtype_size(dt)), "weight bytes");
-  s.device[static_cast<std::size_t>(Category::kGradient)] = mul(n, 4, "gradient bytes");
+  // Gradient offload: GradRing's buckets (TrainerOptions::grad_buckets' default, 2) and the
+  // buffers of parameters written by two stages (a tied wte), not the model's gradients.
+  s.device[static_cast<std::size_t>(Category::kGradient)] =
+      off.gradients ? grad_own_bytes_ + mul(kDefaultGradBuckets, grad_bucket_bytes_, "buckets")
+                    : mul(n, 4, "gradient bytes");
   if (!offload) {
     // DeviceAdamW's two moments, plus the FP32 masters when the weights are not f32.
     s.device[static_cast<std::size_t>(Category::kOptimizerState)] =
@@ -276,11 +286,18 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
   } else {
     // D2H copies of 4 B/param on one copy stream, FIFO, each starting when its gradients are
     // final; what runs past the end of the backward is exposed.
-    double copy_end = 0;
-    for (const auto& [when, params] : ready) {
-      copy_end = std::max(copy_end, when) + 4.0 * params / device.host_link;
-    }
-    const double exposed = std::max(0.0, copy_end - micro);
+    // Gradient offload sends every micro-batch's gradients this way, and each micro-batch after
+    // the first also refills the buckets with the host's sums (another 4 B/param on the same
+    // FIFO copy stream, ahead of each stage): 8 B/param then.
+    const auto exposed_at = [&](double bytes_per_param) {
+      double copy_end = 0;
+      for (const auto& [when, params] : ready) {
+        copy_end = std::max(copy_end, when) + bytes_per_param * params / device.host_link;
+      }
+      return std::max(0.0, copy_end - micro);
+    };
+    double exposed = exposed_at(4.0);
+    if (p.offload.gradients) exposed += static_cast<double>(accum - 1) * exposed_at(8.0);
     const double rate = device.cpu_adamw > 0 ? device.cpu_adamw : cpu_adamw_rate();
     const double h2d = n * wbytes / device.host_link;
     total += exposed + n / rate + h2d;

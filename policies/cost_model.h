@@ -3,7 +3,7 @@
 //
 //   CostModel cm = CostModel::analytic(ModelSpec::preset("gpt2"), /*seq_len=*/1024);
 //   LayerCost b = cm.block(3, DType::kBF16);               // per sample
-//   StaticBytes s = cm.static_bytes(DType::kBF16, /*offload=*/false);
+//   StaticBytes s = cm.static_bytes(DType::kBF16, OffloadSwitches{});
 //   Chain c = cm.chain(/*micro_batch=*/8, DType::kBF16, device);  // for checkpoint_solver.h
 //   double t = cm.step_seconds(policy, Schedule::all(cm.num_blocks()), 8, /*accum=*/4, device);
 //   (policy: policies/policy.h; its dtype and offload switches count, the schedule is given)
@@ -103,7 +103,7 @@ class CostModel {
   LayerCost head(DType dt) const;
   int num_blocks() const;
 
-  StaticBytes static_bytes(DType dt, bool offload) const;
+  StaticBytes static_bytes(DType dt, const OffloadSwitches& offload) const;
   // The chain for checkpoint_solver.h at this micro-batch; times from flops over the device's
   // rate for dt.
   Chain chain(std::int64_t micro_batch, DType dt, const DeviceSpec& device) const;
@@ -140,6 +140,8 @@ class CostModel {
   std::vector<std::array<std::array<std::int64_t, 2>, 3>> block_excess_;
   std::vector<std::int64_t> block_params_;  // parameters of each block
   std::int64_t head_read_params_ = 0;       // parameters the head reads (a tied wte included)
+  std::int64_t grad_bucket_bytes_ = 0;      // gradient offload: one bucket (GradRing::sizes)
+  std::int64_t grad_own_bytes_ = 0;         // and the multi-stage parameters' buffers
 };
 
 }  // namespace memfit

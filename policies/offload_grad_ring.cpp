@@ -30,7 +30,75 @@ const RingRangeIds& range_ids() {
   return ids;
 }
 
+// Where each parameter's gradient lives: written by one stage, a slice of that stage's bucket
+// at byte[h]; written by several (first != last), a buffer of its own. One function for the
+// ring and for the planner's estimate (GradRing::sizes), so the two cannot disagree.
+struct Layout {
+  std::vector<int> first, last;
+  std::vector<std::size_t> byte;
+  std::size_t bucket_bytes = 0;  // the largest stage's slices
+  std::size_t own_bytes = 0;     // the multi-stage parameters' buffers
+};
+
+template <typename HomeOf, typename ParamOf>
+Layout lay_out(std::size_t n, const std::vector<Model::BackwardStage>& stages, HomeOf home_of,
+               ParamOf param_of) {
+  Layout l;
+  l.first.assign(n, -1);
+  l.last.assign(n, -1);
+  l.byte.assign(n, 0);
+  std::vector<int> finals(n, 0);
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    for (const Parameter* p : stages[s].writes) {
+      const std::size_t h = home_of(p);
+      if (l.first[h] < 0) l.first[h] = static_cast<int>(s);
+      l.last[h] = static_cast<int>(s);
+    }
+    for (const Parameter* p : stages[s].final) ++finals[home_of(p)];
+  }
+  std::vector<std::size_t> used(stages.size(), 0);  // per stage: bytes of its slices so far
+  for (std::size_t h = 0; h < n; ++h) {
+    const Parameter* p = param_of(h);
+    if (finals[h] != 1 || l.first[h] < 0) {
+      bad("parameter '" + p->name + "' is final in " + std::to_string(finals[h]) +
+          " stages and written by " + (l.first[h] < 0 ? "none" : "some") +
+          "; valid: written by a stage and final in exactly one");
+    }
+    const std::size_t bytes =
+        checked_mul(static_cast<std::size_t>(p->numel()), sizeof(float), "GradRing gradient");
+    if (l.first[h] == l.last[h]) {
+      std::size_t& u = used[static_cast<std::size_t>(l.first[h])];
+      u = align_up(u);
+      l.byte[h] = u;
+      u = checked_add(u, bytes, "GradRing bucket");
+      l.bucket_bytes = std::max(l.bucket_bytes, u);
+    } else {
+      l.own_bytes = checked_add(l.own_bytes, bytes, "GradRing buffers");
+    }
+  }
+  return l;
+}
+
 }  // namespace
+
+GradRing::Sizes GradRing::sizes(const std::vector<Model::BackwardStage>& stages) {
+  std::vector<const Parameter*> params;
+  std::unordered_map<const Parameter*, std::size_t> index;
+  for (const Model::BackwardStage& st : stages) {
+    for (const Parameter* p : st.writes) {
+      if (index.emplace(p, params.size()).second) params.push_back(p);
+    }
+  }
+  const Layout l = lay_out(
+      params.size(), stages,
+      [&](const Parameter* p) {
+        auto it = index.find(p);
+        if (it == index.end()) bad("parameter '" + p->name + "' is final but never written");
+        return it->second;
+      },
+      [&](std::size_t h) { return params[h]; });
+  return Sizes{l.bucket_bytes, l.own_bytes};
+}
 
 GradRing::GradRing(LayerContext& ctx, StreamId copy, std::vector<Home> homes,
                    const std::vector<Model::BackwardStage>& stages, int buckets)
@@ -46,53 +114,30 @@ GradRing::GradRing(LayerContext& ctx, StreamId copy, std::vector<Home> homes,
     }
     return it->second;
   };
-  // Which stages write each home, and where it becomes final.
-  std::vector<int> first(homes_.size(), -1), last(homes_.size(), -1), finals(homes_.size(), 0);
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    for (const Parameter* p : stages[s].writes) {
-      const std::size_t h = home_of(p);
-      if (first[h] < 0) first[h] = static_cast<int>(s);
-      last[h] = static_cast<int>(s);
-    }
-    for (const Parameter* p : stages[s].final) ++finals[home_of(p)];
-  }
-  for (std::size_t h = 0; h < homes_.size(); ++h) {
-    if (finals[h] != 1 || first[h] < 0) {
-      bad("parameter '" + homes_[h].p->name + "' is final in " + std::to_string(finals[h]) +
-          " stages and written by " + (first[h] < 0 ? "none" : "some") +
-          "; valid: written by a stage and final in exactly one");
-    }
-  }
+  const Layout lay = lay_out(homes_.size(), stages, home_of,
+                             [&](std::size_t h) { return homes_[h].p; });
   stages_.resize(stages.size());
-  byte_.assign(homes_.size(), 0);
+  byte_ = lay.byte;
   own_.assign(homes_.size(), -1);
+  bucket_bytes_ = lay.bucket_bytes;
   for (std::size_t h = 0; h < homes_.size(); ++h) {
-    const std::size_t bytes = checked_mul(static_cast<std::size_t>(homes_[h].p->numel()),
-                                          sizeof(float), "GradRing gradient");
-    if (first[h] == last[h]) {
-      Stage& st = stages_[static_cast<std::size_t>(first[h])];
-      std::size_t used = 0;
-      for (std::size_t o : st.ring) {
-        used = align_up(byte_[o] + homes_[o].p->numel() * sizeof(float));
-      }
-      byte_[h] = used;
-      st.ring.push_back(h);
-      bucket_bytes_ = std::max(bucket_bytes_, checked_add(used, bytes, "GradRing bucket"));
+    if (lay.first[h] == lay.last[h]) {
+      stages_[static_cast<std::size_t>(lay.first[h])].ring.push_back(h);
     } else {
+      const std::size_t bytes = static_cast<std::size_t>(homes_[h].p->numel()) * sizeof(float);
       own_[h] = static_cast<int>(own_blocks_.size());
       own_blocks_.push_back(bytes == 0 ? Block()
                                        : ctx.alloc.allocate(bytes, Category::kGradient,
                                                             ctx.stream, homes_[h].p->name));
       own_free_.emplace_back();
-      stages_[static_cast<std::size_t>(first[h])].opens.push_back(h);
-      stages_[static_cast<std::size_t>(last[h])].closes.push_back(h);
+      stages_[static_cast<std::size_t>(lay.first[h])].opens.push_back(h);
+      stages_[static_cast<std::size_t>(lay.last[h])].closes.push_back(h);
     }
   }
   for (Stage& st : stages_) {
     st.sent = st.ring;
     st.sent.insert(st.sent.end(), st.closes.begin(), st.closes.end());
   }
-  used_bytes_ = bucket_bytes_;
   if (bucket_bytes_ > 0) {
     for (int b = 0; b < buckets; ++b) {
       buckets_.push_back(

@@ -35,6 +35,10 @@
 
 namespace memfit {
 
+// Buckets in the ring unless an option says otherwise: one stage's copies out overlap the next
+// stage's backward (and its refill).
+inline constexpr int kDefaultGradBuckets = 2;
+
 class GradRing {
  public:
   struct Home {
@@ -58,6 +62,13 @@ class GradRing {
   // Abandons a step in progress (an exception, a skip): the compute stream waits for refills in
   // flight, every lent gradient is taken back.
   void reset(LayerContext& ctx);
+
+  // What a ring over these stages allocates (before the allocator's rounding): each bucket,
+  // and the buffers of the parameters written by several stages. For the planner.
+  struct Sizes {
+    std::size_t bucket_bytes = 0, own_bytes = 0;
+  };
+  static Sizes sizes(const std::vector<Model::BackwardStage>& stages);
 
   int stages() const { return static_cast<int>(stages_.size()); }
   std::size_t bucket_bytes() const { return bucket_bytes_; }
@@ -89,7 +100,6 @@ class GradRing {
   std::vector<Block> own_blocks_;
   std::vector<std::optional<EventHandle>> own_free_;
   std::size_t bucket_bytes_ = 0;
-  std::size_t used_bytes_ = 0;  // of a bucket: the largest stage's (bucket_bytes_ rounded)
 };
 
 }  // namespace memfit

@@ -48,6 +48,7 @@
 
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
 #include "memory/provider.h"
 
 namespace memfit {
@@ -64,7 +65,7 @@ struct OffloadOptions {
   // still have are released (build the model with ParamPlacement{.grad = false} to never make
   // them).
   bool gradients = false;
-  int grad_buckets = 2;
+  int grad_buckets = kDefaultGradBuckets;
   std::vector<Model::BackwardStage> stages;
 };
 

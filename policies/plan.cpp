@@ -27,7 +27,7 @@ constexpr const char* kValidKeys =
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
     "category_peaks, host_pinned_bytes, step_seconds, tokens_per_second";
-constexpr const char* kValidOffload = "optimizer, delayed_update";
+constexpr const char* kValidOffload = "optimizer, gradients, delayed_update";
 
 std::string at(const std::string& source, const YAML::Mark& m) {
   if (m.is_null()) return source + ": ";
@@ -151,7 +151,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   Plan p;
   std::set<std::string> seen;
-  YAML::Node micro_node, global_node, accum_node, delayed_node, seq_node, checkpoint_node;
+  YAML::Node micro_node, global_node, accum_node, delayed_node, gradients_node, seq_node, checkpoint_node;
   std::string checkpoint_name, schedule_text;
   std::size_t cached = 0;
   bool have_cached = false;
@@ -198,6 +198,9 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
           const std::string k = ok.first.as<std::string>();
           if (k == "optimizer") {
             p.policy.offload.optimizer = boolean(src, ok.second, "offload." + k);
+          } else if (k == "gradients") {
+            p.policy.offload.gradients = boolean(src, ok.second, "offload." + k);
+            gradients_node = ok.second;
           } else if (k == "delayed_update") {
             p.policy.offload.delayed_update = boolean(src, ok.second, "offload." + k);
             delayed_node = ok.second;
@@ -295,6 +298,10 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     fail(src, delayed_node, "offload.delayed_update",
          "true needs offload.optimizer: true (it delays the CPU update)");
   }
+  if (p.policy.offload.gradients && !p.policy.offload.optimizer) {
+    fail(src, gradients_node, "offload.gradients",
+         "true needs offload.optimizer: true (the CPU AdamW reads the gradients on the host)");
+  }
   try {
     p.policy.checkpoint =
         Checkpointing::from_parts(checkpoint_name, schedule_text, static_cast<int>(p.model.layers));
@@ -351,6 +358,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   j["checkpoint"] = p.policy.checkpoint.name();
   if (p.policy.checkpoint.has_ops()) j["schedule"] = p.policy.checkpoint.ops_text();
   j["offload"] = {{"optimizer", p.policy.offload.optimizer},
+                  {"gradients", p.policy.offload.gradients},
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;

@@ -57,10 +57,11 @@ std::string gib(double bytes) {
 // rank holding everything; this is subtracted from its peak (and added to its budget).
 std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload) {
   if (c.o.ranks <= 1 || c.o.zero_stage == 0) return 0;
-  const StaticBytes s = c.cm.static_bytes(dt, offload.optimizer);
+  const StaticBytes s = c.cm.static_bytes(dt, offload);
   const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
   double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
-  if (c.o.zero_stage >= 2)
+  // (Offloaded gradients leave only the bucket ring, which no rank shares out.)
+  if (c.o.zero_stage >= 2 && !offload.gradients)
     saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
   return static_cast<std::size_t>(saved);
 }
@@ -84,7 +85,7 @@ class Searcher {
     // Optimal: the DP's limit is what the chain may use: the budget less the static bytes and
     // the micro-batch's inputs; the dry run confirms with every other byte (rounding,
     // fragmentation, the head's transients) and lowers the limit by what it overshot.
-    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload.optimizer);
+    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
     const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
     std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - st.device_total() - inputs;
     const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
@@ -426,7 +427,7 @@ std::optional<std::string> weights_shortfall(const Context& c) {
   std::optional<std::pair<std::size_t, std::string>> best;
   for (DType dt : c.o.dtypes) {
     for (const OffloadSwitches& off : c.o.offloads) {
-      const StaticBytes s = c.cm.static_bytes(dt, off.optimizer);
+      const StaticBytes s = c.cm.static_bytes(dt, off);
       const std::size_t need = static_cast<std::size_t>(s.device_total()) -
                                std::min<std::size_t>(s.device_total(), zero_saving(c, dt, off));
       if (best && best->first <= need) continue;
@@ -434,7 +435,9 @@ std::optional<std::string> weights_shortfall(const Context& c) {
       best = {need, std::string(dtype_name(dt)) + " weights " + b(Category::kParameter) +
                         ", f32 gradients " + b(Category::kGradient) + ", optimizer state " +
                         b(Category::kOptimizerState) +
-                        (off.optimizer ? " (offloaded: on the host)" : "")};
+                        (off.gradients   ? " (gradients: the bucket ring; optimizer on the host)"
+                         : off.optimizer ? " (offloaded: on the host)"
+                                         : "")};
     }
   }
   if (!best || best->first <= c.budget) return std::nullopt;

@@ -52,6 +52,7 @@
 #include "memory/peak_figures.h"
 #include "memory/provider.h"
 #include "policies/loss_scaler.h"
+#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
 #include "policies/policy.h"
 #include "policies/train_state.h"
 
@@ -63,7 +64,7 @@ struct TrainerOptions {
   LossScalerOptions scaler;         // scaler.enabled is forced off unless the dtype is f16...
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise
   std::uint64_t seed = 1337;        // model initialization and the trainer's Rng
-  int grad_buckets = 2;             // gradient offload's device bucket ring (OffloadOptions)
+  int grad_buckets = kDefaultGradBuckets;  // gradient offload's device bucket ring (OffloadOptions)
   bool init_model = true;           // false: keep the model's current weights
 };
 

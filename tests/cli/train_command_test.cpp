@@ -113,6 +113,32 @@ TEST(TrainCommand, SaveThenResumeContinuesExactly) {
   for (const auto& p : {state, full, part, rest}) std::remove(p.c_str());
 }
 
+// --offload takes a list: with the gradients offloaded too the losses are the same bits, the
+// gradients' device peak is the bucket ring's, and the dry run still predicts it to the byte.
+TEST(TrainCommand, OffloadListOffloadsTheGradientsToo) {
+  const std::string a = tmp("opt.json"), b = tmp("grads.json");
+  const ProgramRun ra = run_memfit(base_args(3) + " --accum 2 --offload --predict --summary-json " + a);
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  const ProgramRun rb = run_memfit(base_args(3) +
+                                   " --accum 2 --offload optimizer,gradients --predict "
+                                   "--summary-json " + b);
+  ASSERT_EQ(rb.exit_code, 0) << rb.output;
+  const auto ja = read_json(a), jb = read_json(b);
+  EXPECT_EQ(ja.at("losses"), jb.at("losses"));
+  EXPECT_TRUE(jb.at("offload_gradients").get<bool>());
+  EXPECT_FALSE(ja.at("offload_gradients").get<bool>());
+  const auto grads = [](const nlohmann::json& j) {
+    return j.at("peak_by_category").at("gradient").get<std::uint64_t>();
+  };
+  EXPECT_LT(grads(jb), grads(ja));
+  EXPECT_EQ(jb.at("predicted_peak_allocated_bytes"), jb.at("peak_allocated_bytes"));
+  const ProgramRun bad = run_memfit(base_args(1) + " --offload optimizer,wings");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("unknown switch 'wings'"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("optimizer, gradients, all"), std::string::npos) << bad.output;
+  for (const auto& p : {a, b}) std::remove(p.c_str());
+}
+
 TEST(TrainCommand, BudgetTooSmallSaysWhatWouldFit) {
   // A policy flag given: no planning, the command line's plan is tried and explained.
   const ProgramRun r = run_memfit(base_args(1) + " --checkpoint none --budget 1MiB");

@@ -193,7 +193,7 @@ TEST(CostModel, StaticBytesPerParameterMatchTheHeadersTable) {
                       {DType::kBF16, true, 2, 4, 0, 18},
                       {DType::kF32, true, 4, 4, 0, 16}};
   for (const Row& r : rows) {
-    const StaticBytes s = cm.static_bytes(r.dt, r.offload);
+    const StaticBytes s = cm.static_bytes(r.dt, OffloadSwitches{.optimizer = r.offload});
     EXPECT_EQ(s.device[cat(Category::kParameter)], r.weights * n);
     EXPECT_EQ(s.device[cat(Category::kGradient)], r.grads * n);
     EXPECT_EQ(s.device[cat(Category::kOptimizerState)], r.optimizer * n);
@@ -233,7 +233,7 @@ TEST(CostModel, StaticBytesEqualWhatTheOptimizersAllocate) {
         opt = std::make_unique<DeviceAdamW>(m.parameters(), AdamWOptions{}, ctx);
       }
       const AllocatorStats st = alloc.stats();
-      const StaticBytes s = cm.static_bytes(dt, offload);
+      const StaticBytes s = cm.static_bytes(dt, OffloadSwitches{.optimizer = offload});
       // Every parameter tensor's size here is a multiple of the allocator's 512-byte rounding
       // (gpt-tiny: C = 256), so the figures agree exactly.
       for (Category c : {Category::kParameter, Category::kGradient, Category::kOptimizerState}) {

@@ -31,6 +31,7 @@ Plan sample_plan() {
   p.policy.dtype = DType::kBF16;
   p.policy.checkpoint = Checkpointing::every(2);
   p.policy.offload.optimizer = true;
+  p.policy.offload.gradients = true;
   p.policy.offload.delayed_update = true;
   p.ranks = 4;
   p.zero_stage = 2;
@@ -76,7 +77,8 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
   for (const char* k :
-       {"activation_dtype", "checkpoint", "offload", "optimizer", "micro_batch", "accum_steps",
+       {"activation_dtype", "checkpoint", "offload", "optimizer", "gradients", "micro_batch",
+        "accum_steps",
         "peak_reserved_bytes", "peak_by_category", "cached_bytes_at_peak", "category_peaks",
         "host_pinned_bytes", "device_kind", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
@@ -213,8 +215,10 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "offload: maybe\n", "p.yaml:11:10: plan.offload: 'maybe'; valid: true");
   expect_error(m + ok + "delayed_update: true\n",
                "plan.offload.delayed_update: true needs offload");
+  expect_error(m + ok + "offload: {weights: true}\n",
+               "p.yaml:11:11: plan.offload.weights: unknown key; valid: optimizer, gradients");
   expect_error(m + ok + "offload: {gradients: true}\n",
-               "p.yaml:11:11: plan.offload.gradients: unknown key; valid: optimizer");
+               "p.yaml:11:22: plan.offload.gradients: true needs offload.optimizer: true");
   expect_error(m + ok + "schedule: F0:all B0\n", "plan.schedule:");
   expect_error(m + ok + "seq_len: 17\n", "p.yaml:11:10: plan.seq_len: 17 exceeds the model's");
   expect_error(m + ok + "accum_steps: 3\nglobal_batch: 7\n",

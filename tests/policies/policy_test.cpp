@@ -136,3 +136,36 @@ TEST(MemoryPolicy, DescribesItselfInOneLineAndComparesByValue) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+TEST(OffloadSwitches, ParsesAListAndDescribesItBack) {
+  EXPECT_EQ(OffloadSwitches::parse("optimizer"), (OffloadSwitches{.optimizer = true}));
+  const OffloadSwitches og{.optimizer = true, .gradients = true};
+  EXPECT_EQ(OffloadSwitches::parse("optimizer,gradients"), og);
+  EXPECT_EQ(OffloadSwitches::parse("gradients"), og);  // they need the optimizer's
+  EXPECT_EQ(OffloadSwitches::parse("all"), og);
+  EXPECT_EQ(OffloadSwitches::parse("off"), OffloadSwitches{});
+  EXPECT_EQ(OffloadSwitches::parse("none"), OffloadSwitches{});
+  EXPECT_EQ(og.describe(), "optimizer,gradients");
+  EXPECT_EQ(OffloadSwitches{}.describe(), "off");
+  for (const char* bad : {"", "optimizer,", "wings", "off,optimizer", "Optimizer"}) {
+    try {
+      (void)OffloadSwitches::parse(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, all, off"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  MemoryPolicy p;
+  p.offload.gradients = true;  // without the optimizer's
+  EXPECT_THROW(p.validate(), InvalidArgument);
+  p.offload.optimizer = true;
+  EXPECT_NO_THROW(p.validate());
+}
+
+}  // namespace
+}  // namespace memfit
