@@ -15,13 +15,14 @@
 // `--torch-bf16 off` skips them). Each PyTorch configuration runs just before memfit's rows of
 // the same settings, so a shared machine's load hits both alike.
 //
-// Column "ofl": optimizer offload.
+// Column "ofl": optimizer offload ("o+g": with gradient offload too).
 // Targets (the training-runtime issue), each printed PASS or FAIL:
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
 //     step time <= PyTorch's and memfit's sum4 <= PyTorch's;
 //  2. checkpointing (all, every:2) against none at the same dtype and offload: the activation
 //     peak down >= 60% for <= 1.25x step time (the usual quote is -60% memory for +25% time);
-//  3. all policies together (bf16 + checkpoint all + offload + micro-batch 1, accumulation 16)
+//  3. all policies together (bf16 + checkpoint all + optimizer and gradient offload +
+//     micro-batch 1, accumulation 16; the row with the optimizer's offload alone is printed too)
 //     at global batch 16: peak >= 20x below plain f32 (checkpoint none, no offload), judged on
 //     peak_allocated and on peak_reserved separately.
 //
@@ -106,8 +107,9 @@ struct Config {
   std::string dtype, checkpoint;
   bool offload = false;
   std::int64_t micro_batch = 0;
+  bool grads = false;  // gradient offload too (the all-policies row)
   std::string key() const {
-    return dtype + "/" + checkpoint + "/" + (offload ? "on" : "off") +
+    return dtype + "/" + checkpoint + "/" + (offload ? "on" : "off") + (grads ? "+grads" : "") +
            (micro_batch ? "/mb" + std::to_string(micro_batch) : "");
   }
 };
@@ -151,6 +153,7 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
     rs.trainer.policy.checkpoint =
         Checkpointing::parse(c.checkpoint, static_cast<int>(spec.layers));
     rs.trainer.policy.offload.optimizer = c.offload;
+    rs.trainer.policy.offload.gradients = c.grads;
     rs.trainer.policy.micro_batch = c.micro_batch;
     rs.trainer.adamw.lr = 1e-3;
     rs.trainer.adamw.weight_decay = 0.01;
@@ -280,11 +283,11 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
   const auto cat = [&](Category k) { return mib(m.by[category_index(k)]); };
   if (!m.ok) {
     std::printf("%-5s %-8s %-3s  error: %s\n", c.dtype.c_str(), c.checkpoint.c_str(),
-                c.offload ? "on" : "off", m.error.c_str());
+                c.grads ? "o+g" : c.offload ? "on" : "off", m.error.c_str());
     return;
   }
   std::printf("%-5s %-8s %-3s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
-              c.dtype.c_str(), c.checkpoint.c_str(), c.offload ? "on" : "off", m.seconds, m.loss,
+              c.dtype.c_str(), c.checkpoint.c_str(), c.grads ? "o+g" : c.offload ? "on" : "off", m.seconds, m.loss,
               cat(Category::kParameter), cat(Category::kGradient), cat(Category::kOptimizerState),
               cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
@@ -404,15 +407,20 @@ int main(int argc, char** argv) {
     print_row(c, res[c.key()], (!c.offload && t != torch.end()) ? &t->second : nullptr);
     std::fflush(stdout);
   }
-  const Config ap{"bf16", "all", true, 1};
+  const Config ap{"bf16", "all", true, 1, true};
+  const Config ap_opt{"bf16", "all", true, 1, false};
   if (a.all_policies) {
-    std::printf("all policies (micro-batch 1 x 16 accumulated):\n");
+    std::printf(
+        "all policies (micro-batch 1 x 16 accumulated; optimizer offload, then optimizer + "
+        "gradient offload):\n");
     // 16 micro-batches make this row the slowest: one timed step (memory is its target).
     Args once = a;
     once.steps = 1;
     once.warmup = a.quick ? 0 : std::min(a.warmup, 1);
-    res[ap.key()] = run_memfit(ap, once, spec, batch);
-    print_row(ap, res[ap.key()], nullptr);
+    for (const Config& c : {ap_opt, ap}) {
+      res[c.key()] = run_memfit(c, once, spec, batch);
+      print_row(c, res[c.key()], nullptr);
+    }
   }
 
   if (!version.empty()) std::printf("PyTorch %s (bench/torch_policy_matrix.py)\n", version.c_str());
