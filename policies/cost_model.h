@@ -17,6 +17,9 @@
 //   f16/bf16 + offload       2       4     (host)   (host)        6       (+ 12 + 4 grad staging
 //                                                                          + 2 weight staging)
 //   f32 + offload            4       4     (host)   (host)        8       (+ 12 + 4 grad staging)
+//   + gradient offload     2 or 4  (ring)  (host)   (host)      2 or 4    (the same slab: its
+//                                                                          grad region holds them)
+//     (ring: 2 buckets of the largest stage's gradients + a tied wte's, GradRing::sizes)
 // (masters and moments are Category::kOptimizerState; an f32 weight is its own master. Host
 // bytes are OffloadOptimizer's slab, 64-byte-aligned regions; static_bytes() gives it exactly.)
 // Beside DeepSpeed (ZeRO paper, Rajbhandari et al. 2019, section 3.1: 2 + 2 + 12 = 16 bytes
