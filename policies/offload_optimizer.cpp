@@ -407,6 +407,8 @@ bool OffloadOptimizer::grads_nonfinite(LayerContext& ctx) {
   return bad_count != 0;
 }
 
+void OffloadOptimizer::abandon_step(LayerContext& ctx) { impl_->drop_grads(ctx); }
+
 std::size_t OffloadOptimizer::grad_device_bytes() const {
   return impl_->ring ? impl_->ring->device_bytes() : 0;
 }

@@ -86,6 +86,10 @@ class OffloadOptimizer final : public Optimizer {
   // dry run). Without gradient offload: InvalidArgument (the device's check, grads_nonfinite in
   // policies/loss_scaler.h, applies).
   bool grads_nonfinite(LayerContext& ctx);
+  // A step that failed before its last micro-batch's gradients were reported: the copies in
+  // flight are waited for and every lent gradient is taken back; nothing else changes (skip()
+  // also lands a delayed update).
+  void abandon_step(LayerContext& ctx);
   // Device bytes of the gradient ring (0 without gradient offload).
   std::size_t grad_device_bytes() const;
   void step(LayerContext& ctx, double grad_scale) override;

@@ -212,6 +212,7 @@ StepResult Trainer::step(const Batch& batch) {
   ctx_.alloc.reset_peak_stats();
   Executor ex(model_, ctx_);
   bool reported = false;  // grads_ready() was called: the optimizer may hold copies in flight
+  bool lent = false;      // before_stage() was called: gradient offload may hold some too
   double loss_sum = 0;
   bool found_inf = false;
   try {
@@ -223,13 +224,16 @@ StepResult Trainer::step(const Batch& batch) {
       const int mi = static_cast<int>(m);
       ExecutorHooks hooks;
       hooks.before_stage = [&](int s) {
-        reported = true;
+        lent = true;
         optimizer_->before_stage(ctx_, s, mi, count);
       };
       hooks.after_stage = [&](int s) {
         optimizer_->after_stage(ctx_, s, mi, count);
         // The last micro-batch: each stage's gradients are final once its backward ran.
-        if (mi + 1 == count) optimizer_->grads_ready(ctx_, stages[static_cast<std::size_t>(s)].final);
+        if (mi + 1 == count) {
+          reported = true;
+          optimizer_->grads_ready(ctx_, stages[static_cast<std::size_t>(s)].final);
+        }
       };
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
       loss_sum += sum_losses(ctx_, *losses);
@@ -248,11 +252,13 @@ StepResult Trainer::step(const Batch& batch) {
     // Nothing of the training state changed yet: drop what the optimizer was told, if anything
     // (skip() leaves parameters, moments and steps as they are), and let the error through.
     model_.release_saved();
-    if (reported) {
-      try {
+    try {
+      if (reported) {
         optimizer_->skip(ctx_);
-      } catch (...) {  // the original error is the one to report
+      } else if (lent && offload_opt_ != nullptr) {
+        offload_opt_->abandon_step(ctx_);  // not skip(): a delayed update lands as it would have
       }
+    } catch (...) {  // the original error is the one to report
     }
     throw;
   }
