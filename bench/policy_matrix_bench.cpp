@@ -283,13 +283,19 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
   const auto cat = [&](Category k) { return mib(m.by[category_index(k)]); };
   if (!m.ok) {
     std::printf("%-5s %-8s %-3s  error: %s\n", c.dtype.c_str(), c.checkpoint.c_str(),
-                c.grads ? "o+g" : c.offload ? "on" : "off", m.error.c_str());
+                c.grads     ? "o+g"
+                : c.offload ? "on"
+                            : "off",
+                m.error.c_str());
     return;
   }
   std::printf("%-5s %-8s %-3s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
-              c.dtype.c_str(), c.checkpoint.c_str(), c.grads ? "o+g" : c.offload ? "on" : "off", m.seconds, m.loss,
-              cat(Category::kParameter), cat(Category::kGradient), cat(Category::kOptimizerState),
-              cat(Category::kActivation),
+              c.dtype.c_str(), c.checkpoint.c_str(),
+              c.grads     ? "o+g"
+              : c.offload ? "on"
+                          : "off",
+              m.seconds, m.loss, cat(Category::kParameter), cat(Category::kGradient),
+              cat(Category::kOptimizerState), cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
                   cat(Category::kUnknown),
               mib(m.sum4()), mib(m.allocated), mib(m.reserved));

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "core/layers/transformer_block.h"
 #include "core/dtype.h"
+#include "core/layers/transformer_block.h"
 #include "core/rng.h"
 #include "memory/error.h"
 

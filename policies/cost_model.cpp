@@ -3,8 +3,6 @@
 // calibrate() and cpu_adamw_rate() are in cost_model_calibrate.cpp.
 #include "policies/cost_model.h"
 
-#include "policies/offload_grad_ring.h"
-
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -18,6 +16,7 @@
 #include "memory/error.h"
 #include "memory/null_provider.h"
 #include "policies/cost_model_util.h"
+#include "policies/offload_grad_ring.h"
 
 namespace memfit {
 

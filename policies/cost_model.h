@@ -24,16 +24,16 @@
 // bytes are OffloadOptimizer's slab, 64-byte-aligned regions; static_bytes() gives it exactly.)
 // Beside DeepSpeed (ZeRO paper, Rajbhandari et al. 2019, section 3.1: 2 + 2 + 12 = 16 bytes
 // for mixed-precision Adam with 16-bit gradients; the 16-20 usually quoted for DeepSpeed runs
-// up to 20 with an FP32 gradient copy beside the 16-bit one) and Megatron-LM (Megatron Core's distributed-optimizer guide: 20 for
-// 16-bit params with 16-bit grads plus an FP32 main-grad copy, 18 with FP32 grads, 16 all
-// FP32): memfit accumulates gradients in FP32 (4, not 2) and keeps no low-precision gradient
-// copy, so its mixed-precision figure is Megatron's 18 and its f32 figure everybody's 16.
-// With ZeRO-1 over d ranks, Megatron's 18 becomes 6 + 12/d; ZeRO-2 also divides the 4 B of
-// gradients (planner.h does that arithmetic). Offload is ZeRO-Offload's split: the device keeps
-// 2 + 4, the host the 12 of the optimizer state plus staging.
-// Activations, per block of a GPT, beside Megatron-LM's per-layer sbh(34 + 5as/h) bytes
-// (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-// section 4.1; 16-bit, one layer, no parallelism; s tokens, b samples, h hidden, a heads):
+// up to 20 with an FP32 gradient copy beside the 16-bit one) and Megatron-LM (Megatron Core's
+// distributed-optimizer guide: 20 for 16-bit params with 16-bit grads plus an FP32 main-grad copy,
+// 18 with FP32 grads, 16 all FP32): memfit accumulates gradients in FP32 (4, not 2) and keeps no
+// low-precision gradient copy, so its mixed-precision figure is Megatron's 18 and its f32 figure
+// everybody's 16. With ZeRO-1 over d ranks, Megatron's 18 becomes 6 + 12/d; ZeRO-2 also divides the
+// 4 B of gradients (planner.h does that arithmetic). Offload is ZeRO-Offload's split: the device
+// keeps 2 + 4, the host the 12 of the optimizer state plus staging. Activations, per block of a
+// GPT, beside Megatron-LM's per-layer sbh(34 + 5as/h) bytes (Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models", section 4.1; 16-bit, one layer, no
+// parallelism; s tokens, b samples, h hidden, a heads):
 //   Megatron term                         bytes     memfit (what the layers save)       bytes
 //   LayerNorm 1 input                     2sbh      block input x (ln1 holds it)        2sbh
 //   QKV projection input                  2sbh      ln1 output (qkv holds it)           2sbh

@@ -114,8 +114,8 @@ GradRing::GradRing(LayerContext& ctx, StreamId copy, std::vector<Home> homes,
     }
     return it->second;
   };
-  const Layout lay = lay_out(homes_.size(), stages, home_of,
-                             [&](std::size_t h) { return homes_[h].p; });
+  const Layout lay =
+      lay_out(homes_.size(), stages, home_of, [&](std::size_t h) { return homes_[h].p; });
   stages_.resize(stages.size());
   byte_ = lay.byte;
   own_.assign(homes_.size(), -1);
@@ -127,8 +127,8 @@ GradRing::GradRing(LayerContext& ctx, StreamId copy, std::vector<Home> homes,
       const std::size_t bytes = static_cast<std::size_t>(homes_[h].p->numel()) * sizeof(float);
       own_[h] = static_cast<int>(own_blocks_.size());
       own_blocks_.push_back(bytes == 0 ? Block()
-                                       : ctx.alloc.allocate(bytes, Category::kGradient,
-                                                            ctx.stream, homes_[h].p->name));
+                                       : ctx.alloc.allocate(bytes, Category::kGradient, ctx.stream,
+                                                            homes_[h].p->name));
       own_free_.emplace_back();
       stages_[static_cast<std::size_t>(lay.first[h])].opens.push_back(h);
       stages_[static_cast<std::size_t>(lay.last[h])].closes.push_back(h);

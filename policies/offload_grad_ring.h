@@ -76,10 +76,10 @@ class GradRing {
 
  private:
   struct Stage {
-    std::vector<std::size_t> ring;    // homes whose gradient is a slice of this stage's bucket
-    std::vector<std::size_t> opens;   // multi-stage homes first written here
-    std::vector<std::size_t> closes;  // multi-stage homes last written here
-    std::vector<std::size_t> sent;    // ring + closes: what after_stage() sends
+    std::vector<std::size_t> ring;     // homes whose gradient is a slice of this stage's bucket
+    std::vector<std::size_t> opens;    // multi-stage homes first written here
+    std::vector<std::size_t> closes;   // multi-stage homes last written here
+    std::vector<std::size_t> sent;     // ring + closes: what after_stage() sends
     std::optional<EventHandle> ready;  // the refill's copy event, when prefetched
     bool prepared = false;
   };
@@ -92,8 +92,8 @@ class GradRing {
   StreamId copy_;
   Device device_;
   std::vector<Home> homes_;
-  std::vector<std::size_t> byte_;    // per home: offset in its bucket (ring homes)
-  std::vector<int> own_;             // per home: index into own_blocks_, -1 for ring homes
+  std::vector<std::size_t> byte_;  // per home: offset in its bucket (ring homes)
+  std::vector<int> own_;           // per home: index into own_blocks_, -1 for ring homes
   std::vector<Stage> stages_;
   std::vector<Block> buckets_;
   std::vector<std::optional<EventHandle>> bucket_free_;  // the D2H that last emptied it

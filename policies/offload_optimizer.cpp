@@ -22,10 +22,10 @@
 #include <utility>
 
 #include "core/cpu/adamw.h"
-#include "policies/offload_grad_ring.h"
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "policies/offload_grad_ring.h"
 #include "profiler/scoped_range.h"
 
 namespace memfit {
@@ -421,7 +421,8 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   if (m.ring) {
     for (const Impl::Slot& s : m.slots) {
       if (!s.copied) {
-        bad("step(): the gradient of '" + s.p->name + "' never left the device: gradient "
+        bad("step(): the gradient of '" + s.p->name +
+            "' never left the device: gradient "
             "offload needs before_stage()/after_stage() around every stage of the last "
             "micro-batch");
       }

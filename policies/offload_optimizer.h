@@ -48,8 +48,8 @@
 
 #include "core/model.h"
 #include "core/optimizer.h"
-#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
 #include "memory/provider.h"
+#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
 
 namespace memfit {
 

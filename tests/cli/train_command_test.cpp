@@ -117,11 +117,13 @@ TEST(TrainCommand, SaveThenResumeContinuesExactly) {
 // gradients' device peak is the bucket ring's, and the dry run still predicts it to the byte.
 TEST(TrainCommand, OffloadListOffloadsTheGradientsToo) {
   const std::string a = tmp("opt.json"), b = tmp("grads.json");
-  const ProgramRun ra = run_memfit(base_args(3) + " --accum 2 --offload --predict --summary-json " + a);
+  const ProgramRun ra =
+      run_memfit(base_args(3) + " --accum 2 --offload --predict --summary-json " + a);
   ASSERT_EQ(ra.exit_code, 0) << ra.output;
   const ProgramRun rb = run_memfit(base_args(3) +
                                    " --accum 2 --offload optimizer,gradients --predict "
-                                   "--summary-json " + b);
+                                   "--summary-json " +
+                                   b);
   ASSERT_EQ(rb.exit_code, 0) << rb.output;
   const auto ja = read_json(a), jb = read_json(b);
   EXPECT_EQ(ja.at("losses"), jb.at("losses"));

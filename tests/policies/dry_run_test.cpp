@@ -282,7 +282,8 @@ TEST(DryRun, GradientOffloadKeepsOnlyTheBucketRingOnTheDevice) {
   const auto all = static_cast<std::size_t>(spec.parameter_count()) * 4;
   EXPECT_GE(opt.step.category_peaks[g], all);
   // One block's gradients (its weights in f32) per bucket, two buckets, and wte.
-  const std::size_t block = static_cast<std::size_t>(12 * spec.hidden * spec.hidden + 13 * spec.hidden) * 4;
+  const std::size_t block =
+      static_cast<std::size_t>(12 * spec.hidden * spec.hidden + 13 * spec.hidden) * 4;
   const std::size_t wte = static_cast<std::size_t>(spec.vocab * spec.hidden) * 4;
   EXPECT_GE(grads.step.category_peaks[g], 2 * block + wte);
   EXPECT_LT(grads.step.category_peaks[g], 2 * block + wte + 64 * 1024);

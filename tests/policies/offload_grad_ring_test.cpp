@@ -94,18 +94,16 @@ TEST_P(GradOffload, TrainsBitForBitAsWithTheGradientsOnTheDevice) {
   EXPECT_LT(grads.gradient_peak, opt.gradient_peak);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, GradOffload,
-                         ::testing::Values(Case{DType::kF32, "none", 0},
-                                           Case{DType::kF32, "every:2", 3},
-                                           Case{DType::kBF16, "none", 3},
-                                           Case{DType::kBF16, "all", 0},
-                                           Case{DType::kF16, "none", 0},
-                                           Case{DType::kF16, "sqrt", 6}),
-                         [](const ::testing::TestParamInfo<Case>& i) {
-                           return std::string(dtype_name(i.param.dtype)) + "_" +
-                                  (i.param.checkpoint[0] == 'e' ? "every2" : i.param.checkpoint) +
-                                  "_accum" + std::to_string(i.param.accum);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Policies, GradOffload,
+    ::testing::Values(Case{DType::kF32, "none", 0}, Case{DType::kF32, "every:2", 3},
+                      Case{DType::kBF16, "none", 3}, Case{DType::kBF16, "all", 0},
+                      Case{DType::kF16, "none", 0}, Case{DType::kF16, "sqrt", 6}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      return std::string(dtype_name(i.param.dtype)) + "_" +
+             (i.param.checkpoint[0] == 'e' ? "every2" : i.param.checkpoint) + "_accum" +
+             std::to_string(i.param.accum);
+    });
 
 // The ring's size changes where the copies wait, never the numbers; the device holds
 // buckets x the largest stage's gradients (plus the tied wte's buffer).

@@ -220,17 +220,16 @@ TEST_P(TrainerResume, LoadThenTrainEqualsTrainingOnBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, TrainerResume,
-    ::testing::Values(ResumeCase{"f32", DType::kF32, "none", 0, false, false},
-                      ResumeCase{"bf16_ckpt_micro", DType::kBF16, "all", 3, false, false},
-                      ResumeCase{"f16_scaler", DType::kF16, "every:2", 0, false, false},
-                      ResumeCase{"offload_bf16", DType::kBF16, "none", 0, true, false},
-                      ResumeCase{"offload_f32", DType::kF32, "sqrt", 2, true, false},
-                      ResumeCase{"offload_delayed", DType::kBF16, "none", 0, true, true},
-                      ResumeCase{"offload_grads_f16", DType::kF16, "every:2", 0, true, false, true},
-                      ResumeCase{"offload_grads_bf16_micro", DType::kBF16, "all", 2, true, false,
-                                 true},
-                      ResumeCase{"offload_grads_delayed", DType::kBF16, "none", 2, true, true,
-                                 true}),
+    ::testing::Values(
+        ResumeCase{"f32", DType::kF32, "none", 0, false, false},
+        ResumeCase{"bf16_ckpt_micro", DType::kBF16, "all", 3, false, false},
+        ResumeCase{"f16_scaler", DType::kF16, "every:2", 0, false, false},
+        ResumeCase{"offload_bf16", DType::kBF16, "none", 0, true, false},
+        ResumeCase{"offload_f32", DType::kF32, "sqrt", 2, true, false},
+        ResumeCase{"offload_delayed", DType::kBF16, "none", 0, true, true},
+        ResumeCase{"offload_grads_f16", DType::kF16, "every:2", 0, true, false, true},
+        ResumeCase{"offload_grads_bf16_micro", DType::kBF16, "all", 2, true, false, true},
+        ResumeCase{"offload_grads_delayed", DType::kBF16, "none", 2, true, true, true}),
     [](const ::testing::TestParamInfo<ResumeCase>& i) { return std::string(i.param.name); });
 
 TEST(Trainer, InterruptedSaveLeavesThePreviousStateLoadable) {

@@ -70,8 +70,11 @@ TEST(ParameterTest, EmptyNameIsRejected) {
   testing::MetaEnv env;
   Parameter p;
   p.shape = Shape{3};
-  testing::expect_invalid([&] { allocate_parameter(p, {env.alloc, DType::kF32, Device::kMeta}); },
-                          {"empty name", "(3)"});
+  testing::expect_invalid(
+      [&] {
+        allocate_parameter(p, {env.alloc, DType::kF32, Device::kMeta});
+      },
+      {"empty name", "(3)"});
   EXPECT_EQ(testing::live_bytes(env.alloc), 0);
 }
 
