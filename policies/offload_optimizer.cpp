@@ -244,6 +244,10 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     bad("threads = " + std::to_string(options.threads) + "; valid: >= 0 (0: OpenMP's default)");
   }
   // Validate everything before anything moves.
+  if (options.gradients && options.stages.empty()) {
+    bad("gradient offload needs the model's backward stages (OffloadOptions::stages = "
+        "model.backward_stages())");
+  }
   std::size_t stage_bytes = 0;
   for (Parameter* p : params) {
     if (p == nullptr) bad("a null Parameter in the list");
@@ -312,10 +316,6 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     m.grad = reinterpret_cast<float*>(base + 3 * f32_region);
     m.stage = base + 4 * f32_region;
     if (!m.dry) std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and grads)
-  }
-  if (options.gradients && options.stages.empty()) {
-    bad("gradient offload needs the model's backward stages (OffloadOptions::stages = "
-        "model.backward_stages())");
   }
   m.be = &ctx.backend;
   m.copy = ctx.backend.create_stream();
