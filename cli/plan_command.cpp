@@ -89,9 +89,12 @@ std::string short_rate(double r) {
   return buf;
 }
 
-// "off", "opt" (the optimizer's), "opt+grad" (and its gradients); "+dpu": the delayed update.
+// "off", "opt" (the optimizer's), "opt+grad" (and its gradients), "opt+wt" (and the weights),
+// "o+g+w" (all three); "+dpu": the delayed update.
 const char* offload_column(const OffloadSwitches& o) {
   if (!o.any()) return "off";
+  if (o.gradients && o.weights) return "o+g+w";
+  if (o.weights) return "opt+wt";
   if (o.gradients) return o.delayed_update ? "o+g+dpu" : "opt+grad";
   return o.delayed_update ? "opt+dpu" : "opt";
 }

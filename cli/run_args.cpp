@@ -45,8 +45,9 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--offload", a.offload,
                   "to pinned host memory: optimizer (FP32 masters and Adam moments, CPU AdamW; "
                   "what a bare --offload means), gradients (FP32 gradients streamed out stage "
-                  "by stage through two device buckets; needs the optimizer's), all, or a "
-                  "comma-separated list")
+                  "by stage through two device buckets), weights (working weights fetched for "
+                  "each block's use into two device buffers; not with a delayed update), all, "
+                  "or a comma-separated list; gradients and weights need the optimizer's")
       ->expected(0, 1);
   cmd->add_option("--budget", a.budget,
                   "allocator budget on the device (96MiB, 1GiB, ...); with no policy flag "
@@ -253,7 +254,7 @@ std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec&
                             case Change::kBF16:
                               return "--dtype bf16";
                             case Change::kOffload:
-                              return "--offload optimizer,gradients";
+                              return "--offload all";
                             case Change::kAllOfThese:
                               break;
                           }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/check.h"
 #include "memory/error.h"
 #include "profiler/scoped_range.h"
 
@@ -78,7 +79,55 @@ class PhaseRange {
   std::optional<ScopedRange> range_;
 };
 
+// Calls the use hooks as the ops go: enter(u) before an op on unit u, finish() after the last.
+class UseTracker {
+ public:
+  UseTracker(const ExecutorHooks& hooks, std::vector<int> uses)
+      : hooks_(hooks), uses_(std::move(uses)) {}
+  void enter(int unit) {
+    if (!hooks_.before_use && !hooks_.after_use) return;
+    if (started_ && uses_[at_] == unit) return;
+    if (started_) {
+      if (hooks_.after_use) hooks_.after_use(uses_[at_]);
+      ++at_;
+    }
+    started_ = true;
+    MEMFIT_CHECK(at_ < uses_.size() && uses_[at_] == unit)
+        << "executor: use " << at_ << " of unit " << unit << " not in weight_uses()";
+    const int next = at_ + 1 < uses_.size() ? uses_[at_ + 1] : -1;
+    if (hooks_.before_use) hooks_.before_use(unit, next);
+  }
+  void finish() {
+    if (started_ && hooks_.after_use) hooks_.after_use(uses_[at_]);
+    started_ = false;
+  }
+
+ private:
+  const ExecutorHooks& hooks_;
+  std::vector<int> uses_;
+  std::size_t at_ = 0;
+  bool started_ = false;
+};
+
 }  // namespace
+
+std::vector<int> weight_uses(const Schedule& schedule, int n) {
+  std::vector<int> out;
+  const auto use = [&](int u) {
+    if (out.empty() || out.back() != u) out.push_back(u);
+  };
+  use(0);
+  bool head_ran = false;
+  for (const ScheduleOp& op : schedule.ops()) {
+    use(1 + op.block);
+    if (op.kind == ScheduleOp::Kind::kForward && op.block == n - 1 && !head_ran) {
+      head_ran = true;
+      use(n + 1);
+    }
+  }
+  use(0);
+  return out;
+}
 
 Executor::Executor(Model& model, LayerContext ctx) : model_(model), ctx_(ctx) {}
 
@@ -90,6 +139,8 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   stats_ = ExecutorStats{};
   const std::vector<char> needed = outputs_read_later(schedule, n);
   const RangeIds ids(model_);
+  const bool use_hooks = hooks.before_use || hooks.after_use;
+  UseTracker uses(hooks, use_hooks ? weight_uses(schedule, n) : std::vector<int>{});
 
   std::vector<Act> x(static_cast<std::size_t>(n) + 1);  // x[i]: block i's input
   Act dy;                                               // the gradient at x[next backward + 1]
@@ -105,6 +156,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
     phase.enter(RangeKind::kForward);
     {
       ScopedRange b(RangeKind::kBlock, ids.embedding);
+      uses.enter(0);
       x[0] = model_.embedding().forward(ctx_, mb.tokens);
     }
     count_held();
@@ -117,6 +169,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
       if (op.kind == ScheduleOp::Kind::kForward) {
         phase.enter(op.recompute ? RangeKind::kRecompute : RangeKind::kForward);
         std::optional<ScopedRange> block_range(std::in_place, RangeKind::kBlock, ids.blocks[i]);
+        uses.enter(1 + op.block);
         Act y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
         ++stats_.forwards;
         if (op.recompute) ++stats_.recomputes;
@@ -132,6 +185,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
           Act xn = std::move(x[static_cast<std::size_t>(n)]);
           {
             ScopedRange h(RangeKind::kBlock, ids.head);
+            uses.enter(n + 1);
             losses = model_.head().forward(ctx_, xn, mb.targets);
             xn.reset();  // the head holds what its backward needs
           }
@@ -147,6 +201,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         phase.enter(RangeKind::kBackward);
         ScopedRange block_range(RangeKind::kBlock, ids.blocks[i]);
         const int stage = n - op.block;  // Model::backward_stages(): 1 + (n - 1 - block)
+        uses.enter(1 + op.block);
         if (hooks.before_stage) hooks.before_stage(stage);
         Act dx = blk.backward(ctx_, dy);
         dy = std::move(dx);
@@ -158,10 +213,12 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
     }
     phase.enter(RangeKind::kBackward);
     ScopedRange b(RangeKind::kBlock, ids.embedding);
+    uses.enter(0);
     if (hooks.before_stage) hooks.before_stage(n + 1);
     model_.embedding().backward(ctx_, mb.tokens, dy);
     dy.reset();
     if (hooks.after_stage) hooks.after_stage(n + 1);
+    uses.finish();
   } catch (...) {
     // An aborted step holds nothing: every slot, the gradient in flight, the losses and every
     // layer's saved state go before the exception does (the parameters were only read).
@@ -174,29 +231,39 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   return losses;
 }
 
-Act Executor::forward_only(const MicroBatch& mb) {
+Act Executor::forward_only(const MicroBatch& mb, const ExecutorHooks& hooks) {
   check_batch(mb, ctx_);
   stats_ = ExecutorStats{};
   Act x;
   Act losses;
   const RangeIds ids(model_);
+  const int n = model_.num_blocks();
+  std::vector<int> order;
+  if (hooks.before_use || hooks.after_use) {
+    for (int u = 0; u <= n + 1; ++u) order.push_back(u);
+  }
+  UseTracker uses(hooks, std::move(order));
   try {
     ScopedRange phase(RangeKind::kForward);
     {
       ScopedRange b(RangeKind::kBlock, ids.embedding);
+      uses.enter(0);
       x = model_.embedding().forward(ctx_, mb.tokens);
     }
-    for (int i = 0; i < model_.num_blocks(); ++i) {
+    for (int i = 0; i < n; ++i) {
       ScopedRange b(RangeKind::kBlock, ids.blocks[static_cast<std::size_t>(i)]);
+      uses.enter(1 + i);
       Act y = model_.block(i).forward(ctx_, x, /*save=*/false);
       x = std::move(y);
       ++stats_.forwards;
     }
     stats_.max_held_inputs = 1;
     ScopedRange h(RangeKind::kBlock, ids.head);
+    uses.enter(n + 1);
     losses = model_.head().forward(ctx_, x, mb.targets);
     x.reset();
     model_.head().release_saved();  // the head always saves; nothing here runs its backward
+    uses.finish();
   } catch (...) {
     x.reset();
     losses.reset();

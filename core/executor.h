@@ -15,13 +15,15 @@
 // parameters are never written by run().
 // Hooks let a caller act around each stage's backward (an offloading optimizer lends gradient
 // memory before it and starts copying the gradients after it while the remaining backwards
-// run); they run on the calling thread.
+// run) and around each use of a unit's weights (weight offload fetches them before it, one use
+// ahead, and takes them back after); they run on the calling thread.
 // forward_only() computes the losses without saving anything (evaluation, dry runs of
 // inference). The same code runs on every backend, meta included (the planner's dry run).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "core/layer.h"
 #include "core/model.h"
@@ -39,10 +41,22 @@ struct MicroBatch {
 // stage's backward writes its gradients (a gradient-offloading optimizer lends them memory
 // there); after_stage(s) once its backward is queued (its gradients are complete for this
 // micro-batch).
+// Weight units are numbered as Model::weight_units() numbers them (0: the embedding, 1 + i:
+// block i, n + 1: the head). A use is a run of consecutive ops on one unit (the head's forward
+// and backward; a recompute and the backward right after it): before_use(u, next) runs before
+// its first op reads the weights, with the unit of the use after it (-1 for the last), and
+// after_use(u) once its last op is queued. The uses of a run() are weight_uses(schedule, n),
+// of a forward_only() 0, 1, ..., n + 1.
 struct ExecutorHooks {
   std::function<void(int stage)> before_stage;
   std::function<void(int stage)> after_stage;
+  std::function<void(int unit, int next)> before_use;
+  std::function<void(int unit)> after_use;
 };
+
+// The weight units in the order run() uses them for this schedule on n blocks, consecutive
+// repeats merged. The schedule must be valid for n.
+std::vector<int> weight_uses(const Schedule& schedule, int n);
 
 // What the last run() did; counters for tests and reports.
 struct ExecutorStats {
@@ -58,7 +72,7 @@ class Executor {
 
   Act run(const Schedule& schedule, const MicroBatch& mb, float dloss,
           const ExecutorHooks& hooks = {});
-  Act forward_only(const MicroBatch& mb);
+  Act forward_only(const MicroBatch& mb, const ExecutorHooks& hooks = {});
 
   const ExecutorStats& stats() const { return stats_; }
   LayerContext& context() { return ctx_; }

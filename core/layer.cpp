@@ -22,7 +22,7 @@ LayerCost& LayerCost::operator+=(const LayerCost& o) {
 void Layer::allocate(const ParamAlloc& a) {
   for (Parameter* p : parameters()) {
     // Tied parameters appear in more than one layer; the first allocation wins.
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
+    if (!p->placed) allocate_parameter(*p, a);
   }
 }
 

@@ -139,6 +139,19 @@ std::vector<Model::BackwardStage> Model::backward_stages() {
   return out;
 }
 
+std::vector<std::vector<Parameter*>> Model::weight_units() {
+  std::vector<std::vector<Parameter*>> out;
+  out.reserve(static_cast<std::size_t>(num_blocks()) + 2);
+  out.push_back(embedding_parameters());
+  for (int i = 0; i < num_blocks(); ++i) out.push_back(block_parameters(i));
+  std::vector<Parameter*> head;
+  for (Parameter* p : head_->parameters()) {
+    if (std::find(head.begin(), head.end(), p) == head.end()) head.push_back(p);
+  }
+  out.push_back(std::move(head));
+  return out;
+}
+
 std::int64_t Model::parameter_count() {
   std::int64_t n = 0;
   for (Parameter* p : parameters()) n += p->numel();
@@ -153,9 +166,15 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
   std::vector<unsigned char> rounded;  // a low-precision weight without a device master
   for (Parameter* p : parameters()) {
     const bool on_host = !p->master_on_device() && p->host_master.defined();
-    if (!p->master_on_device() && !on_host && p->weight.view().dtype() != DType::kF32) {
-      throw InvalidArgument("Model::init: parameter '" + p->name + "' (" +
-                            dtype_name(p->weight.view().dtype()) +
+    const bool weight_on_host = !p->weight_on_device() && p->host_weight.defined();
+    if (!p->weight_on_device() && !(weight_on_host && on_host)) {
+      throw InvalidArgument("Model::init: parameter '" + p->name +
+                            "' has no working weight on the device, and no host weight and "
+                            "master; valid: build the model with weights, or bind host weights "
+                            "and masters (an optimizer offloading the weights)");
+    }
+    if (!p->master_on_device() && !on_host && p->dtype != DType::kF32) {
+      throw InvalidArgument("Model::init: parameter '" + p->name + "' (" + dtype_name(p->dtype) +
                             ") has no f32 master on the device or the host; valid: build the "
                             "model with masters, or bind host masters (an offloading optimizer)");
     }
@@ -164,16 +183,23 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
     if (meta) {
       // No host values to copy on a dry run; a fill stands for the upload (no allocation either
       // way, so the allocator sees the same run).
-      be.fill(ctx.stream, on_host ? p->weight.view() : master, 0.0f);
+      const Tensor target = on_host ? p->weight.view() : master;
+      if (target.raw() != nullptr) be.fill(ctx.stream, target, 0.0f);
     } else if (on_host) {
-      // Straight into the pinned master; the working weight is its rounding, copied up.
+      // Straight into the pinned master; the working weight is its rounding, copied up (or,
+      // under weight offload, written beside it on the host; an f32 one is the master itself).
       float* m = static_cast<float*>(master.raw());
       fill_init(*p, rng, m);
-      const DType wt = p->weight.view().dtype();
+      const DType wt = p->dtype;
+      const auto n = static_cast<std::size_t>(p->numel());
+      if (weight_on_host) {
+        if (wt != DType::kF32) convert(m, DType::kF32, p->host_weight.raw(), wt, n);
+        continue;
+      }
       const void* src = m;
       if (wt != DType::kF32) {
-        rounded.resize(static_cast<std::size_t>(p->numel()) * dtype_size(wt));
-        convert(m, DType::kF32, rounded.data(), wt, static_cast<std::size_t>(p->numel()));
+        rounded.resize(n * dtype_size(wt));
+        convert(m, DType::kF32, rounded.data(), wt, n);
         src = rounded.data();
       }
       be.copy(ctx.stream, Tensor(const_cast<void*>(src), p->shape, wt, Device::kCpu),

@@ -21,6 +21,9 @@
 // only issues the copies.
 // backward_stages(): the backward in the executor's order (head, blocks n-1..0, embedding),
 // each stage with the parameters it adds gradients to and those final after it.
+// weight_units(): the parameters each unit of the executor reads (0 the embedding, 1 + i block
+// i, n + 1 the head, a tied wte in the first and the last): what weight offload fetches for
+// each use (ExecutorHooks::before_use).
 // Not thread-safe.
 #pragma once
 
@@ -73,7 +76,11 @@ class Model {
   // Stage 0 is the head, stage 1 + k block n-1-k, stage n + 1 the embedding: the order the
   // executor runs them in every micro-batch (ExecutorHooks::before_stage/after_stage).
   std::vector<BackwardStage> backward_stages();
+  // Unit 0 the embedding, 1 + i block i, n + 1 the head (its own parameters and a tied wte):
+  // the parameters each reads, each once.
+  std::vector<std::vector<Parameter*>> weight_units();
 
+  // Under weight offload (no device weight) the rounded values go to Parameter::host_weight.
   void init(std::uint64_t seed, LayerContext& ctx);
   void zero_grad(LayerContext& ctx);  // every grad on the device := 0
   // Drops every layer's saved state (an aborted step). Never throws.

@@ -16,6 +16,9 @@
 // - before_stage/after_stage(ctx, stage, m, count): every micro-batch's backward stages
 //   (gradient offload needs them all; grads_ready is the last micro-batch's after_stage seen
 //   per parameter).
+// - before_use/after_use(ctx, unit, next): around every use of a weight unit
+//   (Model::weight_units(), ExecutorHooks::before_use), forwards, recomputes, backwards and
+//   evaluation alike (weight offload lends the weights their device memory there).
 // - step(ctx, grad_scale): one update of every parameter with gradients multiplied by
 //   grad_scale (1 / loss scale; the accumulation weighting is already in the loss's gradient),
 //   then the working weights (Parameter::weight) hold the new values rounded to the compute
@@ -62,6 +65,13 @@ class Optimizer {
   virtual void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
     (void)ctx, (void)stage, (void)micro_batch, (void)count;
   }
+  // Around every use of weight unit `unit` of Model::weight_units() (`next`: the unit used after
+  // it, -1 for none): an optimizer that keeps the working weights off the device lends
+  // Parameter::weight a device copy before the use and takes it back after. No-ops by default.
+  virtual void before_use(LayerContext& ctx, int unit, int next) {
+    (void)ctx, (void)unit, (void)next;
+  }
+  virtual void after_use(LayerContext& ctx, int unit) { (void)ctx, (void)unit; }
   virtual void step(LayerContext& ctx, double grad_scale) = 0;
   virtual void skip(LayerContext& ctx) = 0;
   virtual void flush(LayerContext& ctx) { (void)ctx; }

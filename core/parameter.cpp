@@ -26,8 +26,14 @@ void allocate_parameter(Parameter& p, const ParamAlloc& a) {
     throw InvalidArgument("allocate_parameter: the parameter of shape " + p.shape.str() +
                           " has an empty name; every parameter needs a unique name");
   }
-  p.weight = OwnedTensor::empty(a.alloc, p.shape, a.compute, a.device, Category::kParameter,
-                                a.stream, p.name);
+  p.dtype = a.compute;
+  p.placed = true;
+  if (a.placement.weight) {
+    p.weight = OwnedTensor::empty(a.alloc, p.shape, a.compute, a.device, Category::kParameter,
+                                  a.stream, p.name);
+  } else {
+    p.weight.reset();
+  }
   if (a.compute != DType::kF32 && a.placement.master) {
     p.master = OwnedTensor::empty(a.alloc, p.shape, DType::kF32, a.device,
                                   Category::kOptimizerState, a.stream, p.name);

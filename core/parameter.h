@@ -19,8 +19,13 @@
 //   writes it (OwnedTensor::borrow) and takes it back after copying it to the host.
 // - host_master: a view of the FP32 master in an offloading optimizer's pinned host memory,
 //   bound by that optimizer (Model::init writes a fresh model's values there directly).
-// ParamPlacement says which of master and grad the model allocates on the device: an offloading
-// trainer builds its model without them, so they are never on the device, not even at setup.
+// - host_weight: under weight offload, the working copy in the compute dtype on the host (the
+//   optimizer's weight staging, or the master itself for f32), bound by that optimizer; the
+//   device then has no weight of its own: a WeightRing lends `weight` a slice of a device buffer
+//   holding a fresh copy for each use of the parameter's unit (policies/offload_weight_ring.h).
+// ParamPlacement says which of weight, master and grad the model allocates on the device: an
+// offloading trainer builds its model without them, so they are never on the device, not even
+// at setup.
 // A Parameter never moves once made (layers and optimizers hold pointers to it); the model
 // owns it. Tied parameters (GPT-2's head and token embedding) are one Parameter used twice.
 #pragma once
@@ -48,14 +53,18 @@ struct Parameter {
   std::string name;  // "h.3.attn.qkv.weight": unique within a model
   Shape shape;
   ParamInit init;
-  OwnedTensor weight;  // compute dtype, kParameter
+  OwnedTensor weight;  // compute dtype, kParameter; lent for one use under weight offload
   OwnedTensor master;  // f32, kOptimizerState; empty when weight is f32 or after offload
   OwnedTensor grad;    // f32, kGradient; lent for one stage's backward under gradient offload
   Tensor host_master;  // f32 on the host, when an offloading optimizer holds the master
+  Tensor host_weight;  // compute dtype on the host, when an offloading optimizer holds it
+  DType dtype = DType::kF32;  // the working weight's (allocate_parameter sets it)
+  bool placed = false;        // allocate_parameter ran (a tied parameter is allocated once)
 
   std::int64_t numel() const { return shape.numel(); }
   bool master_on_device() const { return master.view().raw() != nullptr; }
   bool grad_on_device() const { return grad.view().raw() != nullptr; }
+  bool weight_on_device() const { return weight.view().raw() != nullptr; }
   // The FP32 values an on-device optimizer updates: master when present, else weight (f32).
   // MEMFIT_CHECKs that one of them is f32 on the device.
   Tensor master_view() const;
@@ -65,6 +74,7 @@ class CachingAllocator;
 
 // What of each parameter the model allocates on the device besides its working weight.
 struct ParamPlacement {
+  bool weight = true;  // the working weight; false: weight offload (lent per use)
   bool master = true;  // the f32 master (compute dtype != f32 only); false: optimizer offload
   bool grad = true;    // the f32 gradient; false: gradient offload (lent per stage)
   bool operator==(const ParamPlacement&) const = default;
@@ -79,9 +89,9 @@ struct ParamAlloc {
   ParamPlacement placement;
 };
 
-// Allocates p.weight (compute dtype), p.master (f32, only when compute != f32 and
-// placement.master) and p.grad (f32, when placement.grad) for p.shape, tagged p.name,
-// uninitialized. InvalidArgument for an empty name.
+// Allocates p.weight (compute dtype, when placement.weight), p.master (f32, only when
+// compute != f32 and placement.master) and p.grad (f32, when placement.grad) for p.shape,
+// tagged p.name, uninitialized; sets p.dtype and p.placed. InvalidArgument for an empty name.
 void allocate_parameter(Parameter& p, const ParamAlloc& a);
 
 }  // namespace memfit

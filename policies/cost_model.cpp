@@ -17,6 +17,7 @@
 #include "memory/null_provider.h"
 #include "policies/cost_model_util.h"
 #include "policies/offload_grad_ring.h"
+#include "policies/offload_weight_ring.h"
 
 namespace memfit {
 
@@ -125,6 +126,10 @@ CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len) {
   const GradRing::Sizes ring = GradRing::sizes(m.backward_stages());
   cm.grad_bucket_bytes_ = static_cast<std::int64_t>(ring.bucket_bytes);
   cm.grad_own_bytes_ = static_cast<std::int64_t>(ring.own_bytes);
+  for (DType dt : kDTypes) {
+    cm.weight_buffer_bytes_[dt_index(dt)] =
+        static_cast<std::int64_t>(WeightRing::buffer_bytes(m.weight_units(), dt));
+  }
   const std::size_t n = static_cast<std::size_t>(m.num_blocks());
   cm.blocks_.resize(n);
   cm.block_excess_.resize(n);
@@ -160,8 +165,10 @@ StaticBytes CostModel::static_bytes(DType dt, const OffloadSwitches& off) const 
   const std::int64_t n = params_;
   const bool mixed = dt != DType::kF32;
   StaticBytes s;
+  // Weight offload: WeightRing's buffers (TrainerOptions::weight_buffers' default, 2).
   s.device[static_cast<std::size_t>(Category::kParameter)] =
-      mul(n, static_cast<std::int64_t>(dtype_size(dt)), "weight bytes");
+      off.weights ? mul(kDefaultWeightBuffers, weight_buffer_bytes_[dt_index(dt)], "buffers")
+                  : mul(n, static_cast<std::int64_t>(dtype_size(dt)), "weight bytes");
   // Gradient offload: GradRing's buckets (TrainerOptions::grad_buckets' default, 2) and the
   // buffers of parameters written by two stages (a tied wte), not the model's gradients.
   s.device[static_cast<std::size_t>(Category::kGradient)] =
@@ -257,26 +264,84 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
     return s;
   }());
   std::vector<std::pair<double, double>> ready;  // (time, parameters) in the last micro-batch
+  // The weight units' uses (Executor's weight_uses): (unit, compute seconds), repeats merged.
+  std::vector<std::pair<int, double>> uses;
+  const auto use = [&](int unit, double seconds) {
+    if (!uses.empty() && uses.back().first == unit) {
+      uses.back().second += seconds;
+    } else {
+      uses.emplace_back(unit, seconds);
+    }
+  };
   double t = emb_fwd;
+  use(0, emb_fwd);
   bool head_done = false;
   for (const ScheduleOp& op : schedule.ops()) {
     const ChainBlock& cb = c.blocks[static_cast<std::size_t>(op.block)];
     if (op.kind == ScheduleOp::Kind::kForward) {
       t += cb.fwd_time;
+      use(1 + op.block, cb.fwd_time);
       if (!head_done && op.block == num_blocks() - 1) {
         t += c.head_time;  // forward and backward: the head runs as soon as x[n] is held
+        use(num_blocks() + 1, c.head_time);
         head_done = true;
         ready.emplace_back(t, head_own);
       }
     } else {
       t += cb.bwd_time;
+      use(1 + op.block, cb.bwd_time);
       ready.emplace_back(t, static_cast<double>(block_params_[static_cast<std::size_t>(op.block)]));
     }
   }
   t += emb_bwd;
+  use(0, emb_bwd);
   ready.emplace_back(t, static_cast<double>(embedding_params_));
   const double micro = t;
   double total = static_cast<double>(accum) * micro;
+  if (p.offload.weights) {
+    // WeightRing with two buffers, least recently used first: the fetch of the next use's unit
+    // starts when this use starts and its buffer's last reader is done; a use starts when its
+    // compute predecessor and its fetch are done. The delay past `micro` is exposed, per
+    // micro-batch (the first use of the next micro-batch, the embedding, is still held).
+    const auto unit_params = [&](int u) {
+      if (u == 0) return static_cast<double>(embedding_params_);
+      if (u == num_blocks() + 1) return static_cast<double>(head_read_params_);
+      return static_cast<double>(block_params_[static_cast<std::size_t>(u - 1)]);
+    };
+    struct Buf {
+      int unit = -1;
+      double ready = 0, free = 0, used = -1;
+    };
+    std::array<Buf, 2> bufs{};
+    double copy = 0, clock = 0;
+    const auto fetch = [&](int u, double issue, int except) {
+      int b = except == 0 ? 1 : 0;
+      if (except < 0 && bufs[1].used < bufs[0].used) b = 1;
+      Buf& f = bufs[static_cast<std::size_t>(b)];
+      copy = std::max({copy, issue, f.free}) + unit_params(u) * wbytes / device.host_link;
+      f.unit = u;
+      f.ready = copy;
+      return b;
+    };
+    const auto holding = [&](int u) {
+      for (int b = 0; b < 2; ++b) {
+        if (bufs[static_cast<std::size_t>(b)].unit == u) return b;
+      }
+      return -1;
+    };
+    for (std::size_t k = 0; k < uses.size(); ++k) {
+      const int u = uses[k].first;
+      int b = holding(u);
+      if (b < 0) b = fetch(u, clock, -1);
+      Buf& cur = bufs[static_cast<std::size_t>(b)];
+      const double start = std::max(clock, cur.ready);
+      cur.used = static_cast<double>(k);
+      if (k + 1 < uses.size() && holding(uses[k + 1].first) < 0) fetch(uses[k + 1].first, start, b);
+      clock = start + uses[k].second;
+      cur.free = clock;
+    }
+    total += static_cast<double>(accum) * std::max(0.0, clock - micro);
+  }
 
   if (!p.offload.optimizer) {
     const double per_param =
@@ -298,7 +363,9 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
     double exposed = exposed_at(4.0);
     if (p.offload.gradients) exposed += static_cast<double>(accum - 1) * exposed_at(8.0);
     const double rate = device.cpu_adamw > 0 ? device.cpu_adamw : cpu_adamw_rate();
-    const double h2d = n * wbytes / device.host_link;
+    // The updated weights go back to the device, unless they live on the host (each use
+    // fetches them, counted above).
+    const double h2d = p.offload.weights ? 0.0 : n * wbytes / device.host_link;
     total += exposed + n / rate + h2d;
   }
   return total;

@@ -20,6 +20,10 @@
 //   + gradient offload     2 or 4  (ring)  (host)   (host)      2 or 4    (the same slab: its
 //                                                                          grad region holds them)
 //     (ring: 2 buckets of the largest stage's gradients + a tied wte's, GradRing::sizes)
+//   + weight offload       (ring)  ...                                    (the same slab: weight
+//                                                                          staging, or masters)
+//     (ring: 2 buffers of the largest unit's weights, WeightRing::buffer_bytes; a unit is the
+//      embedding, a block or the head, a tied wte in both the embedding and the head)
 // (masters and moments are Category::kOptimizerState; an f32 weight is its own master. Host
 // bytes are OffloadOptimizer's slab, 64-byte-aligned regions; static_bytes() gives it exactly.)
 // Beside DeepSpeed (ZeRO paper, Rajbhandari et al. 2019, section 3.1: 2 + 2 + 12 = 16 bytes
@@ -120,7 +124,11 @@ class CostModel {
   // Offload: the D2H gradient copies (4 B/param) overlap the last micro-batch's backward
   // except those of block 0 and the embedding, which finish last; CPU AdamW (no overlap:
   // delayed_update off) at device.cpu_adamw or, when 0, cpu_adamw_rate(); the H2D weight
-  // copies (dt bytes/param) before the next forward. InvalidArgument for micro_batch or
+  // copies (dt bytes/param) before the next forward. Weight offload instead fetches each use's
+  // unit (dt bytes/param) over host_link into two buffers, one use ahead (a unit still in a
+  // buffer is not fetched again); what a fetch does not hide behind the use before it delays
+  // the compute. H2D and D2H are taken as independent (a full-duplex link: PCIe, NVLink-C2C).
+  // InvalidArgument for micro_batch or
   // accum < 1, a schedule invalid for num_blocks(), or a device rate <= 0.
   double step_seconds(const MemoryPolicy& p, const Schedule& schedule, std::int64_t micro_batch,
                       std::int64_t accum, const DeviceSpec& device) const;
@@ -145,6 +153,7 @@ class CostModel {
   std::int64_t head_read_params_ = 0;       // parameters the head reads (a tied wte included)
   std::int64_t grad_bucket_bytes_ = 0;      // gradient offload: one bucket (GradRing::sizes)
   std::int64_t grad_own_bytes_ = 0;         // and the multi-stage parameters' buffers
+  std::array<std::int64_t, 3> weight_buffer_bytes_{};  // weight offload: one buffer, per dtype
 };
 
 }  // namespace memfit

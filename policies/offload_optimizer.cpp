@@ -97,6 +97,7 @@ struct OffloadOptimizer::Impl {
   std::vector<EventHandle> grad_events;  // D2H batches of this step
   std::vector<EventHandle> pending_h2d;  // weight copy-backs not yet known complete
   std::unique_ptr<GradRing> ring;        // gradient offload
+  std::unique_ptr<WeightRing> wring;     // weight offload
   std::future<double> update;            // delayed update in flight: its AdamW seconds
   bool update_unlanded = false;          // a delayed update's weights are not copied back yet
   Timing timing;
@@ -112,7 +113,11 @@ struct OffloadOptimizer::Impl {
       }
     }
     ring.reset();  // its copies are over
-    for (Slot& s : slots) s.p->host_master = Tensor();
+    wring.reset();
+    for (Slot& s : slots) {
+      s.p->host_master = Tensor();
+      s.p->host_weight = Tensor();
+    }
     if (slab != nullptr) host->deallocate(slab, slab_bytes);
   }
 
@@ -173,11 +178,17 @@ struct OffloadOptimizer::Impl {
     }
     for (Slot& s : slots) s.copied = false;
     if (ring) ring->reset(ctx);
+    if (wring) wring->reset(ctx);
   }
 
   // H2D copies of the updated weights; the compute stream waits for them, and so does the host
-  // before the next update writes the staging (or masters) they read.
+  // before the next update writes the staging (or masters) they read. Under weight offload the
+  // ring's buffers go stale instead: each use fetches the new weights.
   void copy_weights_back(LayerContext& ctx) {
+    if (wring) {
+      wring->invalidate();
+      return;
+    }
     const ScopedRange r(RangeKind::kOffload, range_ids().weights_to_device);
     const auto t0 = Clock::now();
     for (const Slot& s : slots) {
@@ -248,6 +259,14 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     bad("gradient offload needs the model's backward stages (OffloadOptions::stages = "
         "model.backward_stages())");
   }
+  if (options.weights && options.units.empty()) {
+    bad("weight offload needs the model's weight units (OffloadOptions::units = "
+        "model.weight_units())");
+  }
+  if (options.weights && options.delayed_update) {
+    bad("weight offload with a delayed update: the update in flight would rewrite the host "
+        "weights the next step fetches; valid: one of the two");
+  }
   std::size_t stage_bytes = 0;
   for (Parameter* p : params) {
     if (p == nullptr) bad("a null Parameter in the list");
@@ -257,14 +276,17 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     const Tensor& w = p->weight.view();
     const Tensor& g = p->grad.view();
     const std::int64_t n = p->numel();
-    // Under gradient offload a parameter needs no device gradient (any it has is released).
+    // Under gradient (weight) offload a parameter needs no device gradient (weight): any it
+    // has is released.
     const bool grad_needed = !options.gradients;
-    if (w.numel() != n || (n > 0 && w.raw() == nullptr) ||
+    const bool weight_needed = !options.weights;
+    if (!p->placed || (weight_needed && (w.numel() != n || (n > 0 && w.raw() == nullptr))) ||
         (grad_needed && (g.numel() != n || (n > 0 && g.raw() == nullptr)))) {
       bad("parameter '" + p->name + "' " + p->shape.str() + " has no weight" +
           (grad_needed ? " or gradient" : "") + " of that size; valid: allocate_parameter() first");
     }
-    if (w.device() != ctx.device() || (p->grad_on_device() && g.device() != ctx.device())) {
+    if ((p->weight_on_device() && (w.device() != ctx.device() || w.dtype() != p->dtype)) ||
+        (p->grad_on_device() && g.device() != ctx.device())) {
       bad("parameter '" + p->name + "' lives on " + device_name(w.device()) + "; valid: on " +
           device_name(ctx.device()) + ", the context's device");
     }
@@ -275,7 +297,7 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
         (p->master.view().dtype() != DType::kF32 || p->master.view().numel() != n)) {
       bad("parameter '" + p->name + "': master must be f32 of the weight's size");
     }
-    Impl::Slot s{p, m.total, static_cast<std::size_t>(n), w.dtype(), 0};
+    Impl::Slot s{p, m.total, static_cast<std::size_t>(n), p->dtype, 0};
     if (s.dtype != DType::kF32) {
       // A run of one dtype is contiguous in the staging; a new run starts aligned.
       if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = align_up(stage_bytes);
@@ -321,11 +343,16 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   m.copy = ctx.backend.create_stream();
 
   // Masters to the host: the device master when there is one, else the weight itself (f32),
-  // else the weight widened (a low-precision weight with no master: all there is).
+  // else the weight widened (a low-precision weight with no master: all there is). Under
+  // weight offload a low-precision device weight goes to the staging as it is too. A model
+  // built without device weights has no values yet: Model::init writes them on the host.
   for (Impl::Slot& s : m.slots) {
-    if (s.n == 0) continue;
+    if (s.n == 0 || !s.p->weight_on_device()) continue;
     if (s.p->master_on_device()) {
       m.be->copy(ctx.stream, s.p->master.view(), m.host_f32(m.master, s));
+      if (options.weights && s.dtype != DType::kF32) {
+        m.be->copy(ctx.stream, s.p->weight.view(), m.host_weights(s));
+      }
     } else if (s.dtype == DType::kF32) {
       m.be->copy(ctx.stream, s.p->weight.view(), m.host_f32(m.master, s));
     } else {
@@ -334,11 +361,16 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   }
   m.be->synchronize(ctx.stream);
   for (Impl::Slot& s : m.slots) {
-    if (!m.dry && s.n > 0 && !s.p->master_on_device() && s.dtype != DType::kF32) {
+    if (!m.dry && s.n > 0 && s.p->weight_on_device() && !s.p->master_on_device() &&
+        s.dtype != DType::kF32) {
       convert(m.host_weights(s).raw(), s.dtype, m.master + s.offset, DType::kF32, s.n);
     }
     s.p->master.reset();
     s.p->host_master = m.host_f32(m.master, s);  // Model::init writes fresh values here
+    if (options.weights) {
+      s.p->weight.reset();  // the host copy replaces it
+      s.p->host_weight = m.host_weights(s);
+    }
   }
   if (options.gradients) {
     std::vector<GradRing::Home> homes;
@@ -349,6 +381,17 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     }
     m.ring = std::make_unique<GradRing>(ctx, m.copy, std::move(homes), options.stages,
                                         options.grad_buckets);
+  }
+  if (options.weights) {
+    for (const auto& unit : options.units) {
+      for (const Parameter* p : unit) {
+        if (m.index.count(p) == 0) {
+          bad("weight unit parameter '" + (p ? p->name : std::string("(null)")) +
+              "' is not one this optimizer holds");
+        }
+      }
+    }
+    m.wring = std::make_unique<WeightRing>(ctx, options.units, options.weight_buffers);
   }
 }
 
@@ -390,6 +433,14 @@ void OffloadOptimizer::after_stage(LayerContext& ctx, int stage, int micro_batch
   }
 }
 
+void OffloadOptimizer::before_use(LayerContext& ctx, int unit, int next) {
+  if (impl_->wring) impl_->wring->before_use(ctx, unit, next);
+}
+
+void OffloadOptimizer::after_use(LayerContext& ctx, int unit) {
+  if (impl_->wring) impl_->wring->after_use(ctx, unit);
+}
+
 bool OffloadOptimizer::grads_nonfinite(LayerContext& ctx) {
   Impl& m = *impl_;
   (void)ctx;
@@ -412,6 +463,12 @@ void OffloadOptimizer::abandon_step(LayerContext& ctx) { impl_->drop_grads(ctx);
 std::size_t OffloadOptimizer::grad_device_bytes() const {
   return impl_->ring ? impl_->ring->device_bytes() : 0;
 }
+
+std::size_t OffloadOptimizer::weight_device_bytes() const {
+  return impl_->wring ? impl_->wring->device_bytes() : 0;
+}
+
+const WeightRing* OffloadOptimizer::weight_ring() const { return impl_->wring.get(); }
 
 void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   Impl& m = *impl_;
@@ -436,7 +493,8 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
     m.wait_grads();  // FIFO: the H2D copies queued before them are done too
   }
   m.timing.wait_grads_s = seconds_since(t0);
-  m.wait_h2d();  // already complete; releases their events
+  m.wait_h2d();                  // already complete; releases their events
+  if (m.wring) m.wring->drain();  // the update rewrites the host weights the fetches read
   ++m.steps;
   if (m.options.delayed_update) {
     // The masters, moments and staging belong to the update until finish_update(); the next
@@ -467,6 +525,7 @@ std::vector<StateTensor> OffloadOptimizer::state() {
   Impl& m = *impl_;
   m.finish_update();  // the host tensors must hold the last update's values
   m.wait_h2d();       // and a load may overwrite what a copy-back still reads
+  if (m.wring) m.wring->drain();  // or what a fetch still reads
   std::vector<StateTensor> out;
   out.reserve(3 * m.slots.size());
   for (const Impl::Slot& s : m.slots)
@@ -486,6 +545,7 @@ void OffloadOptimizer::state_loaded(LayerContext& ctx) {
   m.update_unlanded = false;
   m.wait_h2d();
   m.drop_grads(ctx);
+  if (m.wring) m.wring->drain();
   for (const Impl::Slot& s : m.slots) {
     if (!m.dry && s.n > 0 && s.dtype != DType::kF32) {
       convert(m.master + s.offset, DType::kF32, m.host_weights(s).raw(), s.dtype, s.n);

@@ -34,6 +34,12 @@
 // gradients themselves, summed over the step's micro-batches exactly as the device would
 // (GradRing), so the step waits only for the last stages' copies; the loss scaler's inf/NaN
 // check reads them there (grads_nonfinite()). Bit-identical to resident gradients.
+// Weight offload (OffloadOptions::weights): the working weights live on the host too (the
+// weight staging, or the masters for f32: no more host bytes), and a WeightRing
+// (policies/offload_weight_ring.h) lends each use of a unit device copies from `weight_buffers`
+// buffers; step() writes the updated weights there instead of copying them back. Bit-identical
+// to resident weights. Not with delayed_update (the update in flight would rewrite the weights
+// the next step's fetches read): InvalidArgument.
 // Host masters: the constructor binds each Parameter::host_master to its slab slice, so
 // Model::init() writes a fresh model's FP32 values there directly (no device master needed,
 // ever); the destructor unbinds them.
@@ -50,7 +56,8 @@
 #include "core/model.h"
 #include "core/optimizer.h"
 #include "memory/provider.h"
-#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
+#include "policies/offload_grad_ring.h"    // kDefaultGradBuckets
+#include "policies/offload_weight_ring.h"  // kDefaultWeightBuffers
 
 namespace memfit {
 
@@ -68,6 +75,13 @@ struct OffloadOptions {
   bool gradients = false;
   int grad_buckets = kDefaultGradBuckets;
   std::vector<Model::BackwardStage> stages;
+  // Weight offload (policies/offload_weight_ring.h): `units` is the model's weight_units(); the
+  // trainer calls before_use() and after_use() around every use. Device weights the parameters
+  // still have are released (build the model with ParamPlacement{.weight = false} to never
+  // make them).
+  bool weights = false;
+  int weight_buffers = kDefaultWeightBuffers;
+  std::vector<std::vector<Parameter*>> units;
 };
 
 class OffloadOptimizer final : public Optimizer {
@@ -83,16 +97,21 @@ class OffloadOptimizer final : public Optimizer {
   void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) override;
   void before_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
   void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
+  void before_use(LayerContext& ctx, int unit, int next) override;
+  void after_use(LayerContext& ctx, int unit) override;
   // Gradient offload: waits for the gradients' copies and checks them on the host (false in a
   // dry run). Without gradient offload: InvalidArgument (the device's check, grads_nonfinite in
   // policies/loss_scaler.h, applies).
   bool grads_nonfinite(LayerContext& ctx);
   // A step that failed before its last micro-batch's gradients were reported: the copies in
-  // flight are waited for and every lent gradient is taken back; nothing else changes (skip()
-  // also lands a delayed update).
+  // flight are waited for and every lent gradient and weight is taken back; nothing else
+  // changes (skip() also lands a delayed update).
   void abandon_step(LayerContext& ctx);
-  // Device bytes of the gradient ring (0 without gradient offload).
+  // Device bytes of the gradient ring (0 without gradient offload) and of the weight ring (0
+  // without weight offload).
   std::size_t grad_device_bytes() const;
+  std::size_t weight_device_bytes() const;
+  const WeightRing* weight_ring() const;  // null without weight offload
   void step(LayerContext& ctx, double grad_scale) override;
   void skip(LayerContext& ctx) override;
   // Waits for a delayed update in flight and copies its weights back (before a save, or at

@@ -27,7 +27,7 @@ constexpr const char* kValidKeys =
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
     "category_peaks, host_pinned_bytes, step_seconds, tokens_per_second";
-constexpr const char* kValidOffload = "optimizer, gradients, delayed_update";
+constexpr const char* kValidOffload = "optimizer, gradients, weights, delayed_update";
 
 std::string at(const std::string& source, const YAML::Mark& m) {
   if (m.is_null()) return source + ": ";
@@ -151,7 +151,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   Plan p;
   std::set<std::string> seen;
-  YAML::Node micro_node, global_node, accum_node, delayed_node, gradients_node, seq_node,
+  YAML::Node micro_node, global_node, accum_node, delayed_node, gradients_node, weights_node, seq_node,
       checkpoint_node;
   std::string checkpoint_name, schedule_text;
   std::size_t cached = 0;
@@ -202,6 +202,9 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
           } else if (k == "gradients") {
             p.policy.offload.gradients = boolean(src, ok.second, "offload." + k);
             gradients_node = ok.second;
+          } else if (k == "weights") {
+            p.policy.offload.weights = boolean(src, ok.second, "offload." + k);
+            weights_node = ok.second;
           } else if (k == "delayed_update") {
             p.policy.offload.delayed_update = boolean(src, ok.second, "offload." + k);
             delayed_node = ok.second;
@@ -303,6 +306,15 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     fail(src, gradients_node, "offload.gradients",
          "true needs offload.optimizer: true (the CPU AdamW reads the gradients on the host)");
   }
+  if (p.policy.offload.weights && !p.policy.offload.optimizer) {
+    fail(src, weights_node, "offload.weights",
+         "true needs offload.optimizer: true (the CPU AdamW writes the weights on the host)");
+  }
+  if (p.policy.offload.weights && p.policy.offload.delayed_update) {
+    fail(src, weights_node, "offload.weights",
+         "true with offload.delayed_update: true; valid: one of the two (the update in flight "
+         "would rewrite the weights the next step fetches)");
+  }
   try {
     p.policy.checkpoint =
         Checkpointing::from_parts(checkpoint_name, schedule_text, static_cast<int>(p.model.layers));
@@ -360,6 +372,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   if (p.policy.checkpoint.has_ops()) j["schedule"] = p.policy.checkpoint.ops_text();
   j["offload"] = {{"optimizer", p.policy.offload.optimizer},
                   {"gradients", p.policy.offload.gradients},
+                  {"weights", p.policy.offload.weights},
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;

@@ -435,7 +435,8 @@ std::optional<std::string> weights_shortfall(const Context& c) {
       best = {need, std::string(dtype_name(dt)) + " weights " + b(Category::kParameter) +
                         ", f32 gradients " + b(Category::kGradient) + ", optimizer state " +
                         b(Category::kOptimizerState) +
-                        (off.gradients   ? " (gradients: the bucket ring; optimizer on the host)"
+                        (off.weights     ? " (weights: the buffer ring; the rest on the host)"
+                         : off.gradients ? " (gradients: the bucket ring; optimizer on the host)"
                          : off.optimizer ? " (offloaded: on the host)"
                                          : "")};
     }

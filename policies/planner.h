@@ -55,8 +55,10 @@ struct PlannerOptions {
   std::vector<DType> dtypes{DType::kF32, DType::kF16, DType::kBF16};
   std::vector<Checkpointing> checkpoints{Checkpointing::none(), Checkpointing::all(),
                                          Checkpointing::sqrt(), Checkpointing::optimal()};
-  std::vector<OffloadSwitches> offloads{OffloadSwitches{}, OffloadSwitches{.optimizer = true},
-                                        OffloadSwitches{.optimizer = true, .gradients = true}};
+  std::vector<OffloadSwitches> offloads{
+      OffloadSwitches{}, OffloadSwitches{.optimizer = true},
+      OffloadSwitches{.optimizer = true, .gradients = true},
+      OffloadSwitches{.optimizer = true, .gradients = true, .weights = true}};
   std::int64_t max_micro_batch = 1 << 16;
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)

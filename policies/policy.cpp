@@ -114,12 +114,14 @@ std::string OffloadSwitches::describe() const {
   std::string s;
   if (optimizer) s = "optimizer";
   if (gradients) s += s.empty() ? "gradients" : ",gradients";
+  if (weights) s += s.empty() ? "weights" : ",weights";
   if (delayed_update) s += " (delayed update)";
   return s;
 }
 
 OffloadSwitches OffloadSwitches::parse(std::string_view text) {
-  constexpr const char* kValid = "optimizer, gradients, all, off (a comma-separated list)";
+  constexpr const char* kValid =
+      "optimizer, gradients, weights, all, off (a comma-separated list)";
   OffloadSwitches o;
   bool off = false;
   std::size_t pos = 0;
@@ -131,8 +133,10 @@ OffloadSwitches OffloadSwitches::parse(std::string_view text) {
       o.optimizer = true;
     } else if (word == "gradients") {
       o.gradients = o.optimizer = true;
+    } else if (word == "weights") {
+      o.weights = o.optimizer = true;
     } else if (word == "all") {
-      o.gradients = o.optimizer = true;
+      o.weights = o.gradients = o.optimizer = true;
     } else if (word == "off" || word == "none") {
       off = true;
     } else {
@@ -170,6 +174,16 @@ void MemoryPolicy::validate() const {
     throw InvalidArgument(
         "gradient offload needs the optimizer offloaded (the CPU AdamW reads the gradients on "
         "the host)");
+  }
+  if (offload.weights && !offload.optimizer) {
+    throw InvalidArgument(
+        "weight offload needs the optimizer offloaded (the CPU AdamW writes the weights on the "
+        "host)");
+  }
+  if (offload.weights && offload.delayed_update) {
+    throw InvalidArgument(
+        "weight offload with a delayed update: the update in flight would rewrite the weights "
+        "the next step fetches from the host; valid: one of the two");
   }
 }
 

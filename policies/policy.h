@@ -18,8 +18,8 @@
 // "optimal"; one a user wrote is named "ops"). Its text forms, for flags and plan files:
 // name() ("none", "every:2", "optimal", "ops") and, for explicit schedules, ops_text()
 // (Schedule::str()). Offload is a set of switches, each one a field: the optimizer's FP32
-// masters and Adam moments, and on top of it the FP32 gradients (weights and checkpointed
-// activations come next).
+// masters and Adam moments, and on top of it the FP32 gradients and the working weights
+// (checkpointed activations come next).
 #pragma once
 
 #include <cstdint>
@@ -81,15 +81,18 @@ struct OffloadSwitches {
   bool optimizer = false;       // FP32 masters + Adam moments on the host, CPU AdamW
   bool gradients = false;       // FP32 gradients on the host, streamed out stage by stage
                                 // through a ring of device buckets; needs optimizer
+  bool weights = false;         // working weights on the host, fetched for each use of a unit
+                                // into a ring of device buffers; needs optimizer, not with
+                                // delayed_update
   bool delayed_update = false;  // the optimizer's: ZeRO-Offload's one-step delayed update (DPU;
                                 // changes the math); needs optimizer
-  bool any() const { return optimizer || gradients; }
+  bool any() const { return optimizer || gradients || weights; }
   // "off" | "optimizer" | "optimizer,gradients" ...: the switches on, in this order;
   // ", delayed update" follows when on.
   std::string describe() const;
-  // A comma-separated list of switches: optimizer, gradients, all (every switch above but the
-  // delayed update), off (or none). Gradients without optimizer turn the optimizer on (they
-  // need it). InvalidArgument names the bad word and the valid ones.
+  // A comma-separated list of switches: optimizer, gradients, weights, all (every switch above
+  // but the delayed update), off (or none). Gradients or weights without optimizer turn the
+  // optimizer on (they need it). InvalidArgument names the bad word and the valid ones.
   static OffloadSwitches parse(std::string_view text);
   bool operator==(const OffloadSwitches&) const = default;
 };
@@ -101,8 +104,8 @@ struct MemoryPolicy {
   std::int64_t micro_batch = 0;  // samples per micro-batch; 0: the whole batch at once
   std::int64_t accum = 0;        // or: this many micro-batches (split_batch); 0: unused
 
-  // InvalidArgument: a negative micro-batch or accumulation count, both given, delayed update
-  // or gradient offload without optimizer offload.
+  // InvalidArgument: a negative micro-batch or accumulation count, both given, delayed update,
+  // gradient or weight offload without optimizer offload, weight offload with delayed update.
   void validate() const;
   // The micro-batch sizes of one step of `batch` samples (policies/accumulation.h's splits).
   std::vector<std::int64_t> micro_batches(std::int64_t batch) const;

@@ -47,16 +47,17 @@ BudgetDiagnosis diagnose_budget(const RunSpec& spec, const std::string& failure)
     const bool f32 = p.dtype == DType::kF32;
     // The spec's dtype is the model's: a bf16 model is another RunSpec, dry-run the same way.
     if (f32) add(Change::kBF16, "bf16", [](MemoryPolicy& q) { q.dtype = DType::kBF16; });
-    if (!p.offload.gradients) {
-      add(Change::kOffload, "optimizer and gradient offload",
-          [](MemoryPolicy& q) { q.offload.optimizer = q.offload.gradients = true; });
+    const OffloadSwitches everything{.optimizer = true, .gradients = true, .weights = true};
+    if (!(p.offload.gradients && p.offload.weights)) {
+      add(Change::kOffload, "optimizer, gradient and weight offload",
+          [&](MemoryPolicy& q) { q.offload = everything; });
     }
     add(Change::kAllOfThese, "all of these", [&](MemoryPolicy& q) {
       q.checkpoint = Checkpointing::all();
       q.micro_batch = 1;
       q.accum = 0;
       if (f32) q.dtype = DType::kBF16;
-      q.offload.optimizer = q.offload.gradients = true;
+      q.offload = everything;
     });
   } catch (const Error& e) {
     d.dry_run_error = e.what();

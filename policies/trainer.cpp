@@ -70,6 +70,7 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
   j["accum"] = o.policy.accum;
   j["offload"] = o.policy.offload.optimizer;
   j["offload_gradients"] = o.policy.offload.gradients;
+  j["offload_weights"] = o.policy.offload.weights;
   j["delayed_update"] = o.policy.offload.delayed_update;
   j["adamw"] = {{"lr", o.adamw.lr},
                 {"beta1", o.adamw.beta1},
@@ -122,6 +123,9 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
     o.gradients = off.gradients;
     o.grad_buckets = options_.grad_buckets;
     if (off.gradients) o.stages = model_.backward_stages();
+    o.weights = off.weights;
+    o.weight_buffers = options_.weight_buffers;
+    if (off.weights) o.units = model_.weight_units();
     auto opt = std::make_unique<OffloadOptimizer>(model_.parameters(), std::move(o), ctx_, *host);
     offload_opt_ = opt.get();
     optimizer_ = std::move(opt);
@@ -135,7 +139,9 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
 }
 
 ParamPlacement Trainer::placement(const MemoryPolicy& policy) {
-  return ParamPlacement{.master = !policy.offload.optimizer, .grad = !policy.offload.gradients};
+  return ParamPlacement{.weight = !policy.offload.weights,
+                        .master = !policy.offload.optimizer,
+                        .grad = !policy.offload.gradients};
 }
 
 Trainer::~Trainer() {
@@ -212,7 +218,7 @@ StepResult Trainer::step(const Batch& batch) {
   ctx_.alloc.reset_peak_stats();
   Executor ex(model_, ctx_);
   bool reported = false;  // grads_ready() was called: the optimizer may hold copies in flight
-  bool lent = false;      // before_stage() was called: gradient offload may hold some too
+  bool lent = false;  // before_stage/use() was called: gradient or weight offload lent memory
   double loss_sum = 0;
   bool found_inf = false;
   try {
@@ -227,6 +233,11 @@ StepResult Trainer::step(const Batch& batch) {
         lent = true;
         optimizer_->before_stage(ctx_, s, mi, count);
       };
+      hooks.before_use = [&](int u, int next) {
+        lent = true;
+        optimizer_->before_use(ctx_, u, next);
+      };
+      hooks.after_use = [&](int u) { optimizer_->after_use(ctx_, u); };
       hooks.after_stage = [&](int s) {
         optimizer_->after_stage(ctx_, s, mi, count);
         // The last micro-batch: each stage's gradients are final once its backward ran.
@@ -300,13 +311,26 @@ double Trainer::evaluate(const Batch& batch) {
   if (pol.accum > 0) piece = std::max<std::int64_t>(1, batch.batch / pol.accum);
   const std::vector<std::int64_t> sizes = micro_batch_split(batch.batch, piece);
   Executor ex(model_, ctx_);
+  ExecutorHooks hooks;  // weight offload fetches each unit's weights for its use
+  hooks.before_use = [&](int u, int next) { optimizer_->before_use(ctx_, u, next); };
+  hooks.after_use = [&](int u) { optimizer_->after_use(ctx_, u); };
   double sum = 0;
   std::int64_t row0 = 0;
-  for (const std::int64_t rows : sizes) {
-    DeviceBatch d = upload(ctx_, batch, row0, rows);
-    const Act losses = ex.forward_only(d.mb);
-    sum += sum_losses(ctx_, *losses);
-    row0 += rows;
+  try {
+    for (const std::int64_t rows : sizes) {
+      DeviceBatch d = upload(ctx_, batch, row0, rows);
+      const Act losses = ex.forward_only(d.mb, hooks);
+      sum += sum_losses(ctx_, *losses);
+      row0 += rows;
+    }
+  } catch (...) {
+    if (offload_opt_ != nullptr) {
+      try {
+        offload_opt_->abandon_step(ctx_);  // takes lent weights back; no gradients were lent
+      } catch (...) {  // the original error is the one to report
+      }
+    }
+    throw;
   }
   return sum / static_cast<double>(batch.batch * batch.seq_len);
 }

@@ -52,7 +52,8 @@
 #include "memory/peak_figures.h"
 #include "memory/provider.h"
 #include "policies/loss_scaler.h"
-#include "policies/offload_grad_ring.h"  // kDefaultGradBuckets
+#include "policies/offload_grad_ring.h"    // kDefaultGradBuckets
+#include "policies/offload_weight_ring.h"  // kDefaultWeightBuffers
 #include "policies/policy.h"
 #include "policies/train_state.h"
 
@@ -65,6 +66,7 @@ struct TrainerOptions {
   bool scaler_auto = true;          // ...when scaler_auto (default): on for f16, off otherwise
   std::uint64_t seed = 1337;        // model initialization and the trainer's Rng
   int grad_buckets = kDefaultGradBuckets;  // gradient offload's device bucket ring (OffloadOptions)
+  int weight_buffers = kDefaultWeightBuffers;  // weight offload's device buffer ring
   bool init_model = true;           // false: keep the model's current weights
 };
 

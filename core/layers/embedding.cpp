@@ -55,7 +55,7 @@ void TokenEmbedding::backward(LayerContext& ctx, const IndexTensor& tokens, cons
 
 void TokenEmbedding::allocate(const ParamAlloc& a) {
   for (Parameter* p : parameters()) {
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
+    if (!p->placed) allocate_parameter(*p, a);
   }
 }
 

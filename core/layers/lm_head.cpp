@@ -52,7 +52,7 @@ void LmHead::allocate(const ParamAlloc& a) {
   std::vector<Parameter*> own = {&ln_w_, &ln_b_};
   if (tied_ == nullptr) own.push_back(&proj_);
   for (Parameter* p : own) {
-    if (p->weight.view().raw() == nullptr) allocate_parameter(*p, a);
+    if (!p->placed) allocate_parameter(*p, a);
   }
 }
 
