@@ -173,8 +173,10 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
                             "master; valid: build the model with weights, or bind host weights "
                             "and masters (an optimizer offloading the weights)");
     }
-    if (!p->master_on_device() && !on_host && p->dtype != DType::kF32) {
-      throw InvalidArgument("Model::init: parameter '" + p->name + "' (" + dtype_name(p->dtype) +
+    // The working weight's dtype, wherever it lives.
+    const DType wt = weight_on_host ? p->host_weight.dtype() : p->weight.view().dtype();
+    if (!p->master_on_device() && !on_host && wt != DType::kF32) {
+      throw InvalidArgument("Model::init: parameter '" + p->name + "' (" + dtype_name(wt) +
                             ") has no f32 master on the device or the host; valid: build the "
                             "model with masters, or bind host masters (an offloading optimizer)");
     }
@@ -190,7 +192,6 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
       // under weight offload, written beside it on the host; an f32 one is the master itself).
       float* m = static_cast<float*>(master.raw());
       fill_init(*p, rng, m);
-      const DType wt = p->dtype;
       const auto n = static_cast<std::size_t>(p->numel());
       if (weight_on_host) {
         if (wt != DType::kF32) convert(m, DType::kF32, p->host_weight.raw(), wt, n);

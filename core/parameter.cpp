@@ -26,7 +26,6 @@ void allocate_parameter(Parameter& p, const ParamAlloc& a) {
     throw InvalidArgument("allocate_parameter: the parameter of shape " + p.shape.str() +
                           " has an empty name; every parameter needs a unique name");
   }
-  p.dtype = a.compute;
   p.placed = true;
   if (a.placement.weight) {
     p.weight = OwnedTensor::empty(a.alloc, p.shape, a.compute, a.device, Category::kParameter,

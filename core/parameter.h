@@ -58,7 +58,6 @@ struct Parameter {
   OwnedTensor grad;    // f32, kGradient; lent for one stage's backward under gradient offload
   Tensor host_master;  // f32 on the host, when an offloading optimizer holds the master
   Tensor host_weight;  // compute dtype on the host, when an offloading optimizer holds it
-  DType dtype = DType::kF32;  // the working weight's (allocate_parameter sets it)
   bool placed = false;        // allocate_parameter ran (a tied parameter is allocated once)
 
   std::int64_t numel() const { return shape.numel(); }
@@ -91,7 +90,7 @@ struct ParamAlloc {
 
 // Allocates p.weight (compute dtype, when placement.weight), p.master (f32, only when
 // compute != f32 and placement.master) and p.grad (f32, when placement.grad) for p.shape,
-// tagged p.name, uninitialized; sets p.dtype and p.placed. InvalidArgument for an empty name.
+// tagged p.name, uninitialized; sets p.placed. InvalidArgument for an empty name.
 void allocate_parameter(Parameter& p, const ParamAlloc& a);
 
 }  // namespace memfit

@@ -280,12 +280,12 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     // has is released.
     const bool grad_needed = !options.gradients;
     const bool weight_needed = !options.weights;
-    if (!p->placed || (weight_needed && (w.numel() != n || (n > 0 && w.raw() == nullptr))) ||
+    if ((weight_needed && (w.numel() != n || (n > 0 && w.raw() == nullptr))) ||
         (grad_needed && (g.numel() != n || (n > 0 && g.raw() == nullptr)))) {
       bad("parameter '" + p->name + "' " + p->shape.str() + " has no weight" +
           (grad_needed ? " or gradient" : "") + " of that size; valid: allocate_parameter() first");
     }
-    if ((p->weight_on_device() && (w.device() != ctx.device() || w.dtype() != p->dtype)) ||
+    if ((p->weight_on_device() && w.device() != ctx.device()) ||
         (p->grad_on_device() && g.device() != ctx.device())) {
       bad("parameter '" + p->name + "' lives on " + device_name(w.device()) + "; valid: on " +
           device_name(ctx.device()) + ", the context's device");
@@ -297,7 +297,9 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
         (p->master.view().dtype() != DType::kF32 || p->master.view().numel() != n)) {
       bad("parameter '" + p->name + "': master must be f32 of the weight's size");
     }
-    Impl::Slot s{p, m.total, static_cast<std::size_t>(n), p->dtype, 0};
+    // A weight not on the device (a model built for weight offload) is in the context's dtype.
+    Impl::Slot s{p, m.total, static_cast<std::size_t>(n),
+                 p->weight_on_device() ? w.dtype() : ctx.dtype, 0};
     if (s.dtype != DType::kF32) {
       // A run of one dtype is contiguous in the staging; a new run starts aligned.
       if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = align_up(stage_bytes);

@@ -62,8 +62,8 @@ WeightRing::WeightRing(LayerContext& ctx, std::vector<std::vector<Parameter*>> u
     for (const Parameter* p : units_[u]) {
       if (p == nullptr) bad("unit " + std::to_string(u) + " holds a null Parameter");
       const Tensor& h = p->host_weight;
-      if (p->dtype != ctx.dtype || h.device() != Device::kCpu || h.shape() != p->shape ||
-          h.dtype() != p->dtype || (p->numel() > 0 && h.raw() == nullptr)) {
+      if (h.device() != Device::kCpu || h.shape() != p->shape || h.dtype() != ctx.dtype ||
+          (p->numel() > 0 && h.raw() == nullptr)) {
         bad("parameter '" + p->name + "' has no host weight of its shape " + p->shape.str() +
             " in " + dtype_name(ctx.dtype) +
             "; valid: an offloading optimizer binds Parameter::host_weight first");
@@ -127,7 +127,7 @@ Tensor WeightRing::slice(int b, int unit, std::size_t j) const {
   if (blk.data() != nullptr) {
     at = static_cast<unsigned char*>(blk.data()) + offset_[static_cast<std::size_t>(unit)][j];
   }
-  return Tensor(at, p.shape, p.dtype, device_);
+  return Tensor(at, p.shape, p.host_weight.dtype(), device_);
 }
 
 void WeightRing::fetch(int b, int unit) {

@@ -170,6 +170,65 @@ TEST(Executor, StatsHooksAndNothingLeft) {
   EXPECT_EQ(activation_bytes_now(*rig.alloc), 0);
 }
 
+// The use hooks bracket every run of ops on one weight unit, in weight_uses() order, each told
+// the unit after it; every op that reads a unit's weights runs inside its use.
+TEST(Executor, UseHooksFollowWeightUses) {
+  // Units: 0 embedding, 1 + i block i, 4 the head (3 blocks).
+  EXPECT_EQ(weight_uses(Schedule::none(3), 3), (std::vector<int>{0, 1, 2, 3, 4, 3, 2, 1, 0}));
+  // Each recompute merges with the backward right after it.
+  EXPECT_EQ(weight_uses(Schedule::all(3), 3), (std::vector<int>{0, 1, 2, 3, 4, 3, 2, 1, 0}));
+  // every:2 on 3 blocks: F0:input F1:nothing F2:input, head, R2 B2, R0 R1 B1 B0.
+  EXPECT_EQ(weight_uses(Schedule::every(3, 2), 3),
+            (std::vector<int>{0, 1, 2, 3, 4, 3, 1, 2, 1, 0}));
+
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kF32);
+  Model m(six_blocks(), ctx);
+  m.init(1, ctx);
+  const auto units = m.weight_units();
+  ASSERT_EQ(units.size(), 8u);
+  EXPECT_EQ(units[0], m.embedding_parameters());
+  EXPECT_EQ(units[3], m.block_parameters(2));
+  // The head reads its own parameters and, tied, the embedding's wte.
+  ASSERT_TRUE(m.spec().tied_head);
+  EXPECT_EQ(units[7].size(), m.head_parameters().size() + 1);
+  EXPECT_EQ(units[7].back(), &m.embedding().wte());
+  Batch batch(rig, 2, 16, 64, 3);
+  Executor ex(m, ctx);
+  for (const Schedule& sch : {Schedule::none(6), Schedule::every(6, 2), Schedule::all(6)}) {
+    std::vector<int> seen, nexts;
+    int open = -1;
+    ExecutorHooks hooks;
+    hooks.before_use = [&](int u, int next) {
+      EXPECT_EQ(open, -1) << "a use opened inside another";
+      open = u;
+      seen.push_back(u);
+      nexts.push_back(next);
+    };
+    hooks.after_use = [&](int u) {
+      EXPECT_EQ(open, u);
+      open = -1;
+    };
+    hooks.before_stage = [&](int s) {
+      // The head's stage (0) runs in the head's use, stage 1 + k in block 5 - k's.
+      EXPECT_EQ(open, s == 0 ? 7 : s == 7 ? 0 : 1 + (6 - s)) << sch.str();
+    };
+    ex.run(sch, batch.mb, 1.0f, hooks);
+    EXPECT_EQ(open, -1);
+    const std::vector<int> want = weight_uses(sch, 6);
+    EXPECT_EQ(seen, want) << sch.str();
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(nexts[k], k + 1 < want.size() ? want[k + 1] : -1) << sch.str() << " use " << k;
+    }
+    // forward_only: each unit once, in order.
+    seen.clear();
+    nexts.clear();
+    (void)ex.forward_only(batch.mb, hooks);
+    EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+    EXPECT_EQ(nexts.back(), -1);
+  }
+}
+
 TEST(Executor, ForwardOnlyMatchesRun) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(DType::kBF16);

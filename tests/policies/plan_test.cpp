@@ -214,8 +214,13 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "offload: maybe\n", "p.yaml:11:10: plan.offload: 'maybe'; valid: true");
   expect_error(m + ok + "delayed_update: true\n",
                "plan.offload.delayed_update: true needs offload");
+  expect_error(m + ok + "offload: {wights: true}\n",
+               "p.yaml:11:11: plan.offload.wights: unknown key; valid: optimizer, gradients, "
+               "weights, delayed_update");
   expect_error(m + ok + "offload: {weights: true}\n",
-               "p.yaml:11:11: plan.offload.weights: unknown key; valid: optimizer, gradients");
+               "p.yaml:11:20: plan.offload.weights: true needs offload.optimizer: true");
+  expect_error(m + ok + "offload: {optimizer: true, weights: true, delayed_update: true}\n",
+               "plan.offload.weights: true with offload.delayed_update: true; valid: one");
   expect_error(m + ok + "offload: {gradients: true}\n",
                "p.yaml:11:22: plan.offload.gradients: true needs offload.optimizer: true");
   expect_error(m + ok + "schedule: F0:all B0\n", "plan.schedule:");

@@ -119,6 +119,12 @@ TEST(MemoryPolicy, ValidatesAndSplitsTheBatch) {
   EXPECT_NO_THROW(p.validate());
   EXPECT_TRUE(p.offload.any());
   EXPECT_EQ(p.offload.describe(), "optimizer (delayed update)");
+  p.offload.weights = true;  // the update in flight would rewrite what the fetches read
+  EXPECT_THROW(p.validate(), InvalidArgument);
+  p.offload.delayed_update = false;
+  EXPECT_NO_THROW(p.validate());
+  p.offload.optimizer = false;  // the CPU AdamW writes the host weights
+  EXPECT_THROW(p.validate(), InvalidArgument);
 }
 
 TEST(MemoryPolicy, DescribesItselfInOneLineAndComparesByValue) {
@@ -145,17 +151,24 @@ TEST(OffloadSwitches, ParsesAListAndDescribesItBack) {
   const OffloadSwitches og{.optimizer = true, .gradients = true};
   EXPECT_EQ(OffloadSwitches::parse("optimizer,gradients"), og);
   EXPECT_EQ(OffloadSwitches::parse("gradients"), og);  // they need the optimizer's
-  EXPECT_EQ(OffloadSwitches::parse("all"), og);
+  const OffloadSwitches ow{.optimizer = true, .weights = true};
+  EXPECT_EQ(OffloadSwitches::parse("weights"), ow);
+  EXPECT_EQ(OffloadSwitches::parse("weights,optimizer"), ow);
+  const OffloadSwitches all{.optimizer = true, .gradients = true, .weights = true};
+  EXPECT_EQ(OffloadSwitches::parse("all"), all);
+  EXPECT_EQ(OffloadSwitches::parse("gradients,weights"), all);
   EXPECT_EQ(OffloadSwitches::parse("off"), OffloadSwitches{});
   EXPECT_EQ(OffloadSwitches::parse("none"), OffloadSwitches{});
   EXPECT_EQ(og.describe(), "optimizer,gradients");
+  EXPECT_EQ(ow.describe(), "optimizer,weights");
+  EXPECT_EQ(all.describe(), "optimizer,gradients,weights");
   EXPECT_EQ(OffloadSwitches{}.describe(), "off");
   for (const char* bad : {"", "optimizer,", "wings", "off,optimizer", "Optimizer"}) {
     try {
       (void)OffloadSwitches::parse(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, all, off"),
+      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, weights, all, off"),
                 std::string::npos)
           << e.what();
     }
