@@ -34,15 +34,17 @@ struct Case {
   std::int64_t accum = 0;  // or policy.accum
   std::int64_t batch = 1;
   std::int64_t seq_len = 0;
-  bool grads = false;  // gradient offload too (with the optimizer's)
+  bool grads = false;    // gradient offload too (with the optimizer's)
+  bool weights = false;  // weight offload too (with the optimizer's)
 
   RunSpec run(std::size_t budget) const {
     RunSpec r;
     r.model = spec;
     r.trainer.policy.dtype = dtype;
     r.trainer.policy.checkpoint = checkpoint;
-    r.trainer.policy.offload.optimizer = offload || grads;
+    r.trainer.policy.offload.optimizer = offload || grads || weights;
     r.trainer.policy.offload.gradients = grads;
+    r.trainer.policy.offload.weights = weights;
     r.trainer.policy.micro_batch = micro;
     r.trainer.policy.accum = accum;
     r.batch = batch;
@@ -104,7 +106,7 @@ void expect_same_peaks(const Case& c, const DryRunResult& d, const Measured& m) 
   }
   EXPECT_EQ(d.host_pinned, m.host_pinned);
   EXPECT_EQ(d.step.host_pinned, m.step->peaks.host_pinned);
-  EXPECT_EQ(d.host_pinned > 0, c.offload || c.grads);
+  EXPECT_EQ(d.host_pinned > 0, c.offload || c.grads || c.weights);
   EXPECT_EQ(d.step, m.step->peaks);  // every field, in one
 }
 
@@ -121,11 +123,12 @@ std::vector<Case> unbudgeted_cases() {
   std::vector<Case> v;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Checkpointing& ck : rules) {
-      for (int off : {0, 1, 2}) {  // no offload, the optimizer's, with the gradients'
-        const bool opt = off > 0, grads = off > 1;
-        v.push_back({gpt, dt, ck, opt, 5, 0, 12, 0, grads});   // 5, 5, 2
-        v.push_back({micro, dt, ck, opt, 0, 0, 3, 0, grads});  // the whole batch at once
-        v.push_back({gpt, dt, ck, opt, 0, 3, 7, 0, grads});    // --accum 3: 3, 3, 1
+      // No offload, the optimizer's, with the gradients', with the gradients' and weights'.
+      for (int off : {0, 1, 2, 3}) {
+        const bool opt = off > 0, grads = off > 1, w = off > 2;
+        v.push_back({gpt, dt, ck, opt, 5, 0, 12, 0, grads, w});   // 5, 5, 2
+        v.push_back({micro, dt, ck, opt, 0, 0, 3, 0, grads, w});  // the whole batch at once
+        v.push_back({gpt, dt, ck, opt, 0, 3, 7, 0, grads, w});    // --accum 3: 3, 3, 1
       }
     }
   }
@@ -137,6 +140,13 @@ std::vector<Case> unbudgeted_cases() {
   v.push_back({gpt, DType::kF16, Checkpointing::solved(Schedule::sqrt_n(3)), true, 3, 0, 6, 0});
   v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, true});
   v.push_back({gpt, DType::kBF16, Checkpointing::every(2), true, 2, 0, 11, 0, true});
+  // Weight offload without the gradients'.
+  v.push_back({gpt, DType::kF32, Checkpointing::none(), true, 4, 0, 9, 0, false, true});
+  v.push_back({gpt, DType::kBF16, Checkpointing::all(), true, 0, 3, 7, 0, false, true});
+  v.push_back({micro, DType::kF16, Checkpointing::sqrt(), true, 0, 0, 3, 0, false, true});
+  v.push_back({mlp, DType::kBF16, Checkpointing::every(2), true, 3, 0, 8, 16, false, true});
+  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0,
+               true, true});
   return v;
 }
 
@@ -184,6 +194,9 @@ TEST(DryRun, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot) {
       {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true}, 3, 12},
       {{micro, DType::kF16, Checkpointing::none(), true, 0, 0, 1, 0, true}, 1, 24},
       {{gpt, DType::kF32, Checkpointing::every(2), true, 0, 0, 1, 0, true}, 2, 6},
+      {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true}, 3, 12},
+      {{micro, DType::kF32, Checkpointing::none(), true, 0, 0, 1, 0, false, true}, 1, 24},
+      {{gpt, DType::kF16, Checkpointing::sqrt(), true, 0, 0, 1, 0, true, true}, 2, 6},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;
@@ -291,6 +304,36 @@ TEST(DryRun, GradientOffloadKeepsOnlyTheBucketRingOnTheDevice) {
   EXPECT_LT(grads.step.allocated, opt.step.allocated);
   // And construction never holds more than the step (no device gradients made, then dropped).
   EXPECT_LE(grads.setup_peak_reserved, grads.step.reserved);
+}
+
+// Weight offload: the same host slab (the weight staging, or the masters for f32, are the host
+// weights), and on the device only the buffer ring (two buffers of the largest unit's
+// weights), not the model's weights; setup never holds more than the step.
+TEST(DryRun, WeightOffloadKeepsOnlyTheBufferRingOnTheDevice) {
+  const ModelSpec spec = small_gpt(3);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Case c{spec, dt, Checkpointing::all(), true, 0, 0, 4, 0, true};
+    const DryRunResult grads = dry_run(c.run(0));
+    c.weights = true;
+    const DryRunResult all = dry_run(c.run(0));
+    ASSERT_TRUE(grads.fits && all.fits);
+    EXPECT_EQ(all.host_pinned, grads.host_pinned);
+    const auto w = category_index(Category::kParameter);
+    const std::size_t size = dtype_size(dt);
+    EXPECT_GE(grads.step.category_peaks[w], static_cast<std::size_t>(spec.parameter_count()) * size);
+    // The largest unit here is the embedding (wte + wpe) or the head (LayerNorm + tied wte)
+    // when the vocabulary is large, else a block.
+    const std::size_t block =
+        static_cast<std::size_t>(12 * spec.hidden * spec.hidden + 13 * spec.hidden) * size;
+    const std::size_t emb =
+        static_cast<std::size_t>((spec.vocab + spec.seq_len) * spec.hidden) * size;
+    const std::size_t unit = std::max(block, emb);
+    EXPECT_GE(all.step.category_peaks[w], 2 * unit);
+    EXPECT_LT(all.step.category_peaks[w], 2 * unit + 64 * 1024);
+    EXPECT_LT(all.step.category_peaks[w], grads.step.category_peaks[w]);
+    EXPECT_LT(all.step.allocated, grads.step.allocated);
+    EXPECT_LE(all.setup_peak_reserved, all.step.reserved);
+  }
 }
 
 TEST(DryRun, ABudgetBelowTheWeightsFailsInSetupWithTheRequest) {
