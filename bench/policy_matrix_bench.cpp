@@ -15,16 +15,19 @@
 // `--torch-bf16 off` skips them). Each PyTorch configuration runs just before memfit's rows of
 // the same settings, so a shared machine's load hits both alike.
 //
-// Column "ofl": optimizer offload ("o+g": with gradient offload too).
+// Column "ofl": optimizer offload ("o+g": with gradient offload too, "o+g+w": and weight
+// offload).
 // Targets (the training-runtime issue), each printed PASS or FAIL:
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
 //     step time <= PyTorch's and memfit's sum4 <= PyTorch's;
 //  2. checkpointing (all, every:2) against none at the same dtype and offload: the activation
 //     peak down >= 60% for <= 1.25x step time (the usual quote is -60% memory for +25% time);
-//  3. all policies together (bf16 + checkpoint all + optimizer and gradient offload +
-//     micro-batch 1, accumulation 16; the row with the optimizer's offload alone is printed too)
-//     at global batch 16: peak >= 20x below plain f32 (checkpoint none, no offload), judged on
-//     peak_allocated and on peak_reserved separately.
+//  3. all policies together (bf16 + checkpoint all + optimizer, gradient and weight offload +
+//     micro-batch 1, accumulation 16; the rows with the optimizer's offload alone and with the
+//     gradients' are printed too) at global batch 16: peak >= 20x below plain f32 (checkpoint
+//     none, no offload), judged on peak_allocated and on peak_reserved separately. Beside it,
+//     PyTorch's best stock combination on the same config (bf16 autocast + checkpoint all +
+//     1 x 16 accumulation, the script's --micro-batch 1) against its plain f32, on sum4.
 //
 //   ./build/bench/policy_matrix_bench                       # the full matrix (a few minutes)
 //   ./build/bench/policy_matrix_bench --quick               # f32/bf16 x none/all x offload,
@@ -107,10 +110,14 @@ struct Config {
   std::string dtype, checkpoint;
   bool offload = false;
   std::int64_t micro_batch = 0;
-  bool grads = false;  // gradient offload too (the all-policies row)
+  bool grads = false;    // gradient offload too (the all-policies rows)
+  bool weights = false;  // weight offload too
   std::string key() const {
     return dtype + "/" + checkpoint + "/" + (offload ? "on" : "off") + (grads ? "+grads" : "") +
-           (micro_batch ? "/mb" + std::to_string(micro_batch) : "");
+           (weights ? "+weights" : "") + (micro_batch ? "/mb" + std::to_string(micro_batch) : "");
+  }
+  const char* offload_label() const {
+    return weights ? "o+g+w" : grads ? "o+g" : offload ? "on" : "off";
   }
 };
 
@@ -154,6 +161,7 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
         Checkpointing::parse(c.checkpoint, static_cast<int>(spec.layers));
     rs.trainer.policy.offload.optimizer = c.offload;
     rs.trainer.policy.offload.gradients = c.grads;
+    rs.trainer.policy.offload.weights = c.weights;
     rs.trainer.policy.micro_batch = c.micro_batch;
     rs.trainer.adamw.lr = 1e-3;
     rs.trainer.adamw.weight_decay = 0.01;
@@ -227,11 +235,12 @@ std::string torch_script(const Args& a) {
 // script gave nothing (a message says why).
 std::optional<Figures> run_torch(const std::string& script, const Args& a, int threads,
                                  const std::string& dtype, const std::string& ckpt,
-                                 std::string* version) {
+                                 std::string* version, std::int64_t micro_batch = 0) {
   if (script.empty() || (dtype == "bf16" && !a.torch_bf16)) return std::nullopt;
   const std::string cmd = "/usr/bin/python3 '" + script + "' --threads " + std::to_string(threads) +
                           " --dtypes " + dtype + " --checkpoints " + ckpt + " --steps " +
                           std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) +
+                          " --micro-batch " + std::to_string(micro_batch) +
                           " --bf16-steps 1 --bf16-warmup 0 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) {
@@ -282,19 +291,12 @@ double mib(std::size_t b) { return static_cast<double>(b) / kMiB; }
 void print_row(const Config& c, const Figures& m, const Figures* t) {
   const auto cat = [&](Category k) { return mib(m.by[category_index(k)]); };
   if (!m.ok) {
-    std::printf("%-5s %-8s %-3s  error: %s\n", c.dtype.c_str(), c.checkpoint.c_str(),
-                c.grads     ? "o+g"
-                : c.offload ? "on"
-                            : "off",
-                m.error.c_str());
+    std::printf("%-5s %-8s %-5s  error: %s\n", c.dtype.c_str(), c.checkpoint.c_str(),
+                c.offload_label(), m.error.c_str());
     return;
   }
-  std::printf("%-5s %-8s %-3s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
-              c.dtype.c_str(), c.checkpoint.c_str(),
-              c.grads     ? "o+g"
-              : c.offload ? "on"
-                          : "off",
-              m.seconds, m.loss, cat(Category::kParameter), cat(Category::kGradient),
+  std::printf("%-5s %-8s %-5s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
+              c.dtype.c_str(), c.checkpoint.c_str(), c.offload_label(), m.seconds, m.loss, cat(Category::kParameter), cat(Category::kGradient),
               cat(Category::kOptimizerState), cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
                   cat(Category::kUnknown),
@@ -398,7 +400,7 @@ int main(int argc, char** argv) {
       "optim + activ (peaks);\ntorch_s / t_act / t_sum4: PyTorch at the same dtype and "
       "checkpoint (no offload); ratios memfit / PyTorch\n");
   std::printf(
-      "%-5s %-8s %-3s %7s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
+      "%-5s %-8s %-5s %7s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
       "%7s %s\n",
       "dtype", "ckpt", "ofl", "step_s", "loss", "param", "grad", "optim", "activ", "other", "sum4",
       "alloc", "reserv", "torch_s", "t_act", "t_sum4", "time", "sum4", "time,mem <= torch");
@@ -413,17 +415,25 @@ int main(int argc, char** argv) {
     print_row(c, res[c.key()], (!c.offload && t != torch.end()) ? &t->second : nullptr);
     std::fflush(stdout);
   }
-  const Config ap{"bf16", "all", true, 1, true};
-  const Config ap_opt{"bf16", "all", true, 1, false};
+  const Config ap{"bf16", "all", true, 1, true, true};
+  const Config ap_og{"bf16", "all", true, 1, true, false};
+  const Config ap_opt{"bf16", "all", true, 1, false, false};
+  std::optional<Figures> torch_plain, torch_best;  // the all-policies anchor, on sum4
   if (a.all_policies) {
     std::printf(
-        "all policies (micro-batch 1 x 16 accumulated; optimizer offload, then optimizer + "
-        "gradient offload):\n");
+        "all policies (micro-batch 1 x 16 accumulated; optimizer offload, + gradients, "
+        "+ weights):\n");
     // 16 micro-batches make this row the slowest: one timed step (memory is its target).
     Args once = a;
     once.steps = 1;
     once.warmup = a.quick ? 0 : std::min(a.warmup, 1);
-    for (const Config& c : {ap_opt, ap}) {
+    if (const auto t = torch.find("f32/none"); t != torch.end() && t->second.ok) {
+      torch_plain = t->second;
+    } else {
+      torch_plain = run_torch(script, a, threads, "f32", "none", &version);
+    }
+    torch_best = run_torch(script, once, threads, "bf16", "all", &version, 1);
+    for (const Config& c : {ap_opt, ap_og, ap}) {
       res[c.key()] = run_memfit(c, once, spec, batch);
       print_row(c, res[c.key()], nullptr);
     }
@@ -483,6 +493,20 @@ int main(int argc, char** argv) {
         "(%.1fx less) %s; peak reserved %.1f -> %.1f MiB (%.1fx less) %s (target >= 20x)\n",
         mib(plain->second.allocated), mib(all->second.allocated), ra, verdict(ra >= 20),
         mib(plain->second.reserved), mib(all->second.reserved), rr, verdict(rr >= 20));
+    const double rs =
+        static_cast<double>(plain->second.sum4()) / static_cast<double>(all->second.sum4());
+    if (torch_plain && torch_best && torch_plain->ok && torch_best->ok) {
+      std::printf(
+          "   beside PyTorch's best stock combination (bf16 autocast + checkpoint all + 1 x 16 "
+          "accumulated) vs its plain f32, on sum4: %.1f -> %.1f MiB (%.2fx less); memfit's "
+          "sum4 %.1f -> %.1f MiB (%.2fx less)\n",
+          mib(torch_plain->sum4()), mib(torch_best->sum4()),
+          static_cast<double>(torch_plain->sum4()) / static_cast<double>(torch_best->sum4()),
+          mib(plain->second.sum4()), mib(all->second.sum4()), rs);
+    } else {
+      std::printf("   (no PyTorch anchor for the all-policies row: %s)\n",
+                  script.empty() ? "no script or python3 torch" : "its run failed or was skipped");
+    }
   } else if (a.all_policies) {
     std::printf("3. all policies: needs the f32/none/off row (and both rows without errors)\n");
   }

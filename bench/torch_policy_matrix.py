@@ -9,6 +9,9 @@ block, every:K = on each segment of K blocks, use_reentrant=True as torch 1.13's
 
 One training step: AdamW.zero_grad(set_to_none=True), forward, mean cross-entropy, backward,
 torch.optim.AdamW.step() (torch's default implementation for CPU tensors; lr 1e-3, wd 0.01).
+With --micro-batch M the step runs the batch as micro-batches of M samples (forward and
+backward each, the loss weighted by M / batch, the gradients accumulating in .grad): gradient
+accumulation as users write it.
 Step time: the median wall time of --steps timed steps after --warmup untimed ones.
 
 Memory. CPU PyTorch keeps no allocator statistics (torch.cuda.memory_stats has no CPU twin, and
@@ -144,19 +147,28 @@ def run_config(args, cfg, dtype, ckpt, tokens, targets):
     warmup = args.bf16_warmup if slow else args.warmup
     steps = args.bf16_steps if slow else args.steps
 
+    mb = args.micro_batch if args.micro_batch > 0 else args.batch
+
+    def forward_backward():
+        total = 0.0
+        for r in range(0, args.batch, mb):
+            part = min(mb, args.batch - r)
+            loss, _ = model(tokens[r:r + part], targets[r:r + part])
+            (loss * (part / args.batch)).backward()
+            total += loss.item() * part / args.batch
+        return total
+
     def step(measure):
         opt.zero_grad(set_to_none=True)
         if measure:
             measuring[0] = True
             with meter.hooks():
-                loss, _ = model(tokens, targets)
-                loss.backward()
+                loss = forward_backward()
             measuring[0] = False
         else:
-            loss, _ = model(tokens, targets)
-            loss.backward()
+            loss = forward_backward()
         opt.step()
-        return loss.item()
+        return loss
 
     secs, loss = [], None
     for k in range(warmup + steps):
@@ -179,7 +191,8 @@ def run_config(args, cfg, dtype, ckpt, tokens, targets):
     }
     return {
         "impl": "pytorch", "torch": torch.__version__, "dtype": dtype, "checkpoint": ckpt,
-        "status": "ok", "batch": args.batch, "threads": torch.get_num_threads(),
+        "status": "ok", "batch": args.batch, "micro_batch": mb,
+        "threads": torch.get_num_threads(),
         "steps": steps, "warmup": warmup, "step_seconds": secs,
         "step_seconds_median": statistics.median(secs), "step_seconds_min": min(secs),
         "loss": loss, "bytes": by,
@@ -197,6 +210,8 @@ def main():
     ap.add_argument("--bf16-steps", type=int, default=1)
     ap.add_argument("--bf16-warmup", type=int, default=0)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="samples per micro-batch, gradients accumulated (0: the whole batch)")
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--layers", type=int, default=6)
@@ -210,6 +225,8 @@ def main():
         torch.set_num_threads(args.threads)
     if min(args.steps, args.bf16_steps) < 1 or min(args.warmup, args.bf16_warmup) < 0:
         ap.error("--steps/--bf16-steps must be >= 1, --warmup/--bf16-warmup >= 0")
+    if not 0 <= args.micro_batch <= args.batch:
+        ap.error(f"--micro-batch {args.micro_batch}: valid 0 (the whole batch) to {args.batch}")
     cfg = GptConfig(vocab=args.vocab, seq_len=args.seq_len, layers=args.layers,
                     hidden=args.hidden, heads=args.heads, mlp_ratio=args.mlp_ratio,
                     tied_head=not args.untied)

@@ -338,7 +338,10 @@ struct Preset {
 // GPT-2 sizes from the GPT-2 paper (Radford et al. 2019, table 2) and the released configs
 // (n_ctx 1024, vocab 50257). gpt3-6.7b: Brown et al. 2020 ("Language Models are Few-Shot
 // Learners"), table 2.1: 32 layers, d_model 4096, 32 heads, context 2048, GPT-2's vocabulary
-// and architecture (6.66e9 parameters here with the head tied to the embedding).
+// and architecture (6.66e9 parameters here with the head tied to the embedding). gpt3-13b: the
+// same table's 13B row (40 layers, 40 heads of d_head 128, context 2048) with d_model
+// 40 x 128 = 5120, as implementations of that size use (OPT-13B, Zhang et al. 2022, table 1;
+// the table's printed 5140 is not a multiple of its 40 heads): 12.85e9 parameters here.
 constexpr Preset kPresets[] = {
     {"gpt-tiny", ModelSpec::Kind::kGpt, 256, 128, 6, 256, 8, 4},
     {"gpt-micro", ModelSpec::Kind::kGpt, 64, 16, 2, 32, 4, 4},
@@ -347,6 +350,7 @@ constexpr Preset kPresets[] = {
     {"gpt2-large", ModelSpec::Kind::kGpt, 50257, 1024, 36, 1280, 20, 4},
     {"gpt2-xl", ModelSpec::Kind::kGpt, 50257, 1024, 48, 1600, 25, 4},
     {"gpt3-6.7b", ModelSpec::Kind::kGpt, 50257, 2048, 32, 4096, 32, 4},
+    {"gpt3-13b", ModelSpec::Kind::kGpt, 50257, 2048, 40, 5120, 40, 4},
     {"mlp-tiny", ModelSpec::Kind::kMlp, 256, 128, 6, 256, 8, 4},
 };
 

@@ -45,8 +45,8 @@ struct ModelSpec {
   static ModelSpec from_yaml_string(std::string_view text, std::string_view source = "<string>");
   static ModelSpec from_yaml_file(const std::string& path);
   // Built-in shapes: "gpt-tiny" (the benchmarks' 6 x 256), "gpt-micro" (tests), "gpt2",
-  // "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-6.7b", "mlp-tiny". ConfigError listing them
-  // otherwise.
+  // "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-6.7b", "gpt3-13b", "mlp-tiny". ConfigError
+  // listing them otherwise.
   static ModelSpec preset(std::string_view name);
   static std::vector<std::string> preset_names();
   // A preset name, or else a YAML file path.
