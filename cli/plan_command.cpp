@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string model;
   std::string device;
   std::string budget;
+  std::string host_budget;  // "": no host limit (the plan is usually for another machine)
   std::int64_t seq_len = 0;
   std::int64_t global_batch = 0;
   int ranks = 1;
@@ -197,6 +198,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
                             format_bytes(o.device.usable_bytes()) + " after its context)");
     }
   }
+  if (!a.host_budget.empty()) o.host_budget = parse_budget(a.host_budget, "--host-budget");
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.global_batch = a.global_batch;
   o.ranks = a.ranks;
@@ -253,6 +255,12 @@ int run_plan(const PlanArgs& a) {
                 rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
                 short_seconds(rec.predicted.step_seconds).c_str(),
                 short_rate(rec.predicted.tokens_per_second).c_str());
+    const std::size_t host = rec.predicted.peaks.host_pinned;
+    std::printf("  pinned host memory: %s (%.1f bytes per parameter)%s\n",
+                format_bytes(host).c_str(),
+                static_cast<double>(host) / static_cast<double>(o.spec.parameter_count()),
+                o.host_budget > 0 ? (" of a host budget of " + format_bytes(o.host_budget)).c_str()
+                                  : "; no host budget given (--host-budget)");
     std::printf("  why: %s\n", rec.why.c_str());
   }
   if (!a.out.empty()) {
@@ -278,6 +286,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "or a YAML device file (required)");
   cmd->add_option("--budget", a->budget,
                   "memory budget (24GiB, 512MiB); default: the device's memory less its context");
+  cmd->add_option("--host-budget", a->host_budget,
+                  "pinned host memory a plan may take (offload); default: no limit, the host "
+                  "bytes of each plan are printed");
   cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
   cmd->add_option("--global-batch", a->global_batch,
                   "throughput mode: the fastest plan for this many sequences per step");

@@ -53,6 +53,10 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
                   "allocator budget on the device (96MiB, 1GiB, ...); with no policy flag "
                   "(--dtype --checkpoint --micro-batch --accum --offload) memfit plans first: "
                   "the largest micro-batch, or with --batch the fastest plan for that batch");
+  cmd->add_option("--host-budget", a.host_budget,
+                  "pinned host memory offload may take (64GiB, ...); a plan that pins more does "
+                  "not fit; default: this machine's available memory less a margin of a tenth "
+                  "of its memory (at least 1 GiB), and less --budget on the CPU backend");
   cmd->add_option("--device", a.device,
                   "when planning: the device preset or YAML file the plan is for (default cpu; "
                   "required with --backend cuda)");
@@ -123,6 +127,18 @@ DeviceKind backend_kind(const TrainArgs& a) {
   return a.backend == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
 }
 
+// --host-budget, or this machine's default for the backend and device budget.
+std::size_t host_budget_of(const TrainArgs& a, std::size_t device_budget) {
+  if (!a.host_budget.empty()) return parse_budget(a.host_budget, "--host-budget");
+  return default_host_budget(backend_kind(a), device_budget);
+}
+
+std::string host_budget_label(const TrainArgs& a, std::size_t budget) {
+  if (!a.host_budget.empty()) return "--host-budget " + a.host_budget;
+  return "the default host budget " + format_bytes(budget) +
+         ": available memory less a margin; --host-budget sets it";
+}
+
 void require_text_vocab(const ModelSpec& spec, const std::string& where) {
   if (spec.vocab < TextDataset::kVocab) {
     throw InvalidArgument(where + ": model " + spec.name + " has vocab " +
@@ -190,6 +206,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.budget = parse_budget(a.budget);
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
+  o.host_budget = host_budget_of(a, o.budget);    // this machine's host memory
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
     o.global_batch = a.batch;
@@ -276,6 +293,7 @@ Prepared prepare(const TrainArgs& a) {
   out.run.trainer.adamw.lr = a.lr;
   out.run.trainer.seed = a.seed;
   out.run.device = backend_kind(a);
+  out.run.trainer.host_budget = host_budget_of(a, out.run.alloc.budget);
   out.run.validate();
   return out;
 }
@@ -315,6 +333,8 @@ std::unique_ptr<RunSetup> open_run(const Prepared& p, const TrainArgs& a, bool r
     return run;
   } catch (const BudgetError& e) {
     throw InvalidArgument(budget_text(e, a, p.run));
+  } catch (const HostBudgetError& e) {
+    throw InvalidArgument(std::string(e.what()) + " [" + host_budget_label(a, e.budget()) + "]");
   }
 }
 

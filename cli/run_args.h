@@ -15,7 +15,8 @@
 // policies, budget, plan, formats and the backend are all checked by prepare(); the report
 // directory is created (and proved writable) only when the run is about to start. A budget
 // the run does not fit is the library's BudgetError, re-worded here in flags ("--checkpoint
-// all: 40.00 MiB (fits)").
+// all: 40.00 MiB (fits)"); a host budget, its HostBudgetError with the flag that set it.
+// --host-budget defaults to this machine's (policies/runtime_env.h's default_host_budget).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -46,6 +47,7 @@ struct TrainArgs {
   std::string checkpoint = "none";
   std::string offload;  // --offload's list (empty: given bare, or not given)
   std::string budget;
+  std::string host_budget;  // "": this machine's default (default_host_budget)
   std::uint64_t seed = 1337;
   double lr = 1e-3;
   std::string alloc_conf;

@@ -58,6 +58,7 @@ struct OomInfo {
   std::size_t budget_bytes = 0;      // 0 when no budget is set
   std::size_t largest_free_block = 0;
   std::vector<std::pair<Category, std::size_t>> top_categories;  // largest first
+  bool host = false;  // pinned host memory (offload) ran out or over its budget, not the device's
 };
 
 class OutOfMemory : public Error {

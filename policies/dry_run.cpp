@@ -125,6 +125,7 @@ DryRunResult dry_run(const RunSpec& run) {
     r.fits = false;
     r.failed_request = e.info().requested_bytes;
     r.failure = e.what();
+    if (e.info().host) r.host_pinned = e.info().requested_bytes;  // what the slab would take
     if (in_step) {
       r.step = PeakFigures::of(alloc.stats());
     } else {

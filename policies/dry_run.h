@@ -19,7 +19,9 @@
 // `setup_peak_reserved` is construction's (until the optimizer is built), `step` the step's
 // (the Trainer resets the peaks at its start: what StepResult::peaks reports on a real run);
 // fits needs both within r.alloc.budget. `host_pinned` is the pinned host bytes a real run
-// would hold (OffloadOptimizer's slab), exactly; a device budget does not cover them.
+// would hold (OffloadOptimizer's slab), exactly; a device budget does not cover them, the host
+// budget (r.trainer.host_budget) does: over it, fits = false and host_pinned says what the slab
+// would take.
 // An OutOfMemory under the budget is caught: fits = false, with the request that failed and
 // the allocator's message; bad input (RunSpec::validate) throws.
 // gemm_flops and bytes_moved are the meta backend's counts for every micro-batch (skipped

@@ -324,14 +324,21 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   m.slab_bytes = checked_add(checked_mul(f32_region, 4, "OffloadOptimizer host slab"),
                              align_up(stage_bytes), "OffloadOptimizer host slab");
   if (m.slab_bytes > 0) {
+    OomInfo info;
+    info.requested_bytes = m.slab_bytes;
+    info.budget_bytes = options.host_budget;
+    info.host = true;
+    const std::string what = format_bytes(m.slab_bytes) + " of " + host.name() + " memory for " +
+                             std::to_string(m.total) +
+                             " parameters (masters, Adam moments, gradients, staging)";
+    if (options.host_budget > 0 && m.slab_bytes > options.host_budget) {
+      throw OutOfMemory("OffloadOptimizer: " + what + " exceed the host budget of " +
+                            format_bytes(options.host_budget),
+                        info);
+    }
     m.slab = host.allocate(m.slab_bytes);
     if (m.slab == nullptr) {
-      OomInfo info;
-      info.requested_bytes = m.slab_bytes;
-      throw OutOfMemory("OffloadOptimizer: " + std::to_string(m.slab_bytes) + " bytes of " +
-                            host.name() + " memory for " + std::to_string(m.total) +
-                            " parameters (masters, Adam moments, staging) are not available",
-                        info);
+      throw OutOfMemory("OffloadOptimizer: " + what + " are not available", info);
     }
     auto* base = static_cast<unsigned char*>(m.slab);
     m.master = reinterpret_cast<float*>(base);

@@ -82,6 +82,9 @@ struct OffloadOptions {
   bool weights = false;
   int weight_buffers = kDefaultWeightBuffers;
   std::vector<std::vector<Parameter*>> units;
+  // Pinned host bytes the slab may take (0: no limit): a larger slab is an OutOfMemory with
+  // OomInfo::host set, before anything is pinned.
+  std::size_t host_budget = 0;
 };
 
 class OffloadOptimizer final : public Optimizer {

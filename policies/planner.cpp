@@ -495,6 +495,14 @@ PlanResult plan(const PlannerOptions& o) {
       try {
         std::int64_t hint = 0;
         for (std::size_t i : groups[g]) {
+          Combo& cb = combos[i];
+          const auto host = static_cast<std::size_t>(cm.static_bytes(cb.dtype, cb.offload).host_pinned);
+          if (o.host_budget > 0 && host > o.host_budget) {
+            cb.infeasible = cb.name() + ": offload pins " + gib(double(host)) +
+                            " of host memory, over the host budget of " +
+                            gib(double(o.host_budget));
+            continue;
+          }
           if (o.global_batch > 0) {
             search_throughput(c, combos[i], hint);
           } else {
@@ -530,7 +538,8 @@ PlanResult plan(const PlannerOptions& o) {
     std::string msg = "plan: nothing fits in " + gib(double(budget)) + " for " + o.spec.name +
                       " at seq_len " + std::to_string(seq_len) + ":";
     for (const std::string& s : result.infeasible) msg += "\n  " + s;
-    msg += "\nvalid: a larger budget, a shorter seq_len, or a smaller model";
+    msg += std::string("\nvalid: a larger budget") + (o.host_budget > 0 ? " or host budget" : "") +
+           ", a shorter seq_len, or a smaller model";
     throw InvalidArgument(msg);
   }
   const bool throughput = o.global_batch > 0;

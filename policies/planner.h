@@ -20,6 +20,8 @@
 // ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
 // gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
 // ranks comes later; this is the arithmetic).
+// host_budget > 0: a combination whose offload pins more host memory than that does not fit
+// (its reason says how much); every plan says what it pins (Prediction's host_pinned).
 // Every candidate is a RunSpec (policies/run_spec.h) dry-run by the one dry_run(): the real
 // Trainer on the meta backend. The device's kind (DeviceSpec::kind) decides the GEMM
 // workspace: the CPU backend's scratch for kCpu, a fixed per-GEMM workspace,
@@ -48,6 +50,7 @@ struct PlannerOptions {
   ModelSpec spec;
   DeviceSpec device;
   std::size_t budget = 0;          // 0: device.usable_bytes()
+  std::size_t host_budget = 0;     // pinned host bytes a plan may take; 0: no limit
   std::int64_t seq_len = 0;        // 0: spec.seq_len
   std::int64_t global_batch = 0;   // 0: max-batch mode
   int ranks = 1;

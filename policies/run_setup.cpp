@@ -1,6 +1,7 @@
 #include "policies/run_setup.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "memory/check.h"
@@ -151,6 +152,20 @@ RunSetup::~RunSetup() {
 }
 
 void RunSetup::budget_failure(const OutOfMemory& e) const {
+  if (e.info().host) {
+    const std::size_t need = e.info().requested_bytes, budget = e.info().budget_bytes;
+    const auto params = static_cast<double>(spec_.model.parameter_count());
+    char per[64];
+    std::snprintf(per, sizeof per, "%.1f bytes per parameter", static_cast<double>(need) / params);
+    throw HostBudgetError(
+        spec_.describe() + ": offload needs " + format_bytes(need) + " of pinned host memory (" +
+            per + ")" +
+            (budget > 0 ? ", over the host budget of " + format_bytes(budget) +
+                              "; valid: a host budget of " + format_bytes(need) +
+                              " or more, or less offload"
+                        : std::string(", which this host does not have (") + e.what() + ")"),
+        need, budget);
+  }
   BudgetDiagnosis d = diagnose_budget(spec_, e.what());
   d.when = model_ ? "step one" : "the model and optimizer";
   std::string msg = diagnosis_text(d, spec_, "budget " + format_bytes(d.budget));

@@ -15,7 +15,8 @@
 //
 // A budget that the model or the first step does not fit is a BudgetError (an
 // InvalidArgument) whose message and diagnosis() say what a dry run of this spec reserves and
-// what the usual alternatives would (each a dry run, policies/dry_run.h). Later steps' errors
+// what the usual alternatives would (each a dry run, policies/dry_run.h). Offload's pinned
+// host memory over the host budget (checked before anything is pinned) is a HostBudgetError. Later steps' errors
 // pass through unchanged (the Trainer leaves its state as it was).
 // Teardown order: trainer, model, tracer, recorder, then the runtime (allocator, provider,
 // backend). Not thread-safe; one run per RunSetup.
@@ -76,6 +77,19 @@ class BudgetError : public InvalidArgument {
 
  private:
   BudgetDiagnosis diagnosis_;
+};
+
+// The pinned host memory offload needs is over the host budget (RunSpec's
+// trainer.host_budget) or not there; the message says how much, and what would be valid.
+class HostBudgetError : public InvalidArgument {
+ public:
+  HostBudgetError(std::string message, std::size_t need, std::size_t budget)
+      : InvalidArgument(std::move(message)), need_(need), budget_(budget) {}
+  std::size_t need() const { return need_; }
+  std::size_t budget() const { return budget_; }  // 0: no budget (the memory was not there)
+
+ private:
+  std::size_t need_, budget_;
 };
 
 struct RunSetupOptions {

@@ -1,5 +1,7 @@
 #include "policies/runtime_env.h"
 
+#include <algorithm>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,6 +42,27 @@ RuntimeEnv make_cpu(const AllocatorConfig& conf, const RuntimeOptions& options) 
 }
 
 }  // namespace
+
+HostMemory host_memory() {
+  HostMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  unsigned long long kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, unit);  // " kB"
+    if (key == "MemTotal:") m.total = static_cast<std::size_t>(kib) * 1024;
+    if (key == "MemAvailable:") m.available = static_cast<std::size_t>(kib) * 1024;
+  }
+  return m;
+}
+
+std::size_t default_host_budget(DeviceKind kind, std::size_t device_budget, HostMemory mem) {
+  if (mem.total == 0 || mem.available == 0) return 0;
+  constexpr std::size_t kGiB = std::size_t{1} << 30, kFloor = std::size_t{1} << 20;
+  const std::size_t margin = std::max(kGiB, mem.total / 10);
+  const std::size_t taken = margin + (kind == DeviceKind::kCpu ? device_budget : 0);
+  return mem.available > taken + kFloor ? mem.available - taken : kFloor;
+}
 
 RuntimeEnv::~RuntimeEnv() { tear_down(*this); }
 

@@ -54,6 +54,18 @@ struct RuntimeEnv {
 RuntimeEnv make_runtime(DeviceKind kind, const AllocatorConfig& conf,
                         const RuntimeOptions& options = {});
 
+// The pinned host memory a run on this machine may take when no host budget is given: its
+// available memory now (/proc/meminfo's MemAvailable) less a margin of a tenth of its memory
+// (at least 1 GiB: pinning nearly all of it stalls or kills a real machine), and less the
+// device budget on the CPU backend, whose "device" memory is host memory too. At least 1 MiB;
+// 0 (no limit) when /proc/meminfo cannot be read.
+struct HostMemory {
+  std::size_t total = 0, available = 0;  // bytes; 0: unknown
+};
+HostMemory host_memory();  // this machine's, now
+std::size_t default_host_budget(DeviceKind kind, std::size_t device_budget,
+                                HostMemory mem = host_memory());
+
 // True when this build has the CUDA backend and a device is usable; *why says why not.
 bool cuda_runtime_available(std::string* why = nullptr);
 

@@ -125,6 +125,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
     if (off.gradients) o.stages = model_.backward_stages();
     o.weights = off.weights;
     o.weight_buffers = options_.weight_buffers;
+    o.host_budget = options_.host_budget;
     if (off.weights) o.units = model_.weight_units();
     auto opt = std::make_unique<OffloadOptimizer>(model_.parameters(), std::move(o), ctx_, *host);
     offload_opt_ = opt.get();

@@ -106,6 +106,9 @@ TEST(PlanCommand, TableShowsEveryCandidateAndTheRecommendationWithWhy) {
   // measured; what fits does not.
   const auto& rec = j.at("recommended");
   EXPECT_TRUE(contains(r.output, "why: largest micro-batch that fits")) << r.output;
+  // What the recommended plan pins on the host, per parameter, and that no host limit was set.
+  EXPECT_TRUE(contains(r.output, "pinned host memory: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "bytes per parameter); no host budget given")) << r.output;
   EXPECT_TRUE(contains(r.output, "recommended: " + rec.at("activation_dtype").get<std::string>() +
                                      ", checkpoint " + rec.at("checkpoint").get<std::string>()))
       << r.output;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "memory/size.h"
 #include "tests/cli/cli_testutil.h"
 
 namespace {
@@ -139,6 +140,37 @@ TEST(TrainCommand, OffloadListOffloadsTheGradientsToo) {
   EXPECT_NE(bad.output.find("unknown switch 'wings'"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("optimizer, gradients, weights, all"), std::string::npos)
       << bad.output;
+  for (const auto& p : {a, b}) std::remove(p.c_str());
+}
+
+// Weight offload on the command line trains the same losses as resident weights; a host
+// budget below what offload pins stops the run before it starts, naming the flag.
+TEST(TrainCommand, OffloadAllTrainsTheSameAndTheHostBudgetIsChecked) {
+  const std::string a = tmp("w_plain.json"), b = tmp("w_all.json");
+  ASSERT_EQ(run_memfit(base_args(2) + " --dtype bf16 --summary-json " + a).exit_code, 0);
+  const ProgramRun rb =
+      run_memfit(base_args(2) + " --dtype bf16 --offload all --predict --summary-json " + b);
+  ASSERT_EQ(rb.exit_code, 0) << rb.output;
+  const auto ja = read_json(a), jb = read_json(b);
+  EXPECT_EQ(ja.at("losses"), jb.at("losses"));
+  EXPECT_TRUE(jb.at("offload_weights").get<bool>());
+  EXPECT_FALSE(ja.at("offload_weights").get<bool>());
+  const auto params = [](const nlohmann::json& j) {
+    return j.at("peak_by_category").at("parameter").get<std::uint64_t>();
+  };
+  EXPECT_LT(params(jb), params(ja));
+  EXPECT_EQ(jb.at("predicted_peak_allocated_bytes"), jb.at("peak_allocated_bytes"));
+  const ProgramRun over = run_memfit(base_args(1) + " --offload all --host-budget 1024");
+  EXPECT_EQ(over.exit_code, 2) << over.output;
+  EXPECT_NE(over.output.find("of pinned host memory"), std::string::npos) << over.output;
+  EXPECT_NE(over.output.find("over the host budget of " + memfit::format_bytes(1024)), std::string::npos)
+      << over.output;
+  EXPECT_NE(over.output.find("[--host-budget 1024]"), std::string::npos) << over.output;
+  EXPECT_EQ(over.output.find("step 1"), std::string::npos) << "it trained: " << over.output;
+  const ProgramRun zero = run_memfit(base_args(1) + " --offload --host-budget 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--host-budget 0 must be positive"), std::string::npos)
+      << zero.output;
   for (const auto& p : {a, b}) std::remove(p.c_str());
 }
 

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 
 #include "core/cpu/cpu_backend.h"
@@ -163,6 +165,35 @@ void expect_error(const PlannerOptions& o, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// A host budget rules out every combination whose offload pins more, with the reason; the
+// others are planned as without it. Every plan says what it pins.
+TEST(Planner, AHostBudgetRulesOutTheOffloadsThatPinMore) {
+  PlannerOptions o = options(kBudget);
+  o.dtypes = {DType::kBF16};
+  o.checkpoints = {Checkpointing::all()};
+  const PlanResult free = plan(o);
+  ASSERT_EQ(free.candidates.size(), o.offloads.size());
+  std::size_t most = 0;
+  for (const Plan& p : free.candidates) {
+    EXPECT_EQ(p.predicted.peaks.host_pinned > 0, p.policy.offload.optimizer) << p.describe();
+    most = std::max(most, p.predicted.peaks.host_pinned);
+  }
+  o.host_budget = most - 1;  // every offload here pins the same slab
+  const PlanResult limited = plan(o);
+  ASSERT_EQ(limited.candidates.size(), 1u);
+  EXPECT_FALSE(limited.candidates[0].policy.offload.any());
+  EXPECT_EQ(limited.candidates[0].policy.micro_batch,
+            std::find_if(free.candidates.begin(), free.candidates.end(), [](const Plan& p) {
+              return !p.policy.offload.any();
+            })->policy.micro_batch);
+  ASSERT_EQ(limited.infeasible.size(), o.offloads.size() - 1);
+  for (const std::string& why : limited.infeasible) {
+    EXPECT_NE(why.find("over the host budget of"), std::string::npos) << why;
+  }
+  o.host_budget = most;
+  EXPECT_EQ(plan(o).candidates.size(), o.offloads.size());
 }
 
 TEST(Planner, BadRequestsAreClearErrors) {

@@ -115,6 +115,67 @@ TEST(RunSetup, ABudgetTooSmallIsABudgetErrorWithDryRunAlternatives) {
   }
 }
 
+// Offload's pinned host memory is budgeted too: the dry run and the real setup agree on what
+// the slab takes; one byte less than that is a HostBudgetError (before anything is pinned)
+// and a dry run that does not fit, saying what the slab would take; exactly that fits.
+TEST(RunSetup, AHostBudgetBelowTheOffloadSlabIsAHostBudgetError) {
+  RunSpec spec = small_run();
+  spec.trainer.policy.offload = OffloadSwitches::parse("all");
+  const DryRunResult free_run = dry_run(spec);
+  ASSERT_TRUE(free_run.fits);
+  const std::size_t need = free_run.host_pinned;
+  ASSERT_GT(need, 0u);
+  // bf16 with everything offloaded: 18 bytes per parameter, the 64-byte alignment aside.
+  const auto n = static_cast<std::size_t>(spec.model.parameter_count());
+  EXPECT_GE(need, 18 * n);
+  EXPECT_LT(need, 18 * n + 5 * 64);
+  spec.trainer.host_budget = need;
+  EXPECT_TRUE(dry_run(spec).fits);
+  {
+    RunSetup run(spec);
+    EXPECT_EQ(run.trainer().host_bytes(), need);
+    (void)run.step(batch_of(spec));
+  }
+  spec.trainer.host_budget = need - 1;
+  const DryRunResult over = dry_run(spec);
+  EXPECT_FALSE(over.fits);
+  EXPECT_EQ(over.host_pinned, need);
+  EXPECT_NE(over.failure.find("exceed the host budget"), std::string::npos) << over.failure;
+  try {
+    RunSetup run(spec);
+    ADD_FAILURE() << "a host budget one byte short was accepted";
+  } catch (const HostBudgetError& e) {
+    EXPECT_EQ(e.need(), need);
+    EXPECT_EQ(e.budget(), need - 1);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("pinned host memory (18.0 bytes per parameter)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("valid: a host budget of " + format_bytes(need) + " or more"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("--"), std::string::npos) << "the library names no CLI flag: " << msg;
+  }
+  // Without offload nothing is pinned: any host budget fits.
+  spec.trainer.policy.offload = OffloadSwitches{};
+  spec.trainer.host_budget = 1;
+  EXPECT_TRUE(dry_run(spec).fits);
+}
+
+// The default host budget: available memory less a tenth of the total (at least 1 GiB), less
+// the device budget on the CPU backend; a floor of 1 MiB; no limit when unknown.
+TEST(RunSetup, TheDefaultHostBudgetLeavesAMargin) {
+  constexpr std::size_t GiB = std::size_t{1} << 30;
+  const HostMemory m{.total = 100 * GiB, .available = 60 * GiB};
+  EXPECT_EQ(default_host_budget(DeviceKind::kCuda, 8 * GiB, m), 50 * GiB);
+  EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 8 * GiB, m), 42 * GiB);
+  const HostMemory small{.total = 4 * GiB, .available = 3 * GiB};
+  EXPECT_EQ(default_host_budget(DeviceKind::kCuda, 0, small), 2 * GiB);  // the 1 GiB floor
+  EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 3 * GiB, small), std::size_t{1} << 20);
+  EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 0, HostMemory{}), 0u);
+  const HostMemory here = host_memory();
+  EXPECT_GT(here.total, 0u);
+  EXPECT_LE(here.available, here.total);
+}
+
 TEST(RunSetup, BadSpecsAndAnAbsentGpuAreClearErrors) {
   RunSpec spec = small_run();
   spec.seq_len = 65;
