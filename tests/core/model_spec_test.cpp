@@ -109,8 +109,16 @@ TEST(ModelSpec, ParameterCounts) {
 }
 
 TEST(ModelSpec, PresetsAndLoad) {
-  EXPECT_EQ(ModelSpec::preset_names().size(), 8u);
+  EXPECT_EQ(ModelSpec::preset_names().size(), 9u);
   EXPECT_EQ(ModelSpec::load("gpt-micro").hidden, 32);
+  // GPT-3 13B (Brown et al. 2020, table 2.1; d_model 40 heads x 128): 40 blocks of 5120,
+  // GPT-2's vocabulary and a 2048 context, tied: 12.85e9 parameters.
+  const ModelSpec g13 = ModelSpec::preset("gpt3-13b");
+  EXPECT_EQ(g13.layers, 40);
+  EXPECT_EQ(g13.hidden, 5120);
+  EXPECT_EQ(g13.hidden % g13.heads, 0);
+  const std::int64_t h = 5120;
+  EXPECT_EQ(g13.parameter_count(), 50257 * h + 2048 * h + 40 * (12 * h * h + 13 * h) + 2 * h);
   try {
     ModelSpec::preset("gpt3");
     ADD_FAILURE();
