@@ -5,11 +5,14 @@
 //
 // f16 weights and activations (so the dynamic loss scaler is on), a batch of 8 split into 3
 // micro-batches (3 + 3 + 2: the loss gradient scale / (B*T) weights the uneven one by its
-// rows), every second block checkpointed, and AdamW and the gradients offloaded to the CPU:
-// the model is built without device masters or gradients (ParamPlacement), each backward
-// stage borrows its gradients' memory from a ring of two device buckets and sends them to the
-// host as soon as it is done, while the remaining backwards run; the host holds the sum over
-// the micro-batches, checks it for inf/NaN and runs AdamW on it.
+// rows), every second block checkpointed, and AdamW, the gradients and the working weights
+// offloaded to the CPU: the model is built without device weights, masters or gradients
+// (ParamPlacement); each use of a block's weights (forward, recompute, backward) borrows a
+// device copy from a ring of two buffers, fetched one use ahead; each backward stage borrows its
+// gradients' memory from a ring of two device buckets and sends them to the host as soon as it
+// is done, while the remaining backwards run; the host holds the sum over the micro-batches,
+// checks it for inf/NaN and runs AdamW on it, writing the new weights where the next fetches
+// read them.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -71,26 +74,31 @@ int main(int argc, char** argv) {
   spec.layers = 4;
   spec.hidden = 128;
   spec.seq_len = kSeqLen;
-  Model model(spec, ctx, ParamPlacement{.master = false, .grad = false});
+  Model model(spec, ctx, ParamPlacement{.weight = false, .master = false, .grad = false});
 
   PinnedHostProvider pinned;
   OffloadOptions oo;
   oo.adamw.lr = 2e-3;
   oo.gradients = true;  // two device buckets (oo.grad_buckets)
   oo.stages = model.backward_stages();
-  OffloadOptimizer opt(model.parameters(), oo, ctx, pinned);  // binds host masters...
-  model.init(/*seed=*/1, ctx);                                // ...which init fills
+  oo.weights = true;  // two device buffers (oo.weight_buffers)
+  oo.units = model.weight_units();
+  OffloadOptimizer opt(model.parameters(), oo, ctx, pinned);  // binds host masters and
+  model.init(/*seed=*/1, ctx);                                // weights, which init fills
   LossScaler scaler;                                          // 65536, x2 / 2000 clean steps
   const Schedule schedule = Schedule::every(model.num_blocks(), 2);
   Executor ex(model, ctx);
 
   // Every micro-batch's backward stages go through the optimizer: it lends each stage its
-  // gradient memory and takes the gradients to the host after it.
+  // gradient memory and takes the gradients to the host after it; and every use of a unit's
+  // weights: it lends them a device copy and fetches the next use's.
   const int count = static_cast<int>(split_batch(kBatch, kAccum).size());
   int m_now = 0;
   ExecutorHooks hooks;
   hooks.before_stage = [&](int s) { opt.before_stage(ctx, s, m_now, count); };
   hooks.after_stage = [&](int s) { opt.after_stage(ctx, s, m_now, count); };
+  hooks.before_use = [&](int u, int next) { opt.before_use(ctx, u, next); };
+  hooks.after_use = [&](int u) { opt.after_use(ctx, u); };
 
   const TextDataset data(path);
   Rng rng(2);
@@ -122,9 +130,10 @@ int main(int argc, char** argv) {
         t.wait_grads_s * 1e3);
   }
   std::printf(
-      "peak allocated %s; pinned host %s (masters, moments, gradients)\n",
+      "peak allocated %s (weights: %s of buffers); pinned host %s (masters, moments, "
+      "gradients, weights)\n",
       format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak))
           .c_str(),
-      format_bytes(opt.host_bytes()).c_str());
+      format_bytes(opt.weight_device_bytes()).c_str(), format_bytes(opt.host_bytes()).c_str());
   return 0;
 }

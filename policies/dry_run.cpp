@@ -1,6 +1,7 @@
 #include "policies/dry_run.h"
 
 #include <array>
+#include <string>
 #include <vector>
 
 #include "core/meta/meta_backend.h"
@@ -33,9 +34,11 @@ class RepeatWatch {
   RepeatWatch(const CachingAllocator& alloc, const NullProvider& device, const MetaBackend& meta)
       : alloc_(alloc), device_(device), meta_(meta) {}
 
+  // Before a step: nothing seen quiet yet.
   void start() {
     calls_ = provider_calls();
     before_ = work_of(meta_.stats());
+    quiet_ = 0;
   }
 
   // After a full micro-batch: true when the rest may be skipped.
@@ -72,8 +75,11 @@ class RepeatWatch {
 
 }  // namespace
 
-DryRunResult dry_run(const RunSpec& run) {
+DryRunResult dry_run(const RunSpec& run, int steps) {
   run.validate();
+  if (steps != 1 && steps != 2) {
+    throw InvalidArgument("dry_run: steps = " + std::to_string(steps) + "; valid: 1 or 2");
+  }
   const std::int64_t seq_len = run.resolved_seq_len();
   const std::vector<std::int64_t> sizes = run.trainer.policy.micro_batches(run.batch);
 
@@ -121,6 +127,11 @@ DryRunResult dry_run(const RunSpec& run) {
     r.gemm_flops = total.gemm_flops + repeat.gemm_flops * static_cast<double>(skipped);
     r.bytes_moved = total.bytes + repeat.bytes * static_cast<double>(skipped);
     r.micro_batches_run = static_cast<std::int64_t>(sizes.size()) - skipped;
+    if (steps == 2) {
+      // From the cache the first step left: where every later step starts.
+      watch.start();
+      r.step.take_max(trainer.step(b).peaks);
+    }
   } catch (const OutOfMemory& e) {
     r.fits = false;
     r.failed_request = e.info().requested_bytes;

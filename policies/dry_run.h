@@ -18,7 +18,12 @@
 // (Trainer::set_repeat_check), which would repeat them, and runs the last one. Peaks:
 // `setup_peak_reserved` is construction's (until the optimizer is built), `step` the step's
 // (the Trainer resets the peaks at its start: what StepResult::peaks reports on a real run);
-// fits needs both within r.alloc.budget. `host_pinned` is the pinned host bytes a real run
+// fits needs both within r.alloc.budget. With steps = 2 (the default) a second step runs after
+// the first and `step` holds the larger of each figure (PeakFigures::take_max): the second
+// step starts from the cache the first left (its freed activation segments, blocks split
+// another way), so its peaks can differ from the first's by a block's rounding; later steps
+// repeat the second (tests check three real steps). steps = 1 predicts the first step only,
+// for searches that confirm their answer with two (the planner). `host_pinned` is the pinned host bytes a real run
 // would hold (OffloadOptimizer's slab), exactly; a device budget does not cover them, the host
 // budget (r.trainer.host_budget) does: over it, fits = false and host_pinned says what the slab
 // would take.
@@ -54,6 +59,6 @@ struct DryRunResult {
   }
 };
 
-DryRunResult dry_run(const RunSpec& run);
+DryRunResult dry_run(const RunSpec& run, int steps = 2);  // steps: 1 or 2
 
 }  // namespace memfit

@@ -213,9 +213,35 @@ class Searcher {
     return extend_with_own_schedule(lo, cap);
   }
 
+  // The search probes the first step only; a plan's answer is confirmed over two (confirm()).
   DryRunResult run(const RunSpec& q) {
     ++combo_.dry_runs;
-    return dry_run(q);
+    return dry_run(q, /*steps=*/1);
+  }
+  // A probe that fitted, over two steps (the second starts from the first's cache).
+  std::optional<DryRunResult> confirm(std::int64_t micro, std::int64_t accum, std::int64_t last,
+                                      const Schedule& schedule) {
+    RunSpec q = request(micro, accum, last);
+    q.alloc.budget = c_.budget + saving_;
+    if (combo_.optimal()) q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
+    ++combo_.dry_runs;
+    DryRunResult r = dry_run(q, /*steps=*/2);
+    if (!r.fits) return std::nullopt;
+    return r;
+  }
+  // The largest micro-batch <= m whose first-step fit holds over two steps (rarely one less:
+  // a block's rounding); 0 for none.
+  std::int64_t confirmed(std::int64_t m, DryRunResult* out, Schedule* schedule) {
+    for (; m >= 1; --m) {
+      const std::optional<Found>& f = at(m);
+      if (!f) continue;
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, f->schedule)) {
+        *out = *r;
+        *schedule = f->schedule;
+        return m;
+      }
+    }
+    return 0;
   }
 
   // `accum` micro-batches of `micro` samples, the last one `last` (0: micro) samples.
@@ -312,15 +338,16 @@ std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
 // Max-batch mode for one combination.
 void search_max(const Context& c, Combo& combo, std::int64_t hint) {
   Searcher s(c, combo);
-  const std::int64_t m = s.max_micro(c.o.max_micro_batch, hint);
+  std::int64_t m = s.max_micro(c.o.max_micro_batch, hint);
+  DryRunResult r;
+  Schedule sched;
+  if (m > 0) m = s.confirmed(m, &r, &sched);
   combo.max_micro = m;
   if (m == 0) {
     combo.infeasible = infeasible_reason(c, combo, s);
     return;
   }
-  const auto& f = s.at(m);
-  MEMFIT_CHECK(f.has_value());
-  combo.plan = make_plan(c, combo, f->schedule, f->r, s.saving(), m, 1, m * c.o.ranks);
+  combo.plan = make_plan(c, combo, sched, r, s.saving(), m, 1, m * c.o.ranks);
 }
 
 // Throughput mode for one combination: the micro-batch (up to the largest that fits) that
@@ -381,8 +408,11 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     const std::int64_t accum = (per_rank + b - 1) / b;
     const std::int64_t last = per_rank - (accum - 1) * b;
     Schedule sched;
-    const std::optional<DryRunResult> r = s.probe(b, accum, last == b ? 0 : last, &sched);
-    if (!r || !r->fits) continue;
+    const std::int64_t uneven = last == b ? 0 : last;
+    const std::optional<DryRunResult> first = s.probe(b, accum, uneven, &sched);
+    if (!first || !first->fits) continue;
+    const std::optional<DryRunResult> r = s.confirm(b, accum, uneven, sched);
+    if (!r) continue;
     combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
     return;
   }
