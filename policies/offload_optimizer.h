@@ -25,9 +25,10 @@
 // after the first few steps. Off by default.
 // Memory: host (pinned, outside the device budget): 12 bytes per parameter (master, m, v) +
 // 4 (gradient staging) + the working dtype's size (weight staging; none for f32 weights, which
-// are copied back straight from the masters: 16 bytes then). Device: nothing beyond the
-// Parameters' weight and grad (their masters are released at construction; under gradient
-// offload the grads too, replaced by the GradRing's buckets). A parameter
+// are copied back straight from the masters: 16 bytes then), within OffloadOptions::host_budget
+// when one is set. Device: nothing beyond the Parameters' weight and grad (their masters are
+// released at construction; under gradient offload the grads too, replaced by the GradRing's
+// buckets; under weight offload the weights, replaced by the WeightRing's buffers). A parameter
 // listed twice is an InvalidArgument. State names: master/<name>, exp_avg/<name>,
 // exp_avg_sq/<name> (DeviceAdamW names an f32 model's master weight/<name>).
 // Gradient offload (OffloadOptions::gradients): the gradient region of the slab becomes the

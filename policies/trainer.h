@@ -28,7 +28,10 @@
 // The optimizer is built before init(): an offloading one binds pinned host masters that the
 // initialization writes directly (core/model.h). Gradient offload (policy.offload.gradients)
 // runs the executor's stage hooks into the optimizer in every micro-batch and checks the loss
-// scaler's inf/NaN on the host.
+// scaler's inf/NaN on the host; weight offload (policy.offload.weights) its use hooks, in
+// evaluate() too. placement(policy) is the ParamPlacement a model for the policy is built with
+// (no device weights, masters or gradients that the policy offloads). options.host_budget
+// limits the pinned bytes (an OutOfMemory with OomInfo::host before anything is pinned).
 // Offload's pinned host memory comes from `host` when given (it must outlive the trainer; a
 // NullProvider in dry runs), else from a PinnedHostProvider the trainer owns (page-locked
 // through the CUDA driver for a model on a GPU, mlock otherwise).
