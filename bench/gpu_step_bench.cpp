@@ -231,8 +231,8 @@ int bench_main() {
   // Each further switch: its step against the on-device one, and what it adds over the
   // optimizer's offload alone (the transfer time its overlap does not hide).
   double ratio_grads = 0;
-  for (const char* n : {"bf16+ckpt+offload+grads", "bf16+ckpt+offload+weights",
-                        "bf16+ckpt+offload+all"}) {
+  for (const char* n :
+       {"bf16+ckpt+offload+grads", "bf16+ckpt+offload+weights", "bf16+ckpt+offload+all"}) {
     const Result* r = find(n);
     if (!dev || !off || !r) continue;
     const double q = r->step_ms / dev->step_ms;

@@ -70,7 +70,8 @@ Result run(const Variant& v, const Args& a, const ModelSpec& spec, const Batch& 
     RunSpec rs;
     rs.model = spec;
     rs.trainer.policy.dtype = DType::kBF16;
-    rs.trainer.policy.checkpoint = Checkpointing::parse(a.checkpoint, static_cast<int>(spec.layers));
+    rs.trainer.policy.checkpoint =
+        Checkpointing::parse(a.checkpoint, static_cast<int>(spec.layers));
     rs.trainer.policy.offload = v.off;
     if (a.accum > 1) rs.trainer.policy.accum = a.accum;
     rs.trainer.adamw.lr = 1e-3;
@@ -133,7 +134,8 @@ int bench_main(int argc, char** argv) {
     }
   }
   if (a.batch < 1 || a.accum < 1 || a.batch % a.accum != 0 || a.steps < 1 || a.warmup < 0) {
-    std::fprintf(stderr, "--batch, --accum, --steps >= 1, --accum dividing --batch, --warmup >= 0\n");
+    std::fprintf(stderr,
+                 "--batch, --accum, --steps >= 1, --accum dividing --batch, --warmup >= 0\n");
     return 2;
   }
   const ModelSpec spec = ModelSpec::load(a.model);
@@ -168,9 +170,9 @@ int bench_main(int argc, char** argv) {
                              : nullptr;
     if (off) same = same && r.losses == off->losses;
     std::printf("%-18s %8.3f %6.2fx %10.3f %9.3f %9.3f | %10s %10s %10s\n", v.name, r.step_s,
-                off ? r.step_s / off->step_s : 0.0, base ? r.step_s - base->step_s : 0.0,
-                r.adamw_s, r.wait_grads_s, format_bytes(r.allocated).c_str(),
-                format_bytes(r.reserved).c_str(), format_bytes(r.host).c_str());
+                off ? r.step_s / off->step_s : 0.0, base ? r.step_s - base->step_s : 0.0, r.adamw_s,
+                r.wait_grads_s, format_bytes(r.allocated).c_str(), format_bytes(r.reserved).c_str(),
+                format_bytes(r.host).c_str());
     std::fflush(stdout);
   }
   std::printf(

@@ -296,8 +296,9 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
     return;
   }
   std::printf("%-5s %-8s %-5s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
-              c.dtype.c_str(), c.checkpoint.c_str(), c.offload_label(), m.seconds, m.loss, cat(Category::kParameter), cat(Category::kGradient),
-              cat(Category::kOptimizerState), cat(Category::kActivation),
+              c.dtype.c_str(), c.checkpoint.c_str(), c.offload_label(), m.seconds, m.loss,
+              cat(Category::kParameter), cat(Category::kGradient), cat(Category::kOptimizerState),
+              cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
                   cat(Category::kUnknown),
               mib(m.sum4()), mib(m.allocated), mib(m.reserved));

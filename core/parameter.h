@@ -58,7 +58,7 @@ struct Parameter {
   OwnedTensor grad;    // f32, kGradient; lent for one stage's backward under gradient offload
   Tensor host_master;  // f32 on the host, when an offloading optimizer holds the master
   Tensor host_weight;  // compute dtype on the host, when an offloading optimizer holds it
-  bool placed = false;        // allocate_parameter ran (a tied parameter is allocated once)
+  bool placed = false;  // allocate_parameter ran (a tied parameter is allocated once)
 
   std::int64_t numel() const { return shape.numel(); }
   bool master_on_device() const { return master.view().raw() != nullptr; }

@@ -22,16 +22,16 @@
 // the first and `step` holds the larger of each figure (PeakFigures::take_max): the second
 // step starts from the cache the first left (its freed activation segments, blocks split
 // another way), so its peaks can differ from the first's by a block's rounding; later steps
-// repeat the second (tests check three real steps). steps = 1 predicts the first step only,
-// for searches that confirm their answer with two (the planner). `host_pinned` is the pinned host bytes a real run
-// would hold (OffloadOptimizer's slab), exactly; a device budget does not cover them, the host
-// budget (r.trainer.host_budget) does: over it, fits = false and host_pinned says what the slab
-// would take.
+// repeat the second (a test checks four real steps). steps = 1 predicts the first step only,
+// for searches that confirm their answer with two (the planner).
+// `host_pinned` is the pinned host bytes a real run would hold (OffloadOptimizer's slab),
+// exactly; a device budget does not cover them, the host budget (r.trainer.host_budget) does:
+// over it, fits = false and host_pinned says what the slab would take.
 // An OutOfMemory under the budget is caught: fits = false, with the request that failed and
 // the allocator's message; bad input (RunSpec::validate) throws.
 // gemm_flops and bytes_moved are the meta backend's counts for every micro-batch (skipped
-// ones counted as the one they repeat) and the update.
-// Runs in about a millisecond per block on this machine (gpt2-xl: 48 blocks).
+// ones counted as the one they repeat) and the update, in the first step.
+// Runs in about a millisecond per block per step on this machine (gpt2-xl: 48 blocks).
 #pragma once
 
 #include <cstddef>

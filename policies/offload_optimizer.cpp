@@ -502,7 +502,7 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
     m.wait_grads();  // FIFO: the H2D copies queued before them are done too
   }
   m.timing.wait_grads_s = seconds_since(t0);
-  m.wait_h2d();                  // already complete; releases their events
+  m.wait_h2d();                   // already complete; releases their events
   if (m.wring) m.wring->drain();  // the update rewrites the host weights the fetches read
   ++m.steps;
   if (m.options.delayed_update) {

@@ -48,13 +48,11 @@ std::size_t lay_out(const std::vector<std::vector<Parameter*>>& units, DType dt,
 
 }  // namespace
 
-std::size_t WeightRing::buffer_bytes(const std::vector<std::vector<Parameter*>>& units,
-                                     DType dt) {
+std::size_t WeightRing::buffer_bytes(const std::vector<std::vector<Parameter*>>& units, DType dt) {
   return lay_out(units, dt, nullptr);
 }
 
-WeightRing::WeightRing(LayerContext& ctx, std::vector<std::vector<Parameter*>> units,
-                       int buffers)
+WeightRing::WeightRing(LayerContext& ctx, std::vector<std::vector<Parameter*>> units, int buffers)
     : be_(&ctx.backend), copy_(kDefaultStream), device_(ctx.device()), units_(std::move(units)) {
   if (buffers < 1) bad("buffers = " + std::to_string(buffers) + "; valid: >= 1");
   if (units_.empty()) bad("no units; valid: Model::weight_units()");
@@ -74,8 +72,8 @@ WeightRing::WeightRing(LayerContext& ctx, std::vector<std::vector<Parameter*>> u
   buffers_.resize(static_cast<std::size_t>(buffers));
   if (buffer_bytes_ > 0) {
     for (Buffer& b : buffers_) {
-      b.block = ctx.alloc.allocate(buffer_bytes_, Category::kParameter, ctx.stream,
-                                   "weight_buffer");
+      b.block =
+          ctx.alloc.allocate(buffer_bytes_, Category::kParameter, ctx.stream, "weight_buffer");
     }
   }
   copy_ = be_->create_stream();

@@ -67,7 +67,7 @@ class WeightRing {
   static std::size_t buffer_bytes(const std::vector<std::vector<Parameter*>>& units, DType dt);
 
   int units() const { return static_cast<int>(units_.size()); }
-  std::size_t device_bytes() const;  // buffers x buffer bytes
+  std::size_t device_bytes() const;                  // buffers x buffer bytes
   std::int64_t fetches() const { return fetches_; }  // unit fetches since construction
 
  private:
@@ -91,7 +91,7 @@ class WeightRing {
   std::vector<std::vector<std::size_t>> offset_;  // per unit, per parameter: byte in a buffer
   std::vector<Buffer> buffers_;
   std::size_t buffer_bytes_ = 0;
-  int open_ = -1;         // the buffer of the use in progress
+  int open_ = -1;  // the buffer of the use in progress
   int open_unit_ = -1;
   std::uint64_t clock_ = 0;
   std::int64_t fetches_ = 0;

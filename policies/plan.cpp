@@ -151,8 +151,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   }
   Plan p;
   std::set<std::string> seen;
-  YAML::Node micro_node, global_node, accum_node, delayed_node, gradients_node, weights_node, seq_node,
-      checkpoint_node;
+  YAML::Node micro_node, global_node, accum_node, delayed_node, gradients_node, weights_node,
+      seq_node, checkpoint_node;
   std::string checkpoint_name, schedule_text;
   std::size_t cached = 0;
   bool have_cached = false;

@@ -526,7 +526,8 @@ PlanResult plan(const PlannerOptions& o) {
         std::int64_t hint = 0;
         for (std::size_t i : groups[g]) {
           Combo& cb = combos[i];
-          const auto host = static_cast<std::size_t>(cm.static_bytes(cb.dtype, cb.offload).host_pinned);
+          const auto host =
+              static_cast<std::size_t>(cm.static_bytes(cb.dtype, cb.offload).host_pinned);
           if (o.host_budget > 0 && host > o.host_budget) {
             cb.infeasible = cb.name() + ": offload pins " + gib(double(host)) +
                             " of host memory, over the host budget of " +

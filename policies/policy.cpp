@@ -120,8 +120,7 @@ std::string OffloadSwitches::describe() const {
 }
 
 OffloadSwitches OffloadSwitches::parse(std::string_view text) {
-  constexpr const char* kValid =
-      "optimizer, gradients, weights, all, off (a comma-separated list)";
+  constexpr const char* kValid = "optimizer, gradients, weights, all, off (a comma-separated list)";
   OffloadSwitches o;
   bool off = false;
   std::size_t pos = 0;

@@ -16,10 +16,10 @@
 // A budget that the model or the first step does not fit is a BudgetError (an
 // InvalidArgument) whose message and diagnosis() say what a dry run of this spec reserves and
 // what the usual alternatives would (each a dry run, policies/dry_run.h). Offload's pinned
-// host memory over the host budget (checked before anything is pinned) is a HostBudgetError. Later steps' errors
-// pass through unchanged (the Trainer leaves its state as it was).
-// Teardown order: trainer, model, tracer, recorder, then the runtime (allocator, provider,
-// backend). Not thread-safe; one run per RunSetup.
+// host memory over the host budget (checked before anything is pinned) is a HostBudgetError. Later
+// steps' errors pass through unchanged (the Trainer leaves its state as it was). Teardown order:
+// trainer, model, tracer, recorder, then the runtime (allocator, provider, backend). Not
+// thread-safe; one run per RunSetup.
 #pragma once
 
 #include <cstddef>

@@ -219,7 +219,7 @@ StepResult Trainer::step(const Batch& batch) {
   ctx_.alloc.reset_peak_stats();
   Executor ex(model_, ctx_);
   bool reported = false;  // grads_ready() was called: the optimizer may hold copies in flight
-  bool lent = false;  // before_stage/use() was called: gradient or weight offload lent memory
+  bool lent = false;      // before_stage/use() was called: gradient or weight offload lent memory
   double loss_sum = 0;
   bool found_inf = false;
   try {
@@ -328,7 +328,7 @@ double Trainer::evaluate(const Batch& batch) {
     if (offload_opt_ != nullptr) {
       try {
         offload_opt_->abandon_step(ctx_);  // takes lent weights back; no gradients were lent
-      } catch (...) {  // the original error is the one to report
+      } catch (...) {                      // the original error is the one to report
       }
     }
     throw;

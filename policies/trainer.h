@@ -70,7 +70,7 @@ struct TrainerOptions {
   std::uint64_t seed = 1337;        // model initialization and the trainer's Rng
   int grad_buckets = kDefaultGradBuckets;  // gradient offload's device bucket ring (OffloadOptions)
   int weight_buffers = kDefaultWeightBuffers;  // weight offload's device buffer ring
-  std::size_t host_budget = 0;  // pinned host bytes offload may take (0: no limit)
+  std::size_t host_budget = 0;                 // pinned host bytes offload may take (0: no limit)
   bool init_model = true;           // false: keep the model's current weights
 };
 

@@ -138,8 +138,7 @@ TEST(TrainCommand, OffloadListOffloadsTheGradientsToo) {
   const ProgramRun bad = run_memfit(base_args(1) + " --offload optimizer,wings");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("unknown switch 'wings'"), std::string::npos) << bad.output;
-  EXPECT_NE(bad.output.find("optimizer, gradients, weights, all"), std::string::npos)
-      << bad.output;
+  EXPECT_NE(bad.output.find("optimizer, gradients, weights, all"), std::string::npos) << bad.output;
   for (const auto& p : {a, b}) std::remove(p.c_str());
 }
 
@@ -163,14 +162,14 @@ TEST(TrainCommand, OffloadAllTrainsTheSameAndTheHostBudgetIsChecked) {
   const ProgramRun over = run_memfit(base_args(1) + " --offload all --host-budget 1024");
   EXPECT_EQ(over.exit_code, 2) << over.output;
   EXPECT_NE(over.output.find("of pinned host memory"), std::string::npos) << over.output;
-  EXPECT_NE(over.output.find("over the host budget of " + memfit::format_bytes(1024)), std::string::npos)
+  EXPECT_NE(over.output.find("over the host budget of " + memfit::format_bytes(1024)),
+            std::string::npos)
       << over.output;
   EXPECT_NE(over.output.find("[--host-budget 1024]"), std::string::npos) << over.output;
   EXPECT_EQ(over.output.find("step 1"), std::string::npos) << "it trained: " << over.output;
   const ProgramRun zero = run_memfit(base_args(1) + " --offload --host-budget 0");
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
-  EXPECT_NE(zero.output.find("--host-budget 0 must be positive"), std::string::npos)
-      << zero.output;
+  EXPECT_NE(zero.output.find("--host-budget 0 must be positive"), std::string::npos) << zero.output;
   for (const auto& p : {a, b}) std::remove(p.c_str());
 }
 

@@ -381,10 +381,10 @@ TEST(GptStepGpuPolicies, GradientAndWeightOffloadAreBitIdentical) {
       for (std::uint32_t step = 0; step < 3; ++step) {
         const StepResult r = t.step(make_batch(4, spec.seq_len, spec.vocab, 31 + step));
         out.losses.push_back(r.loss);
-        out.grad_peak = std::max(out.grad_peak,
-                                 r.peaks.category_peaks[category_index(Category::kGradient)]);
-        out.param_peak = std::max(out.param_peak,
-                                  r.peaks.category_peaks[category_index(Category::kParameter)]);
+        out.grad_peak =
+            std::max(out.grad_peak, r.peaks.category_peaks[category_index(Category::kGradient)]);
+        out.param_peak =
+            std::max(out.param_peak, r.peaks.category_peaks[category_index(Category::kParameter)]);
       }
       out.state = snapshot(t);
       return out;

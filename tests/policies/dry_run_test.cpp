@@ -151,8 +151,8 @@ std::vector<Case> unbudgeted_cases() {
   v.push_back({gpt, DType::kBF16, Checkpointing::all(), true, 0, 3, 7, 0, false, true});
   v.push_back({micro, DType::kF16, Checkpointing::sqrt(), true, 0, 0, 3, 0, false, true});
   v.push_back({mlp, DType::kBF16, Checkpointing::every(2), true, 3, 0, 8, 16, false, true});
-  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0,
-               true, true});
+  v.push_back(
+      {gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0, true, true});
   return v;
 }
 
@@ -357,7 +357,8 @@ TEST(DryRun, WeightOffloadKeepsOnlyTheBufferRingOnTheDevice) {
     EXPECT_EQ(all.host_pinned, grads.host_pinned);
     const auto w = category_index(Category::kParameter);
     const std::size_t size = dtype_size(dt);
-    EXPECT_GE(grads.step.category_peaks[w], static_cast<std::size_t>(spec.parameter_count()) * size);
+    EXPECT_GE(grads.step.category_peaks[w],
+              static_cast<std::size_t>(spec.parameter_count()) * size);
     // The largest unit here is the embedding (wte + wpe) or the head (LayerNorm + tied wte)
     // when the vocabulary is large, else a block.
     const std::size_t block =

@@ -214,7 +214,8 @@ TEST(WeightOffload, ResumeIsBitExact) {
   Trainer t(m, r.ctx, o);
   t.load(path);
   std::vector<double> losses;
-  for (int i = 0; i < 2; ++i) losses.push_back(t.step(testing::test_corpus().sample(6, 32, data)).loss);
+  for (int i = 0; i < 2; ++i)
+    losses.push_back(t.step(testing::test_corpus().sample(6, 32, data)).loss);
   EXPECT_EQ(losses, std::vector<double>(straight.losses.begin() + 2, straight.losses.end()));
   Rng eval_data(4);
   const Trained resumed = read_out(t, m, r.ctx, testing::test_corpus().sample(5, 32, eval_data));
