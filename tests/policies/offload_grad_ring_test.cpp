@@ -11,28 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
-#include "memory/caching_allocator.h"
 #include "memory/error.h"
-#include "memory/host_provider.h"
 #include "policies/offload_optimizer.h"
 #include "policies/trainer.h"
 #include "tests/core/backend_testutil.h"  // expect_invalid
 #include "tests/core/exec_testutil.h"
+#include "tests/policies/offload_testutil.h"
 
 namespace memfit {
 namespace {
 
-struct Rig {
-  explicit Rig(DType dt, bool workers)
-      : be(CpuBackendOptions{.worker_streams = workers}),
-        alloc(host, {}, &be.stream_sync()),
-        ctx{be, alloc, kDefaultStream, dt} {}
-  CpuBackend be;
-  HostProvider host;
-  CachingAllocator alloc;
-  LayerContext ctx;
-};
+using Rig = testing::OffloadRig;
 
 struct Trained {
   std::vector<double> losses;
@@ -66,11 +55,7 @@ Trained train(MemoryPolicy policy, int steps, int buckets = 2) {
   return out;
 }
 
-struct Case {
-  DType dtype;
-  const char* checkpoint;
-  std::int64_t accum;
-};
+using Case = testing::OffloadCase;
 
 class GradOffload : public ::testing::TestWithParam<Case> {};
 
@@ -96,14 +81,7 @@ TEST_P(GradOffload, TrainsBitForBitAsWithTheGradientsOnTheDevice) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, GradOffload,
-    ::testing::Values(Case{DType::kF32, "none", 0}, Case{DType::kF32, "every:2", 3},
-                      Case{DType::kBF16, "none", 3}, Case{DType::kBF16, "all", 0},
-                      Case{DType::kF16, "none", 0}, Case{DType::kF16, "sqrt", 6}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(dtype_name(i.param.dtype)) + "_" +
-             (i.param.checkpoint[0] == 'e' ? "every2" : i.param.checkpoint) + "_accum" +
-             std::to_string(i.param.accum);
-    });
+    ::testing::ValuesIn(testing::offload_cases()), testing::offload_case_name);
 
 // The ring's size changes where the copies wait, never the numbers; the device holds
 // buckets x the largest stage's gradients (plus the tied wte's buffer).

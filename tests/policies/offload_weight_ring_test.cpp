@@ -13,28 +13,17 @@
 #include <string>
 #include <vector>
 
-#include "core/cpu/cpu_backend.h"
-#include "memory/caching_allocator.h"
 #include "memory/error.h"
-#include "memory/host_provider.h"
 #include "policies/offload_optimizer.h"
 #include "policies/trainer.h"
 #include "tests/core/backend_testutil.h"  // expect_invalid
 #include "tests/core/exec_testutil.h"
+#include "tests/policies/offload_testutil.h"
 
 namespace memfit {
 namespace {
 
-struct Rig {
-  explicit Rig(DType dt, bool workers)
-      : be(CpuBackendOptions{.worker_streams = workers}),
-        alloc(host, {}, &be.stream_sync()),
-        ctx{be, alloc, kDefaultStream, dt} {}
-  CpuBackend be;
-  HostProvider host;
-  CachingAllocator alloc;
-  LayerContext ctx;
-};
+using Rig = testing::OffloadRig;
 
 // The working weight's bits wherever it lives (the device's, or the host copy under weight
 // offload).
@@ -95,11 +84,7 @@ Trained train(MemoryPolicy policy, int steps, int buffers = kDefaultWeightBuffer
   return out;
 }
 
-struct Case {
-  DType dtype;
-  const char* checkpoint;
-  std::int64_t accum;
-};
+using Case = testing::OffloadCase;
 
 class WeightOffload : public ::testing::TestWithParam<Case> {};
 
@@ -130,14 +115,7 @@ TEST_P(WeightOffload, TrainsBitForBitAsWithTheWeightsOnTheDevice) {
 
 INSTANTIATE_TEST_SUITE_P(
     Policies, WeightOffload,
-    ::testing::Values(Case{DType::kF32, "none", 0}, Case{DType::kF32, "every:2", 3},
-                      Case{DType::kBF16, "none", 3}, Case{DType::kBF16, "all", 0},
-                      Case{DType::kF16, "none", 0}, Case{DType::kF16, "sqrt", 6}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return std::string(dtype_name(i.param.dtype)) + "_" +
-             (i.param.checkpoint[0] == 'e' ? "every2" : i.param.checkpoint) + "_accum" +
-             std::to_string(i.param.accum);
-    });
+    ::testing::ValuesIn(testing::offload_cases()), testing::offload_case_name);
 
 // The ring's size changes when the fetches happen and how many there are, never the numbers;
 // the device holds buffers x the largest unit's weights.
