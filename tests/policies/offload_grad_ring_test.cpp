@@ -79,9 +79,8 @@ TEST_P(GradOffload, TrainsBitForBitAsWithTheGradientsOnTheDevice) {
   EXPECT_LT(grads.gradient_peak, opt.gradient_peak);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, GradOffload,
-    ::testing::ValuesIn(testing::offload_cases()), testing::offload_case_name);
+INSTANTIATE_TEST_SUITE_P(Policies, GradOffload, ::testing::ValuesIn(testing::offload_cases()),
+                         testing::offload_case_name);
 
 // The ring's size changes where the copies wait, never the numbers; the device holds
 // buckets x the largest stage's gradients (plus the tied wte's buffer).

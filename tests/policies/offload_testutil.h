@@ -36,8 +36,8 @@ struct OffloadCase {
 
 // Every dtype, with and without accumulation, under four checkpoint rules.
 inline std::vector<OffloadCase> offload_cases() {
-  return {{DType::kF32, "none", 0},  {DType::kF32, "every:2", 3}, {DType::kBF16, "none", 3},
-          {DType::kBF16, "all", 0},  {DType::kF16, "none", 0},    {DType::kF16, "sqrt", 6}};
+  return {{DType::kF32, "none", 0}, {DType::kF32, "every:2", 3}, {DType::kBF16, "none", 3},
+          {DType::kBF16, "all", 0}, {DType::kF16, "none", 0},    {DType::kF16, "sqrt", 6}};
 }
 
 // "bf16_every2_accum3": a test name for a case.

@@ -113,9 +113,8 @@ TEST_P(WeightOffload, TrainsBitForBitAsWithTheWeightsOnTheDevice) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Policies, WeightOffload,
-    ::testing::ValuesIn(testing::offload_cases()), testing::offload_case_name);
+INSTANTIATE_TEST_SUITE_P(Policies, WeightOffload, ::testing::ValuesIn(testing::offload_cases()),
+                         testing::offload_case_name);
 
 // The ring's size changes when the fetches happen and how many there are, never the numbers;
 // the device holds buffers x the largest unit's weights.
