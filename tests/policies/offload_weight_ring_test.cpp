@@ -167,6 +167,23 @@ TEST(WeightOffload, AUnitStillInABufferIsNotFetchedAgain) {
   EXPECT_EQ(ring2.fetches(), 8 + 6);
 }
 
+// A model built with its weights on the device (not Trainer::placement) hands them to the
+// host when the trainer offloads them, and trains the same.
+TEST(WeightOffload, AModelBuiltWithDeviceWeightsIsOffloadedAtConstruction) {
+  MemoryPolicy p;
+  p.dtype = DType::kBF16;
+  p.offload.optimizer = p.offload.weights = true;
+  const Trained placed = train(p, 3);
+  Rig r(p.dtype, true);
+  Model m(testing::tiny_gpt_spec(kBlocks), r.ctx);  // weights, masters and gradients on device
+  Trainer t(m, r.ctx, options(p, 2));
+  for (Parameter* q : m.parameters()) EXPECT_FALSE(q->weight_on_device()) << q->name;
+  Rng data(9);
+  std::vector<double> losses;
+  for (int i = 0; i < 3; ++i) losses.push_back(t.step(testing::test_corpus().sample(6, 32, data)).loss);
+  EXPECT_EQ(losses, placed.losses);
+}
+
 // Resuming a weight-offloaded run from a saved state continues it bit for bit.
 TEST(WeightOffload, ResumeIsBitExact) {
   MemoryPolicy p;
