@@ -356,10 +356,10 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
   // weight offload a low-precision device weight goes to the staging as it is too. A model
   // built without device weights has no values yet: Model::init writes them on the host.
   for (Impl::Slot& s : m.slots) {
-    if (s.n == 0 || !s.p->weight_on_device()) continue;
+    if (s.n == 0 || (!s.p->weight_on_device() && !s.p->master_on_device())) continue;
     if (s.p->master_on_device()) {
       m.be->copy(ctx.stream, s.p->master.view(), m.host_f32(m.master, s));
-      if (options.weights && s.dtype != DType::kF32) {
+      if (options.weights && s.dtype != DType::kF32 && s.p->weight_on_device()) {
         m.be->copy(ctx.stream, s.p->weight.view(), m.host_weights(s));
       }
     } else if (s.dtype == DType::kF32) {
@@ -373,6 +373,11 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     if (!m.dry && s.n > 0 && s.p->weight_on_device() && !s.p->master_on_device() &&
         s.dtype != DType::kF32) {
       convert(m.host_weights(s).raw(), s.dtype, m.master + s.offset, DType::kF32, s.n);
+    }
+    if (options.weights && !m.dry && s.n > 0 && s.dtype != DType::kF32 &&
+        s.p->master_on_device() && !s.p->weight_on_device()) {
+      // A device master without a device weight: the host weight is its rounding.
+      convert(m.master + s.offset, DType::kF32, m.host_weights(s).raw(), s.dtype, s.n);
     }
     s.p->master.reset();
     s.p->host_master = m.host_f32(m.master, s);  // Model::init writes fresh values here

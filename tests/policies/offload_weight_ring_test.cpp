@@ -184,6 +184,28 @@ TEST(WeightOffload, AModelBuiltWithDeviceWeightsIsOffloadedAtConstruction) {
   EXPECT_EQ(losses, placed.losses);
 }
 
+// Whatever the model holds on the device when the optimizer takes over becomes the host
+// weights: a device master without a device weight is rounded into them.
+TEST(WeightOffload, ADeviceMasterBecomesTheHostWeights) {
+  Rig r(DType::kBF16, false);
+  Model m(testing::tiny_gpt_spec(2), r.ctx, ParamPlacement{.weight = false, .master = true});
+  for (Parameter* p : m.parameters()) r.be.fill(r.ctx.stream, p->master.view(), 0.5f);
+  r.be.synchronize(r.ctx.stream);
+  HostProvider pinned;
+  OffloadOptions oo;
+  oo.weights = true;
+  oo.units = m.weight_units();
+  OffloadOptimizer opt(m.parameters(), oo, r.ctx, pinned);
+  const std::uint16_t half = 0x3f00;  // 0.5 in bf16
+  for (Parameter* p : m.parameters()) {
+    EXPECT_FALSE(p->master_on_device()) << p->name;
+    const auto* w = static_cast<const std::uint16_t*>(p->host_weight.raw());
+    EXPECT_EQ(w[0], half) << p->name;
+    EXPECT_EQ(w[p->numel() - 1], half) << p->name;
+    EXPECT_EQ(static_cast<const float*>(p->host_master.raw())[0], 0.5f) << p->name;
+  }
+}
+
 // Resuming a weight-offloaded run from a saved state continues it bit for bit.
 TEST(WeightOffload, ResumeIsBitExact) {
   MemoryPolicy p;
