@@ -118,4 +118,8 @@ std::size_t checked_add(std::size_t a, std::size_t b, const char* what) {
   return r;
 }
 
+std::size_t checked_align_up(std::size_t v, std::size_t align, const char* what) {
+  return checked_add(v, align - 1, what) / align * align;
+}
+
 }  // namespace memfit

@@ -28,5 +28,7 @@ std::string format_bytes(std::size_t bytes);
 // a * b and a + b, throwing InvalidArgument (naming `what`) instead of wrapping around.
 std::size_t checked_mul(std::size_t a, std::size_t b, const char* what = "size");
 std::size_t checked_add(std::size_t a, std::size_t b, const char* what = "size");
+// v rounded up to a multiple of `align` (> 0), throwing as checked_add does.
+std::size_t checked_align_up(std::size_t v, std::size_t align, const char* what = "size");
 
 }  // namespace memfit

@@ -301,8 +301,10 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
   if (p.offload.weights) {
     // WeightRing with two buffers, least recently used first: the fetch of the next use's unit
     // starts when this use starts and its buffer's last reader is done; a use starts when its
-    // compute predecessor and its fetch are done. The delay past `micro` is exposed, per
-    // micro-batch (the first use of the next micro-batch, the embedding, is still held).
+    // compute predecessor and its fetch are done. The delay past `micro` is exposed. Each
+    // micro-batch is simulated from empty buffers: an upper bound by one or two fetches (the
+    // ring still holds what the previous micro-batch used last). The use order is the
+    // executor's weight_uses(), walked here beside the ops for their times.
     const auto unit_params = [&](int u) {
       if (u == 0) return static_cast<double>(embedding_params_);
       if (u == num_blocks() + 1) return static_cast<double>(head_read_params_);

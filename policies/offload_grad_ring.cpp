@@ -15,10 +15,6 @@ namespace {
 
 constexpr std::size_t kSliceAlign = 256;  // each slice starts as a fresh allocation would
 
-std::size_t align_up(std::size_t v) {
-  return checked_add(v, kSliceAlign - 1, "GradRing bucket") / kSliceAlign * kSliceAlign;
-}
-
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("GradRing: " + what); }
 
 struct RingRangeIds {
@@ -68,7 +64,7 @@ Layout lay_out(std::size_t n, const std::vector<Model::BackwardStage>& stages, H
         checked_mul(static_cast<std::size_t>(p->numel()), sizeof(float), "GradRing gradient");
     if (l.first[h] == l.last[h]) {
       std::size_t& u = used[static_cast<std::size_t>(l.first[h])];
-      u = align_up(u);
+      u = checked_align_up(u, kSliceAlign, "GradRing bucket");
       l.byte[h] = u;
       u = checked_add(u, bytes, "GradRing bucket");
       l.bucket_bytes = std::max(l.bucket_bytes, u);

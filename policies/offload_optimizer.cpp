@@ -51,10 +51,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::size_t align_up(std::size_t v) {
-  return checked_add(v, kAlign - 1, "OffloadOptimizer host slab") / kAlign * kAlign;
-}
-
 [[noreturn]] void bad(const std::string& what) {
   throw InvalidArgument("OffloadOptimizer: " + what);
 }
@@ -302,7 +298,7 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
                  p->weight_on_device() ? w.dtype() : ctx.dtype, 0};
     if (s.dtype != DType::kF32) {
       // A run of one dtype is contiguous in the staging; a new run starts aligned.
-      if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = align_up(stage_bytes);
+      if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = checked_align_up(stage_bytes, kAlign, "OffloadOptimizer staging");
       s.stage_byte = stage_bytes;
       stage_bytes = checked_add(stage_bytes, checked_mul(s.n, dtype_size(s.dtype), "staging"),
                                 "OffloadOptimizer weight staging");
@@ -320,9 +316,9 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
       m.runs.back().n += s.n;
     }
   }
-  const std::size_t f32_region = align_up(checked_mul(m.total, 4, "OffloadOptimizer masters"));
+  const std::size_t f32_region = checked_align_up(checked_mul(m.total, 4, "OffloadOptimizer masters"), kAlign, "OffloadOptimizer host slab");
   m.slab_bytes = checked_add(checked_mul(f32_region, 4, "OffloadOptimizer host slab"),
-                             align_up(stage_bytes), "OffloadOptimizer host slab");
+                             checked_align_up(stage_bytes, kAlign, "OffloadOptimizer host slab"), "OffloadOptimizer host slab");
   if (m.slab_bytes > 0) {
     OomInfo info;
     info.requested_bytes = m.slab_bytes;

@@ -14,10 +14,6 @@ namespace {
 
 constexpr std::size_t kSliceAlign = 256;  // each slice starts as a fresh allocation would
 
-std::size_t align_up(std::size_t v) {
-  return checked_add(v, kSliceAlign - 1, "WeightRing buffer") / kSliceAlign * kSliceAlign;
-}
-
 [[noreturn]] void bad(const std::string& what) { throw InvalidArgument("WeightRing: " + what); }
 
 std::uint32_t fetch_range_id() {
@@ -35,7 +31,7 @@ std::size_t lay_out(const std::vector<std::vector<Parameter*>>& units, DType dt,
     std::size_t used = 0;
     for (const Parameter* p : units[u]) {
       if (p == nullptr) bad("unit " + std::to_string(u) + " holds a null Parameter");
-      used = align_up(used);
+      used = checked_align_up(used, kSliceAlign, "WeightRing buffer");
       if (offsets != nullptr) (*offsets)[u].push_back(used);
       used = checked_add(
           used, checked_mul(static_cast<std::size_t>(p->numel()), dtype_size(dt), "weights"),

@@ -9,6 +9,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "memory/error.h"
 #include "memory/host_provider.h"
+#include "memory/size.h"
 
 #if MEMFIT_HAVE_CUDA
 #include "memory/cuda/cuda_provider.h"
@@ -58,10 +59,9 @@ HostMemory host_memory() {
 
 std::size_t default_host_budget(DeviceKind kind, std::size_t device_budget, HostMemory mem) {
   if (mem.total == 0 || mem.available == 0) return 0;
-  constexpr std::size_t kGiB = std::size_t{1} << 30, kFloor = std::size_t{1} << 20;
   const std::size_t margin = std::max(kGiB, mem.total / 10);
   const std::size_t taken = margin + (kind == DeviceKind::kCpu ? device_budget : 0);
-  return mem.available > taken + kFloor ? mem.available - taken : kFloor;
+  return mem.available > taken + kMiB ? mem.available - taken : kMiB;
 }
 
 RuntimeEnv::~RuntimeEnv() { tear_down(*this); }

@@ -163,13 +163,13 @@ TEST(RunSetup, AHostBudgetBelowTheOffloadSlabIsAHostBudgetError) {
 // The default host budget: available memory less a tenth of the total (at least 1 GiB), less
 // the device budget on the CPU backend; a floor of 1 MiB; no limit when unknown.
 TEST(RunSetup, TheDefaultHostBudgetLeavesAMargin) {
-  constexpr std::size_t GiB = std::size_t{1} << 30;
+  constexpr std::size_t GiB = kGiB;
   const HostMemory m{.total = 100 * GiB, .available = 60 * GiB};
   EXPECT_EQ(default_host_budget(DeviceKind::kCuda, 8 * GiB, m), 50 * GiB);
   EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 8 * GiB, m), 42 * GiB);
   const HostMemory small{.total = 4 * GiB, .available = 3 * GiB};
   EXPECT_EQ(default_host_budget(DeviceKind::kCuda, 0, small), 2 * GiB);  // the 1 GiB floor
-  EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 3 * GiB, small), std::size_t{1} << 20);
+  EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 3 * GiB, small), kMiB);
   EXPECT_EQ(default_host_budget(DeviceKind::kCpu, 0, HostMemory{}), 0u);
   const HostMemory here = host_memory();
   EXPECT_GT(here.total, 0u);
