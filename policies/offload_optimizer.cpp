@@ -298,7 +298,8 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
                  p->weight_on_device() ? w.dtype() : ctx.dtype, 0};
     if (s.dtype != DType::kF32) {
       // A run of one dtype is contiguous in the staging; a new run starts aligned.
-      if (m.slots.empty() || m.slots.back().dtype != s.dtype) stage_bytes = checked_align_up(stage_bytes, kAlign, "OffloadOptimizer staging");
+      if (m.slots.empty() || m.slots.back().dtype != s.dtype)
+        stage_bytes = checked_align_up(stage_bytes, kAlign, "OffloadOptimizer staging");
       s.stage_byte = stage_bytes;
       stage_bytes = checked_add(stage_bytes, checked_mul(s.n, dtype_size(s.dtype), "staging"),
                                 "OffloadOptimizer weight staging");
@@ -316,9 +317,11 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
       m.runs.back().n += s.n;
     }
   }
-  const std::size_t f32_region = checked_align_up(checked_mul(m.total, 4, "OffloadOptimizer masters"), kAlign, "OffloadOptimizer host slab");
+  const std::size_t f32_region = checked_align_up(
+      checked_mul(m.total, 4, "OffloadOptimizer masters"), kAlign, "OffloadOptimizer host slab");
   m.slab_bytes = checked_add(checked_mul(f32_region, 4, "OffloadOptimizer host slab"),
-                             checked_align_up(stage_bytes, kAlign, "OffloadOptimizer host slab"), "OffloadOptimizer host slab");
+                             checked_align_up(stage_bytes, kAlign, "OffloadOptimizer host slab"),
+                             "OffloadOptimizer host slab");
   if (m.slab_bytes > 0) {
     OomInfo info;
     info.requested_bytes = m.slab_bytes;
