@@ -91,9 +91,15 @@ std::string short_rate(double r) {
 }
 
 // "off", "opt" (the optimizer's), "opt+grad" (and its gradients), "opt+wt" (and the weights),
-// "o+g+w" (all three); "+dpu": the delayed update.
+// "o+g+w" (all three), "all" (and the checkpointed activations), "act" (activations only);
+// "+dpu": the delayed update.
 const char* offload_column(const OffloadSwitches& o) {
   if (!o.any()) return "off";
+  if (o.activations) {
+    if (o.gradients && o.weights) return "all";
+    if (!o.optimizer) return "act";
+    return o.gradients ? "o+g+a" : o.weights ? "o+w+a" : "opt+act";
+  }
   if (o.gradients && o.weights) return "o+g+w";
   if (o.weights) return "opt+wt";
   if (o.gradients) return o.delayed_update ? "o+g+dpu" : "opt+grad";

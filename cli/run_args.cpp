@@ -46,8 +46,11 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
                   "to pinned host memory: optimizer (FP32 masters and Adam moments, CPU AdamW; "
                   "what a bare --offload means), gradients (FP32 gradients streamed out stage "
                   "by stage through two device buckets), weights (working weights fetched for "
-                  "each block's use into two device buffers; not with a delayed update), all, "
-                  "or a comma-separated list; gradients and weights need the optimizer's")
+                  "each block's use into two device buffers; not with a delayed update), "
+                  "activations (checkpointed block inputs, copied out in the forward and "
+                  "fetched back one recompute ahead; needs a checkpoint schedule to move "
+                  "anything), all, or a comma-separated list; gradients and weights need the "
+                  "optimizer's")
       ->expected(0, 1);
   cmd->add_option("--budget", a.budget,
                   "allocator budget on the device (96MiB, 1GiB, ...); with no policy flag "

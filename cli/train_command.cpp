@@ -131,6 +131,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["offload"] = pol.offload.optimizer;
     j["offload_gradients"] = pol.offload.gradients;
     j["offload_weights"] = pol.offload.weights;
+    j["offload_activations"] = pol.offload.activations;
     j["optimizer"] = trainer.optimizer().name();
     j["loss_scaling"] = trainer.scaler().enabled();
     j["loss_scale"] = last_scale;

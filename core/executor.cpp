@@ -129,6 +129,18 @@ std::vector<int> weight_uses(const Schedule& schedule, int n) {
   return out;
 }
 
+std::vector<int> checkpoint_reads(const Schedule& schedule, int n) {
+  std::vector<char> kept(static_cast<std::size_t>(n) + 1, 0);
+  std::vector<int> out;
+  for (const ScheduleOp& op : schedule.ops()) {
+    if (op.kind != ScheduleOp::Kind::kForward) continue;
+    const auto i = static_cast<std::size_t>(op.block);
+    if (kept[i]) out.push_back(op.block);
+    kept[i] = op.keep == Keep::kInput;
+  }
+  return out;
+}
+
 Executor::Executor(Model& model, LayerContext ctx) : model_(model), ctx_(ctx) {}
 
 Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
@@ -141,13 +153,21 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   const RangeIds ids(model_);
   const bool use_hooks = hooks.before_use || hooks.after_use;
   UseTracker uses(hooks, use_hooks ? weight_uses(schedule, n) : std::vector<int>{});
+  if (static_cast<bool>(hooks.stash) != static_cast<bool>(hooks.unstash)) {
+    throw InvalidArgument("Executor: a stash hook without an unstash hook (or the reverse); "
+                          "valid: both or neither");
+  }
+  const std::vector<int> reads = hooks.stash ? checkpoint_reads(schedule, n) : std::vector<int>{};
+  std::size_t read_at = 0;  // the next entry of `reads`
 
   std::vector<Act> x(static_cast<std::size_t>(n) + 1);  // x[i]: block i's input
+  std::vector<char> stashed(x.size(), 0);               // x[i] taken by the stash hook
+  std::vector<char> kept(x.size(), 0);                  // x[i] is a checkpoint (as reads has it)
   Act dy;                                               // the gradient at x[next backward + 1]
   Act losses;
   const auto count_held = [&] {
     std::int64_t h = 0;
-    for (const Act& a : x) h += a != nullptr;
+    for (std::size_t i = 0; i < x.size(); ++i) h += x[i] != nullptr || stashed[i];
     if (h > stats_.max_held_inputs) stats_.max_held_inputs = h;
   };
   try {
@@ -170,13 +190,33 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         phase.enter(op.recompute ? RangeKind::kRecompute : RangeKind::kForward);
         std::optional<ScopedRange> block_range(std::in_place, RangeKind::kBlock, ids.blocks[i]);
         uses.enter(1 + op.block);
+        if (hooks.stash) {
+          // The forward of block i after a checkpoint of x[i] reads it (checkpoint_reads()).
+          if (kept[i]) ++read_at;
+          kept[i] = op.keep == Keep::kInput;
+          if (stashed[i]) {
+            const int next = read_at < reads.size() ? reads[read_at] : -1;
+            x[i] = hooks.unstash(op.block, next);
+            stashed[i] = 0;
+            MEMFIT_CHECK(x[i] != nullptr) << "executor: unstash(" << op.block << ") gave nothing";
+          }
+        }
         Act y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
         ++stats_.forwards;
         if (op.recompute) ++stats_.recomputes;
-        // The block keeps its input itself when it needs it (kAll); a checkpoint stays here.
-        if (op.keep != Keep::kInput) x[i].reset();
+        // The block keeps its input itself when it needs it (kAll); a checkpoint stays here,
+        // or goes to the stash.
+        if (op.keep != Keep::kInput) {
+          x[i].reset();
+        } else if (hooks.stash) {
+          hooks.stash(op.block, x[i]);
+          if (x[i] == nullptr) {
+            stashed[i] = 1;
+            ++stats_.stashed;
+          }
+        }
         // A recomputation reproduces the held bits: keep the first copy.
-        if (needed[j] && !x[i + 1]) x[i + 1] = std::move(y);
+        if (needed[j] && !x[i + 1] && !stashed[i + 1]) x[i + 1] = std::move(y);
         y.reset();
         count_held();
         block_range.reset();
@@ -211,6 +251,8 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         if (hooks.after_stage) hooks.after_stage(stage);
       }
     }
+    MEMFIT_CHECK(read_at == reads.size())
+        << "executor: " << read_at << " of " << reads.size() << " checkpoint reads ran";
     phase.enter(RangeKind::kBackward);
     ScopedRange b(RangeKind::kBlock, ids.embedding);
     uses.enter(0);

@@ -16,7 +16,10 @@
 // Hooks let a caller act around each stage's backward (an offloading optimizer lends gradient
 // memory before it and starts copying the gradients after it while the remaining backwards
 // run) and around each use of a unit's weights (weight offload fetches them before it, one use
-// ahead, and takes them back after); they run on the calling thread.
+// ahead, and takes them back after), and around each checkpoint (activation offload copies it
+// to the host after the forward that keeps it and fetches it back before the recompute that
+// reads it); they run on the calling thread. After an exception, checkpoints a stash hook took
+// are the hook owner's to drop.
 // forward_only() computes the losses without saving anything (evaluation, dry runs of
 // inference). The same code runs on every backend, meta included (the planner's dry run).
 #pragma once
@@ -47,23 +50,38 @@ struct MicroBatch {
 // its first op reads the weights, with the unit of the use after it (-1 for the last), and
 // after_use(u) once its last op is queued. The uses of a run() are weight_uses(schedule, n),
 // of a forward_only() 0, 1, ..., n + 1.
+// A checkpoint is a block input x[i] that a Keep::kInput forward keeps for a later forward of
+// block i (its recomputation). Once that forward is queued, stash(i, x) may take the handle
+// (activation offload copies it to the host; x is left null then; one it leaves is held as
+// before). Before the next op that reads a taken x[i], unstash(i, next) gives back a device
+// tensor with the same bits; `next` is the checkpoint unstashed after this one (-1: none), so
+// it can be fetched ahead. The reads of a run() are checkpoint_reads(schedule, n). Both hooks
+// or neither.
 struct ExecutorHooks {
   std::function<void(int stage)> before_stage;
   std::function<void(int stage)> after_stage;
   std::function<void(int unit, int next)> before_use;
   std::function<void(int unit)> after_use;
+  std::function<void(int slot, Act& x)> stash;
+  std::function<Act(int slot, int next)> unstash;
 };
 
 // The weight units in the order run() uses them for this schedule on n blocks, consecutive
 // repeats merged. The schedule must be valid for n.
 std::vector<int> weight_uses(const Schedule& schedule, int n);
 
+// The checkpoints (x indices) in the order run() reads them back after keeping them, one entry
+// per read: every:2 on 4 blocks gives {2, 0}; none gives {}. The distinct entries are the
+// slots an activation stash needs. The schedule must be valid for n.
+std::vector<int> checkpoint_reads(const Schedule& schedule, int n);
+
 // What the last run() did; counters for tests and reports.
 struct ExecutorStats {
   std::int64_t forwards = 0;     // block forwards, recomputations included
   std::int64_t recomputes = 0;   // block forwards marked recompute
   std::int64_t backwards = 0;
-  std::int64_t max_held_inputs = 0;  // most x[i] slots held at once
+  std::int64_t max_held_inputs = 0;  // most x[i] slots held at once (stashed ones included)
+  std::int64_t stashed = 0;          // checkpoints the stash hook took
 };
 
 class Executor {

@@ -132,6 +132,7 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
       watch.start();
       r.step.take_max(trainer.step(b).peaks);
     }
+    r.host_pinned = trainer.host_bytes();  // activation offload reserves its room in the step
   } catch (const OutOfMemory& e) {
     r.fits = false;
     r.failed_request = e.info().requested_bytes;

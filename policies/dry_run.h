@@ -24,7 +24,8 @@
 // another way), so its peaks can differ from the first's by a block's rounding; later steps
 // repeat the second (a test checks four real steps). steps = 1 predicts the first step only,
 // for searches that confirm their answer with two (the planner).
-// `host_pinned` is the pinned host bytes a real run would hold (OffloadOptimizer's slab),
+// `host_pinned` is the pinned host bytes a real run would hold (OffloadOptimizer's slab and
+// activation offload's room for the step's checkpoints),
 // exactly; a device budget does not cover them, the host budget (r.trainer.host_budget) does:
 // over it, fits = false and host_pinned says what the slab would take.
 // An OutOfMemory under the budget is caught: fits = false, with the request that failed and

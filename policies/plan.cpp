@@ -27,7 +27,7 @@ constexpr const char* kValidKeys =
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
     "category_peaks, host_pinned_bytes, step_seconds, tokens_per_second";
-constexpr const char* kValidOffload = "optimizer, gradients, weights, delayed_update";
+constexpr const char* kValidOffload = "optimizer, gradients, weights, activations, delayed_update";
 
 std::string at(const std::string& source, const YAML::Mark& m) {
   if (m.is_null()) return source + ": ";
@@ -205,6 +205,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
           } else if (k == "weights") {
             p.policy.offload.weights = boolean(src, ok.second, "offload." + k);
             weights_node = ok.second;
+          } else if (k == "activations") {
+            p.policy.offload.activations = boolean(src, ok.second, "offload." + k);
           } else if (k == "delayed_update") {
             p.policy.offload.delayed_update = boolean(src, ok.second, "offload." + k);
             delayed_node = ok.second;
@@ -373,6 +375,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   j["offload"] = {{"optimizer", p.policy.offload.optimizer},
                   {"gradients", p.policy.offload.gradients},
                   {"weights", p.policy.offload.weights},
+                  {"activations", p.policy.offload.activations},
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;

@@ -10,7 +10,8 @@
 // Keys (JSON the same names): model (a ModelSpec map), device, device_kind (cpu|cuda),
 // budget_bytes, seq_len, global_batch, micro_batch, accum_steps, activation_dtype
 // (f32|f16|bf16), checkpoint (none|all|sqrt|every:K|optimal|ops), schedule (the op list of an
-// explicit schedule: a solved optimal one, or ops), offload: {optimizer, delayed_update},
+// explicit schedule: a solved optimal one, or ops), offload: {optimizer, gradients, weights,
+// activations, delayed_update},
 // ranks, zero_stage, predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
 // (bytes by category at the reserved peak), cached_bytes_at_peak (reserved, not allocated,
 // then: the two add up to peak_reserved_bytes), category_peaks (each category's own peak),

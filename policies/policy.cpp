@@ -115,12 +115,14 @@ std::string OffloadSwitches::describe() const {
   if (optimizer) s = "optimizer";
   if (gradients) s += s.empty() ? "gradients" : ",gradients";
   if (weights) s += s.empty() ? "weights" : ",weights";
+  if (activations) s += s.empty() ? "activations" : ",activations";
   if (delayed_update) s += " (delayed update)";
   return s;
 }
 
 OffloadSwitches OffloadSwitches::parse(std::string_view text) {
-  constexpr const char* kValid = "optimizer, gradients, weights, all, off (a comma-separated list)";
+  constexpr const char* kValid =
+      "optimizer, gradients, weights, activations, all, off (a comma-separated list)";
   OffloadSwitches o;
   bool off = false;
   std::size_t pos = 0;
@@ -134,8 +136,10 @@ OffloadSwitches OffloadSwitches::parse(std::string_view text) {
       o.gradients = o.optimizer = true;
     } else if (word == "weights") {
       o.weights = o.optimizer = true;
+    } else if (word == "activations") {
+      o.activations = true;
     } else if (word == "all") {
-      o.weights = o.gradients = o.optimizer = true;
+      o.activations = o.weights = o.gradients = o.optimizer = true;
     } else if (word == "off" || word == "none") {
       off = true;
     } else {

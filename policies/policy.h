@@ -84,15 +84,20 @@ struct OffloadSwitches {
   bool weights = false;         // working weights on the host, fetched for each use of a unit
                                 // into a ring of device buffers; needs optimizer, not with
                                 // delayed_update
+  bool activations = false;     // checkpointed block inputs on the host between the forward
+                                // that keeps them and the recompute that reads them
+                                // (policies/offload_activation_stash.h); independent of the
+                                // others; a schedule without checkpoints (none) has nothing
+                                // to move
   bool delayed_update = false;  // the optimizer's: ZeRO-Offload's one-step delayed update (DPU;
                                 // changes the math); needs optimizer
-  bool any() const { return optimizer || gradients || weights; }
+  bool any() const { return optimizer || gradients || weights || activations; }
   // "off" | "optimizer" | "optimizer,gradients" ...: the switches on, in this order;
   // ", delayed update" follows when on.
   std::string describe() const;
-  // A comma-separated list of switches: optimizer, gradients, weights, all (every switch above
-  // but the delayed update), off (or none). Gradients or weights without optimizer turn the
-  // optimizer on (they need it). InvalidArgument names the bad word and the valid ones.
+  // A comma-separated list of switches: optimizer, gradients, weights, activations, all (every
+  // switch above but the delayed update), off (or none). Gradients or weights without optimizer
+  // turn the optimizer on (they need it). InvalidArgument names the bad word and the valid ones.
   static OffloadSwitches parse(std::string_view text);
   bool operator==(const OffloadSwitches&) const = default;
 };

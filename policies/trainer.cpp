@@ -7,10 +7,12 @@
 #include <utility>
 
 #include "core/device_adamw.h"
+#include "memory/check.h"
 #include "memory/error.h"
 #include "memory/pinned_host_provider.h"
 #include "memory/size.h"
 #include "policies/accumulation.h"
+#include "policies/offload_activation_stash.h"
 #include "policies/offload_optimizer.h"
 #include "profiler/scoped_range.h"
 
@@ -71,6 +73,7 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
   j["offload"] = o.policy.offload.optimizer;
   j["offload_gradients"] = o.policy.offload.gradients;
   j["offload_weights"] = o.policy.offload.weights;
+  j["offload_activations"] = o.policy.offload.activations;
   j["delayed_update"] = o.policy.offload.delayed_update;
   j["adamw"] = {{"lr", o.adamw.lr},
                 {"beta1", o.adamw.beta1},
@@ -112,11 +115,12 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
   }
   // The optimizer first: an offloading one binds host masters that init() then fills.
   const OffloadSwitches& off = options_.policy.offload;
+  const bool stash = off.activations && !checkpoint_reads(schedule_, model_.num_blocks()).empty();
+  if ((off.optimizer || stash) && host == nullptr) {
+    offload_ = std::make_unique<Offload>(ctx_.device());
+    host = &offload_->pinned;
+  }
   if (off.optimizer) {
-    if (host == nullptr) {
-      offload_ = std::make_unique<Offload>(ctx_.device());
-      host = &offload_->pinned;
-    }
     OffloadOptions o;
     o.adamw = options_.adamw;
     o.delayed_update = off.delayed_update;
@@ -136,6 +140,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
   } else {
     optimizer_ = std::make_unique<DeviceAdamW>(model_.parameters(), options_.adamw, ctx_);
   }
+  if (stash) stash_ = std::make_unique<ActivationStash>(ctx_, *host);
   if (options_.init_model) model_.init(options_.seed, ctx_);
 }
 
@@ -156,7 +161,9 @@ Trainer::~Trainer() {
 
 std::int64_t Trainer::steps() const { return optimizer_->steps(); }
 
-std::size_t Trainer::host_bytes() const { return optimizer_->host_bytes(); }
+std::size_t Trainer::host_bytes() const {
+  return optimizer_->host_bytes() + (stash_ ? stash_->host_bytes() : 0);
+}
 
 void Trainer::set_repeat_check(RepeatCheck check) {
   if (check && ctx_.device() != Device::kMeta) {
@@ -223,6 +230,18 @@ StepResult Trainer::step(const Batch& batch) {
   double loss_sum = 0;
   bool found_inf = false;
   try {
+    if (stash_) {
+      // Room for every checkpoint of the largest micro-batch (blocks map (B,T,hidden) to
+      // (B,T,hidden) in the compute dtype), before anything of the step runs.
+      const std::size_t bytes = checked_mul(
+          checked_mul(static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end())),
+                      static_cast<std::size_t>(batch.seq_len), "checkpoint"),
+          checked_mul(static_cast<std::size_t>(model_.spec().hidden), dtype_size(ctx_.dtype),
+                      "checkpoint"),
+          "checkpoint bytes");
+      stash_->reserve(ctx_, checkpoint_reads(schedule_, model_.num_blocks()), bytes,
+                      options_.host_budget, optimizer_->host_bytes());
+    }
     model_.zero_grad(ctx_);
     std::int64_t row0 = 0;
     for (std::size_t m = 0; m < sizes.size(); ++m) {
@@ -239,6 +258,10 @@ StepResult Trainer::step(const Batch& batch) {
         optimizer_->before_use(ctx_, u, next);
       };
       hooks.after_use = [&](int u) { optimizer_->after_use(ctx_, u); };
+      if (stash_) {
+        hooks.stash = [&](int i, Act& x) { stash_->put(ctx_, i, x); };
+        hooks.unstash = [&](int i, int next) { return stash_->take(ctx_, i, next); };
+      }
       hooks.after_stage = [&](int s) {
         optimizer_->after_stage(ctx_, s, mi, count);
         // The last micro-batch: each stage's gradients are final once its backward ran.
@@ -248,6 +271,7 @@ StepResult Trainer::step(const Batch& batch) {
         }
       };
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
+      MEMFIT_CHECK(!stash_ || stash_->idle()) << "a checkpoint left stashed after a micro-batch";
       loss_sum += sum_losses(ctx_, *losses);
       row0 += sizes[m];
       if (repeat_check_ && m + 2 < sizes.size() && repeat_check_(static_cast<std::int64_t>(m))) {
@@ -264,6 +288,7 @@ StepResult Trainer::step(const Batch& batch) {
     // Nothing of the training state changed yet: drop what the optimizer was told, if anything
     // (skip() leaves parameters, moments and steps as they are), and let the error through.
     model_.release_saved();
+    if (stash_) stash_->reset(ctx_);
     try {
       if (reported) {
         optimizer_->skip(ctx_);
@@ -298,7 +323,7 @@ StepResult Trainer::step(const Batch& batch) {
   r.tokens = rows;
   r.micro_batches = static_cast<std::int64_t>(sizes.size());
   r.peaks = PeakFigures::of(ctx_.alloc.stats());
-  r.peaks.host_pinned = optimizer_->host_bytes();
+  r.peaks.host_pinned = host_bytes();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

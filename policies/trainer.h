@@ -29,7 +29,12 @@
 // initialization writes directly (core/model.h). Gradient offload (policy.offload.gradients)
 // runs the executor's stage hooks into the optimizer in every micro-batch and checks the loss
 // scaler's inf/NaN on the host; weight offload (policy.offload.weights) its use hooks, in
-// evaluate() too. placement(policy) is the ParamPlacement a model for the policy is built with
+// evaluate() too. Activation offload (policy.offload.activations, under a schedule with
+// checkpoints) runs the executor's stash hooks into an ActivationStash
+// (policies/offload_activation_stash.h) whose host room for the step's checkpoints is reserved
+// at the step's start, within options.host_budget beside the optimizer's slab; the room stays
+// for later steps (host_bytes() and StepResult::peaks.host_pinned count it once reserved).
+// placement(policy) is the ParamPlacement a model for the policy is built with
 // (no device weights, masters or gradients that the policy offloads). options.host_budget
 // limits the pinned bytes (an OutOfMemory with OomInfo::host before anything is pinned).
 // Offload's pinned host memory comes from `host` when given (it must outlive the trainer; a
@@ -85,6 +90,7 @@ struct StepResult {
   PeakFigures peaks;           // the allocator's during the step; host_pinned: offload's bytes
 };
 
+class ActivationStash;
 class OffloadOptimizer;
 
 class Trainer {
@@ -110,7 +116,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Schedule& schedule() const { return schedule_; }
   LayerContext& context() { return ctx_; }
-  std::size_t host_bytes() const;  // pinned host bytes the optimizer holds (0 without offload)
+  std::size_t host_bytes() const;  // pinned host bytes offload holds: the optimizer's slab and
+                                   // the checkpoints' room (0 without offload)
 
   // What a model trained under `policy` needs on the device: no masters with optimizer
   // offload, no gradients with gradient offload. Build the model with it (RunSetup and dry
@@ -135,6 +142,7 @@ class Trainer {
   std::unique_ptr<Offload> offload_;  // the owned pinned provider, when offloading without `host`
   std::unique_ptr<Optimizer> optimizer_;
   OffloadOptimizer* offload_opt_ = nullptr;  // optimizer_, when it offloads
+  std::unique_ptr<ActivationStash> stash_;   // activation offload under a checkpoint schedule
   std::int64_t attempted_ = 0;
   RepeatCheck repeat_check_;
 };

@@ -229,6 +229,76 @@ TEST(Executor, UseHooksFollowWeightUses) {
   }
 }
 
+// The stash hooks see every checkpoint once its forward is queued and give it back before the
+// op that reads it, in checkpoint_reads() order, each told the one after it; a hook that takes
+// the handle and returns a fresh copy changes no bit, and one that leaves it changes nothing.
+TEST(Executor, StashHooksFollowCheckpointReads) {
+  EXPECT_TRUE(checkpoint_reads(Schedule::none(3), 3).empty());
+  EXPECT_EQ(checkpoint_reads(Schedule::all(3), 3), (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(checkpoint_reads(Schedule::every(4, 2), 4), (std::vector<int>{2, 0}));
+  // A nested schedule: the recomputation of block 0 keeps its input again for a later one.
+  const Schedule nested = Schedule::parse("F0:input F1:input R1:all B1 R0:input R0:all B0", 2);
+  EXPECT_EQ(checkpoint_reads(nested, 2), (std::vector<int>{1, 0, 0}));
+
+  Rig rig(false);
+  LayerContext ctx = rig.ctx(DType::kBF16);
+  Model m(six_blocks(), ctx);
+  m.init(5, ctx);
+  Batch batch(rig, 2, 16, m.spec().vocab, 2);
+  Executor ex(m, ctx);
+  const float dloss = 1.0f / 32;
+  for (const char* spec : {"none", "all", "every:2", "every:4"}) {
+    const Schedule sch = Schedule::parse(spec, 6);
+    const Result want = run_once(ex, m, sch, batch.mb, dloss);
+    for (bool take : {true, false}) {
+      std::map<int, Act> held;
+      std::vector<int> puts, reads, nexts;
+      ExecutorHooks hooks;
+      hooks.stash = [&](int i, Act& x) {
+        puts.push_back(i);
+        if (!take) return;
+        EXPECT_EQ(x.use_count(), 1) << "slot " << i;
+        EXPECT_EQ(held.count(i), 0u) << "slot " << i << " stashed twice";
+        held[i] = std::move(x);
+      };
+      hooks.unstash = [&](int i, int next) {
+        reads.push_back(i);
+        nexts.push_back(next);
+        EXPECT_EQ(held.count(i), 1u) << "slot " << i << " read but not stashed";
+        // A fresh tensor with the same bits, as a fetch from the host gives.
+        const Act& old = held[i];
+        Act copy = ctx.make(old->view().shape(), old->view().dtype(), Category::kActivation,
+                            "fetched");
+        ctx.backend.copy(ctx.stream, old->view(), copy->view());
+        held.erase(i);
+        return copy;
+      };
+      m.zero_grad(ctx);
+      Act losses = ex.run(sch, batch.mb, dloss, hooks);
+      ctx.backend.synchronize(ctx.stream);
+      Result got;
+      got.losses = bytes_of(losses->view());
+      for (Parameter* p : m.parameters()) got.grads.push_back(bytes_of(p->grad.view()));
+      expect_same_bits(want, got, m, std::string(spec) + (take ? " taken" : " left"));
+      EXPECT_TRUE(held.empty()) << spec;
+      const std::vector<int> order = checkpoint_reads(sch, 6);
+      EXPECT_EQ(ex.stats().stashed, take ? static_cast<std::int64_t>(order.size()) : 0) << spec;
+      EXPECT_EQ(puts.size(), order.size()) << spec;
+      if (!take) {
+        EXPECT_TRUE(reads.empty()) << spec;
+        continue;
+      }
+      EXPECT_EQ(reads, order) << spec;
+      for (std::size_t k = 0; k < order.size(); ++k) {
+        EXPECT_EQ(nexts[k], k + 1 < order.size() ? order[k + 1] : -1) << spec << " read " << k;
+      }
+    }
+  }
+  ExecutorHooks half;
+  half.stash = [](int, Act&) {};
+  EXPECT_THROW((void)ex.run(Schedule::all(6), batch.mb, dloss, half), InvalidArgument);
+}
+
 TEST(Executor, ForwardOnlyMatchesRun) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(DType::kBF16);

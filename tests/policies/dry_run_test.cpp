@@ -17,6 +17,7 @@
 
 #include "memory/error.h"
 #include "memory/size.h"
+#include "core/executor.h"  // checkpoint_reads
 #include "policies/run_setup.h"
 #include "tests/core/exec_testutil.h"  // small_gpt
 
@@ -36,6 +37,7 @@ struct Case {
   std::int64_t seq_len = 0;
   bool grads = false;    // gradient offload too (with the optimizer's)
   bool weights = false;  // weight offload too (with the optimizer's)
+  bool acts = false;     // activation offload (independent of the others)
 
   RunSpec run(std::size_t budget) const {
     RunSpec r;
@@ -45,6 +47,7 @@ struct Case {
     r.trainer.policy.offload.optimizer = offload || grads || weights;
     r.trainer.policy.offload.gradients = grads;
     r.trainer.policy.offload.weights = weights;
+    r.trainer.policy.offload.activations = acts;
     r.trainer.policy.micro_batch = micro;
     r.trainer.policy.accum = accum;
     r.batch = batch;
@@ -83,11 +86,11 @@ Measured real_step(const Case& c, std::size_t budget, int steps = 2) {
     RunSetup run(spec);
     m.setup_peak_reserved =
         static_cast<std::size_t>(run.allocator().stats().reserved_bytes[kStatAll].peak);
-    m.host_pinned = run.trainer().host_bytes();
     // `steps` steps (two: the second starts from the cache the first left, and later ones
     // repeat it); each figure the largest (PeakFigures::take_max), as `memfit train` reports.
     m.step = run.step(batch_of(spec));
     for (int k = 1; k < steps; ++k) m.step->peaks.take_max(run.step(batch_of(spec)).peaks);
+    m.host_pinned = run.trainer().host_bytes();  // activation offload's room comes with a step
   } catch (const BudgetError& e) {  // RunSetup's word for an OutOfMemory of setup or step one
     m.oom = e.what();
   } catch (const OutOfMemory& e) {  // a later step's
@@ -112,7 +115,9 @@ void expect_same_peaks(const Case& c, const DryRunResult& d, const Measured& m) 
   }
   EXPECT_EQ(d.host_pinned, m.host_pinned);
   EXPECT_EQ(d.step.host_pinned, m.step->peaks.host_pinned);
-  EXPECT_EQ(d.host_pinned > 0, c.offload || c.grads || c.weights);
+  const int n = static_cast<int>(c.spec.layers);
+  const bool checkpoints = !checkpoint_reads(c.checkpoint.schedule(n), n).empty();
+  EXPECT_EQ(d.host_pinned > 0, c.offload || c.grads || c.weights || (c.acts && checkpoints));
   EXPECT_EQ(d.step, m.step->peaks);  // every field, in one
 }
 
@@ -153,6 +158,18 @@ std::vector<Case> unbudgeted_cases() {
   v.push_back({mlp, DType::kBF16, Checkpointing::every(2), true, 3, 0, 8, 16, false, true});
   v.push_back(
       {gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0, true, true});
+  // Activation offload: alone and with every other switch, under every rule (none: nothing to
+  // move), micro-batches with an uneven last one, --accum, an MLP and an explicit schedule.
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Checkpointing& ck : rules) {
+      v.push_back({gpt, dt, ck, false, 5, 0, 12, 0, false, false, true});
+      v.push_back({gpt, dt, ck, true, 0, 3, 7, 0, true, true, true});
+    }
+  }
+  v.push_back({micro, DType::kBF16, Checkpointing::every(2), false, 0, 0, 3, 0, false, false, true});
+  v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, false, false, true});
+  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0,
+               true, false, true});
   return v;
 }
 
@@ -227,6 +244,9 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
       {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true}, 3, 12},
       {{micro, DType::kF32, Checkpointing::none(), true, 0, 0, 1, 0, false, true}, 1, 24},
       {{gpt, DType::kF16, Checkpointing::sqrt(), true, 0, 0, 1, 0, true, true}, 2, 6},
+      {{gpt, DType::kBF16, Checkpointing::all(), false, 0, 0, 1, 0, false, false, true}, 3, 12},
+      {{micro, DType::kF32, Checkpointing::every(2), false, 0, 0, 1, 0, false, false, true}, 1, 24},
+      {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true, true}, 2, 12},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;
