@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cpu/adamw.h"
+#include "core/executor.h"  // checkpoint_reads
 #include "core/layers/transformer_block.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
@@ -230,6 +231,76 @@ Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& dev
   return c;
 }
 
+namespace {
+
+// What activation offload (ActivationStash) makes the compute wait for in one micro-batch, in
+// the executor's order (checkpoint_reads()): after a Keep::kInput forward of block i, x[i] goes
+// out over host_link on a copy stream of its own, starting when that forward ends; the next
+// checkpoint's put makes the compute wait for the previous one's copy out. A read of the
+// latest (still on the device) waits for its copy out; of one fetched ahead, for the fetch;
+// otherwise it is fetched now. After a read, the next read's checkpoint is fetched (host ->
+// device, a stream of its own direction) from then. Every op takes the chain's time.
+double stash_wait(const Schedule& schedule, const Chain& c, const DeviceSpec& device) {
+  const std::size_t n = c.blocks.size();
+  enum State : std::uint8_t { kNone, kOut, kHost, kFetched };
+  std::vector<State> state(n + 1, kNone);
+  std::vector<double> done(n + 1, 0);  // kOut: the copy out's end; kFetched: the fetch's
+  std::vector<char> kept(n + 1, 0);
+  const std::vector<int> reads = checkpoint_reads(schedule, static_cast<int>(n));
+  std::size_t at = 0;
+  int latest = -1;
+  double clock = 0, out = 0, in = 0, waited = 0;
+  const auto wait_for = [&](double t) {
+    if (t > clock) {
+      waited += t - clock;
+      clock = t;
+    }
+  };
+  const auto fetch = [&](std::size_t i) {
+    in = std::max(in, clock) + static_cast<double>(c.blocks[i].input_bytes) / device.host_link;
+    done[i] = in;
+    state[i] = kFetched;
+  };
+  bool head_done = false;
+  for (const ScheduleOp& op : schedule.ops()) {
+    const auto i = static_cast<std::size_t>(op.block);
+    if (op.kind == ScheduleOp::Kind::kBackward) {
+      clock += c.blocks[i].bwd_time;
+      continue;
+    }
+    if (kept[i]) {
+      ++at;
+      if (state[i] == kHost) fetch(i);
+      wait_for(done[i]);
+      if (latest == op.block) latest = -1;
+      state[i] = kNone;
+      if (at < reads.size()) {
+        const auto next = static_cast<std::size_t>(reads[at]);
+        if (state[next] == kHost) fetch(next);
+      }
+    }
+    kept[i] = op.keep == Keep::kInput;
+    clock += c.blocks[i].fwd_time;
+    if (op.keep == Keep::kInput) {
+      if (latest >= 0) {
+        wait_for(done[static_cast<std::size_t>(latest)]);
+        state[static_cast<std::size_t>(latest)] = kHost;
+      }
+      out = std::max(out, clock) + static_cast<double>(c.blocks[i].input_bytes) / device.host_link;
+      done[i] = out;
+      state[i] = kOut;
+      latest = op.block;
+    }
+    if (!head_done && i + 1 == n) {
+      clock += c.head_time;
+      head_done = true;
+    }
+  }
+  return waited;
+}
+
+}  // namespace
+
 double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
                                std::int64_t micro_batch, std::int64_t accum,
                                const DeviceSpec& device) const {
@@ -344,6 +415,8 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
     }
     total += static_cast<double>(accum) * std::max(0.0, clock - micro);
   }
+
+  if (p.offload.activations) total += static_cast<double>(accum) * stash_wait(schedule, c, device);
 
   if (!p.offload.optimizer) {
     const double per_param =

@@ -127,7 +127,9 @@ class CostModel {
   // copies (dt bytes/param) before the next forward. Weight offload instead fetches each use's
   // unit (dt bytes/param) over host_link into two buffers, one use ahead (a unit still in a
   // buffer is not fetched again); what a fetch does not hide behind the use before it delays
-  // the compute. H2D and D2H are taken as independent (a full-duplex link: PCIe, NVLink-C2C).
+  // the compute. Activation offload: each checkpoint goes out after the forward that keeps it
+  // and comes back one read ahead (ActivationStash's order); what the compute waits for is
+  // added. H2D and D2H are taken as independent (a full-duplex link: PCIe, NVLink-C2C).
   // InvalidArgument for micro_batch or
   // accum < 1, a schedule invalid for num_blocks(), or a device rate <= 0.
   double step_seconds(const MemoryPolicy& p, const Schedule& schedule, std::int64_t micro_batch,

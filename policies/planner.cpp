@@ -260,6 +260,8 @@ class Searcher {
     // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
     q.device = c_.o.device.kind;
     q.gpu_gemm_workspace = c_.o.gemm_workspace_bytes;
+    // Activation offload's room grows with the micro-batch: the dry run holds it to the budget.
+    q.trainer.host_budget = c_.o.host_budget;
     return q;
   }
 
@@ -500,6 +502,12 @@ PlanResult plan(const PlannerOptions& o) {
   std::vector<Combo> combos;
   for (const OffloadSwitches& off : o.offloads) {
     for (const Checkpointing& ck : o.checkpoints) {
+      // No checkpoints, nothing for activation offload to move: the same plan as without it.
+      if (off.activations && ck.kind() == Checkpointing::Kind::kNone) {
+        OffloadSwitches without = off;
+        without.activations = false;
+        if (std::find(o.offloads.begin(), o.offloads.end(), without) != o.offloads.end()) continue;
+      }
       for (DType dt : o.dtypes) combos.emplace_back(dt, ck, off);
     }
   }

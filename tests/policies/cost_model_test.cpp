@@ -331,6 +331,43 @@ TEST(CostModel, StepSecondsAddsRecomputationAccumulationAndTheOptimizer) {
               nparams / 1e9 - nparams / 1e10, 1e-9 * off);
 }
 
+// Activation offload costs nothing without checkpoints, and under checkpoint all only what its
+// copies do not hide: with the link so fast the copies take no time, nothing; with a link
+// slower than a block's forward, at least each checkpoint's copy out beyond that forward.
+TEST(CostModel, ActivationOffloadAddsOnlyTheCopiesItCannotHide) {
+  const CostModel cm = CostModel::analytic(ModelSpec::preset("gpt2"), 1024);
+  DeviceSpec dev = DeviceSpec::preset("a100-80g");
+  dev.cpu_adamw = 1e9;
+  const int n = cm.num_blocks();
+  MemoryPolicy p;
+  p.dtype = DType::kBF16;
+  MemoryPolicy a = p;
+  a.offload.activations = true;
+  EXPECT_EQ(cm.step_seconds(a, Schedule::none(n), 8, 2, dev),
+            cm.step_seconds(p, Schedule::none(n), 8, 2, dev));
+  DeviceSpec fast = dev;
+  fast.host_link = 1e18;
+  EXPECT_NEAR(cm.step_seconds(a, Schedule::all(n), 8, 2, fast),
+              cm.step_seconds(p, Schedule::all(n), 8, 2, fast), 1e-9);
+  const Chain c = cm.chain(8, DType::kBF16, dev);
+  const double copy = static_cast<double>(c.blocks[0].input_bytes) / dev.host_link;
+  const double plain = cm.step_seconds(p, Schedule::all(n), 8, 1, dev);
+  const double acts = cm.step_seconds(a, Schedule::all(n), 8, 1, dev);
+  EXPECT_GE(acts, plain);
+  if (copy > c.blocks[1].fwd_time) {
+    EXPECT_GE(acts - plain, (n - 1) * (copy - c.blocks[1].fwd_time) * (1 - 1e-9));
+  }
+  DeviceSpec slow = dev;
+  slow.host_link = dev.host_link / 100;
+  EXPECT_GT(cm.step_seconds(a, Schedule::all(n), 8, 1, slow), acts);
+  // Accumulation repeats the waits per micro-batch.
+  const double acts4 = cm.step_seconds(a, Schedule::all(n), 8, 4, slow);
+  const double plain4 = cm.step_seconds(p, Schedule::all(n), 8, 4, slow);
+  const double one = cm.step_seconds(a, Schedule::all(n), 8, 1, slow) -
+                     cm.step_seconds(p, Schedule::all(n), 8, 1, slow);
+  EXPECT_NEAR(acts4 - plain4, 4 * one, 1e-9 * acts4);
+}
+
 TEST(CostModel, CpuAdamWRateIsMeasuredOnce) {
   const double r = CostModel::cpu_adamw_rate();
   EXPECT_GT(r, 1e6);  // a million parameters per second even on a loaded 2-core VM

@@ -32,6 +32,7 @@ Plan sample_plan() {
   p.policy.checkpoint = Checkpointing::every(2);
   p.policy.offload.optimizer = true;
   p.policy.offload.gradients = true;
+  p.policy.offload.activations = true;
   p.policy.offload.delayed_update = true;
   p.ranks = 4;
   p.zero_stage = 2;
@@ -77,7 +78,8 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
   for (const char* k :
-       {"activation_dtype", "checkpoint", "offload", "optimizer", "gradients", "micro_batch",
+       {"activation_dtype", "checkpoint", "offload", "optimizer", "gradients", "activations",
+        "micro_batch",
         "accum_steps", "peak_reserved_bytes", "peak_by_category", "cached_bytes_at_peak",
         "category_peaks", "host_pinned_bytes", "device_kind", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
@@ -216,7 +218,7 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
                "plan.offload.delayed_update: true needs offload");
   expect_error(m + ok + "offload: {wights: true}\n",
                "p.yaml:11:11: plan.offload.wights: unknown key; valid: optimizer, gradients, "
-               "weights, delayed_update");
+               "weights, activations, delayed_update");
   expect_error(m + ok + "offload: {weights: true}\n",
                "p.yaml:11:20: plan.offload.weights: true needs offload.optimizer: true");
   expect_error(m + ok + "offload: {optimizer: true, weights: true, delayed_update: true}\n",

@@ -174,12 +174,19 @@ TEST(Planner, AHostBudgetRulesOutTheOffloadsThatPinMore) {
   o.checkpoints = {Checkpointing::all()};
   const PlanResult free = plan(o);
   ASSERT_EQ(free.candidates.size(), o.offloads.size());
-  std::size_t most = 0;
+  std::size_t slab = 0, most = 0;
+  const Plan* acts = nullptr;
   for (const Plan& p : free.candidates) {
-    EXPECT_EQ(p.predicted.peaks.host_pinned > 0, p.policy.offload.optimizer) << p.describe();
+    EXPECT_EQ(p.predicted.peaks.host_pinned > 0, p.policy.offload.any()) << p.describe();
+    if (!p.policy.offload.activations) slab = std::max(slab, p.predicted.peaks.host_pinned);
+    if (p.policy.offload.activations) acts = &p;
     most = std::max(most, p.predicted.peaks.host_pinned);
   }
-  o.host_budget = most - 1;  // every offload here pins the same slab
+  ASSERT_NE(acts, nullptr);
+  // Activation offload pins the checkpoints' room beside the slab.
+  EXPECT_GT(acts->predicted.peaks.host_pinned, slab);
+  EXPECT_EQ(most, acts->predicted.peaks.host_pinned);
+  o.host_budget = slab - 1;  // every optimizer offload here pins the same slab
   const PlanResult limited = plan(o);
   ASSERT_EQ(limited.candidates.size(), 1u);
   EXPECT_FALSE(limited.candidates[0].policy.offload.any());
@@ -193,6 +200,14 @@ TEST(Planner, AHostBudgetRulesOutTheOffloadsThatPinMore) {
   }
   o.host_budget = most;
   EXPECT_EQ(plan(o).candidates.size(), o.offloads.size());
+  // Between the two, activation offload gets a smaller micro-batch whose room fits.
+  o.host_budget = (slab + most) / 2;
+  const PlanResult between = plan(o);
+  const auto with_acts = std::find_if(between.candidates.begin(), between.candidates.end(),
+                                      [](const Plan& p) { return p.policy.offload.activations; });
+  ASSERT_NE(with_acts, between.candidates.end());
+  EXPECT_LT(with_acts->policy.micro_batch, acts->policy.micro_batch);
+  EXPECT_LE(with_acts->predicted.peaks.host_pinned, o.host_budget);
 }
 
 TEST(Planner, BadRequestsAreClearErrors) {

@@ -154,21 +154,31 @@ TEST(OffloadSwitches, ParsesAListAndDescribesItBack) {
   const OffloadSwitches ow{.optimizer = true, .weights = true};
   EXPECT_EQ(OffloadSwitches::parse("weights"), ow);
   EXPECT_EQ(OffloadSwitches::parse("weights,optimizer"), ow);
-  const OffloadSwitches all{.optimizer = true, .gradients = true, .weights = true};
+  const OffloadSwitches ogw{.optimizer = true, .gradients = true, .weights = true};
+  EXPECT_EQ(OffloadSwitches::parse("gradients,weights"), ogw);
+  const OffloadSwitches all{
+      .optimizer = true, .gradients = true, .weights = true, .activations = true};
   EXPECT_EQ(OffloadSwitches::parse("all"), all);
-  EXPECT_EQ(OffloadSwitches::parse("gradients,weights"), all);
+  EXPECT_EQ(OffloadSwitches::parse("gradients,weights,activations"), all);
+  // Activation offload needs no other switch.
+  const OffloadSwitches acts{.activations = true};
+  EXPECT_EQ(OffloadSwitches::parse("activations"), acts);
+  EXPECT_TRUE(acts.any());
+  EXPECT_EQ(acts.describe(), "activations");
+  EXPECT_NO_THROW((MemoryPolicy{.offload = acts}.validate()));
   EXPECT_EQ(OffloadSwitches::parse("off"), OffloadSwitches{});
   EXPECT_EQ(OffloadSwitches::parse("none"), OffloadSwitches{});
   EXPECT_EQ(og.describe(), "optimizer,gradients");
   EXPECT_EQ(ow.describe(), "optimizer,weights");
-  EXPECT_EQ(all.describe(), "optimizer,gradients,weights");
+  EXPECT_EQ(ogw.describe(), "optimizer,gradients,weights");
+  EXPECT_EQ(all.describe(), "optimizer,gradients,weights,activations");
   EXPECT_EQ(OffloadSwitches{}.describe(), "off");
   for (const char* bad : {"", "optimizer,", "wings", "off,optimizer", "Optimizer"}) {
     try {
       (void)OffloadSwitches::parse(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, weights, all, off"),
+      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, weights, activations, all, off"),
                 std::string::npos)
           << e.what();
     }
