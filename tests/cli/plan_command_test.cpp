@@ -49,12 +49,12 @@ nlohmann::json plan_json(const std::string& args) {
   return r.exit_code == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();
 }
 
-using Combo = std::tuple<std::string, std::string, bool, bool, bool>;
+using Combo = std::tuple<std::string, std::string, bool, bool, bool, bool>;
 Combo combo(const nlohmann::json& p) {
   const auto& o = p.at("offload");
   return {p.at("activation_dtype").get<std::string>(), p.at("checkpoint").get<std::string>(),
           o.at("optimizer").get<bool>(), o.at("gradients").get<bool>(),
-          o.at("weights").get<bool>()};
+          o.at("weights").get<bool>(), o.at("activations").get<bool>()};
 }
 
 TEST(PlanCommand, JsonHasEveryPlanFieldAndTheRecommendedPlanIsTheLargestThatFits) {
