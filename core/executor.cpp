@@ -154,8 +154,9 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   const bool use_hooks = hooks.before_use || hooks.after_use;
   UseTracker uses(hooks, use_hooks ? weight_uses(schedule, n) : std::vector<int>{});
   if (static_cast<bool>(hooks.stash) != static_cast<bool>(hooks.unstash)) {
-    throw InvalidArgument("Executor: a stash hook without an unstash hook (or the reverse); "
-                          "valid: both or neither");
+    throw InvalidArgument(
+        "Executor: a stash hook without an unstash hook (or the reverse); "
+        "valid: both or neither");
   }
   const std::vector<int> reads = hooks.stash ? checkpoint_reads(schedule, n) : std::vector<int>{};
   std::size_t read_at = 0;  // the next entry of `reads`

@@ -56,8 +56,8 @@ bool ActivationStash::idle() const {
                      [](const Slot& s) { return s.state == State::kEmpty; });
 }
 
-void ActivationStash::reserve(LayerContext& ctx, const std::vector<int>& slots,
-                              std::size_t bytes, std::size_t host_budget, std::size_t others) {
+void ActivationStash::reserve(LayerContext& ctx, const std::vector<int>& slots, std::size_t bytes,
+                              std::size_t host_budget, std::size_t others) {
   (void)ctx;
   if (!idle()) bad("reserve() while checkpoints are stashed; valid: between micro-batches");
   std::vector<int> want;
@@ -82,13 +82,14 @@ void ActivationStash::reserve(LayerContext& ctx, const std::vector<int>& slots,
   info.budget_bytes = host_budget;
   info.host = true;
   const std::string what = format_bytes(total) + " of " + host_->name() + " memory for " +
-                           std::to_string(want.size()) + " checkpoints of " +
-                           format_bytes(bytes) + " (activation offload)";
+                           std::to_string(want.size()) + " checkpoints of " + format_bytes(bytes) +
+                           " (activation offload)";
   if (host_budget > 0 && info.requested_bytes > host_budget) {
-    throw OutOfMemory("ActivationStash: " + what +
-                          (others > 0 ? " with " + format_bytes(others) + " pinned elsewhere" : "") +
-                          " exceed the host budget of " + format_bytes(host_budget),
-                      info);
+    throw OutOfMemory(
+        "ActivationStash: " + what +
+            (others > 0 ? " with " + format_bytes(others) + " pinned elsewhere" : "") +
+            " exceed the host budget of " + format_bytes(host_budget),
+        info);
   }
   be_->synchronize(copy_);  // nothing in flight reads or writes the old room
   void* room = host_->allocate(total);
@@ -113,8 +114,8 @@ ActivationStash::Slot& ActivationStash::slot_of(int i, const char* what) {
   if (s == nullptr) {
     std::string have;
     for (const Slot& t : slots_) have += (have.empty() ? "" : ", ") + std::to_string(t.x);
-    bad(std::string(what) + "(" + std::to_string(i) + "): no room for that slot; valid: " +
-        (have.empty() ? std::string("none reserved") : have));
+    bad(std::string(what) + "(" + std::to_string(i) +
+        "): no room for that slot; valid: " + (have.empty() ? std::string("none reserved") : have));
   }
   return *s;
 }

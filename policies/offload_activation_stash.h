@@ -67,17 +67,17 @@ class ActivationStash {
   void reset(LayerContext& ctx) noexcept;
 
   std::size_t host_bytes() const { return room_bytes_; }  // pinned bytes held
-  bool idle() const;                                       // no slot holds a checkpoint
+  bool idle() const;                                      // no slot holds a checkpoint
   std::int64_t puts() const { return puts_; }
   std::int64_t fetches() const { return fetches_; }  // host -> device copies
 
  private:
   enum class State : std::uint8_t { kEmpty, kOut, kHost, kFetched };
   struct Slot {
-    int x = -1;                         // the x index, -1: no room
-    State state = State::kEmpty;        // kOut: copy out queued, device tensor still held
-    Act device;                         // kOut: the original; kFetched: the fetched copy
-    Shape shape;                        // the checkpoint's
+    int x = -1;                   // the x index, -1: no room
+    State state = State::kEmpty;  // kOut: copy out queued, device tensor still held
+    Act device;                   // kOut: the original; kFetched: the fetched copy
+    Shape shape;                  // the checkpoint's
     DType dtype = DType::kF32;
     std::optional<EventHandle> copied;  // kOut: the copy out; kFetched: the fetch
   };

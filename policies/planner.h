@@ -62,8 +62,7 @@ struct PlannerOptions {
       OffloadSwitches{}, OffloadSwitches{.optimizer = true},
       OffloadSwitches{.optimizer = true, .gradients = true},
       OffloadSwitches{.optimizer = true, .gradients = true, .weights = true},
-      OffloadSwitches{
-          .optimizer = true, .gradients = true, .weights = true, .activations = true}};
+      OffloadSwitches{.optimizer = true, .gradients = true, .weights = true, .activations = true}};
   std::int64_t max_micro_batch = 1 << 16;
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)

@@ -52,9 +52,12 @@ nlohmann::json plan_json(const std::string& args) {
 using Combo = std::tuple<std::string, std::string, bool, bool, bool, bool>;
 Combo combo(const nlohmann::json& p) {
   const auto& o = p.at("offload");
-  return {p.at("activation_dtype").get<std::string>(), p.at("checkpoint").get<std::string>(),
-          o.at("optimizer").get<bool>(), o.at("gradients").get<bool>(),
-          o.at("weights").get<bool>(), o.at("activations").get<bool>()};
+  return {p.at("activation_dtype").get<std::string>(),
+          p.at("checkpoint").get<std::string>(),
+          o.at("optimizer").get<bool>(),
+          o.at("gradients").get<bool>(),
+          o.at("weights").get<bool>(),
+          o.at("activations").get<bool>()};
 }
 
 TEST(PlanCommand, JsonHasEveryPlanFieldAndTheRecommendedPlanIsTheLargestThatFits) {

@@ -138,7 +138,8 @@ TEST(TrainCommand, OffloadListOffloadsTheGradientsToo) {
   const ProgramRun bad = run_memfit(base_args(1) + " --offload optimizer,wings");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("unknown switch 'wings'"), std::string::npos) << bad.output;
-  EXPECT_NE(bad.output.find("optimizer, gradients, weights, activations, all"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("optimizer, gradients, weights, activations, all"), std::string::npos)
+      << bad.output;
   for (const auto& p : {a, b}) std::remove(p.c_str());
 }
 

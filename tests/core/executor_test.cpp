@@ -267,8 +267,8 @@ TEST(Executor, StashHooksFollowCheckpointReads) {
         EXPECT_EQ(held.count(i), 1u) << "slot " << i << " read but not stashed";
         // A fresh tensor with the same bits, as a fetch from the host gives.
         const Act& old = held[i];
-        Act copy = ctx.make(old->view().shape(), old->view().dtype(), Category::kActivation,
-                            "fetched");
+        Act copy =
+            ctx.make(old->view().shape(), old->view().dtype(), Category::kActivation, "fetched");
         ctx.backend.copy(ctx.stream, old->view(), copy->view());
         held.erase(i);
         return copy;

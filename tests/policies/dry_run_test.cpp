@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "core/executor.h"  // checkpoint_reads
 #include "memory/error.h"
 #include "memory/size.h"
-#include "core/executor.h"  // checkpoint_reads
 #include "policies/run_setup.h"
 #include "tests/core/exec_testutil.h"  // small_gpt
 
@@ -166,10 +166,11 @@ std::vector<Case> unbudgeted_cases() {
       v.push_back({gpt, dt, ck, true, 0, 3, 7, 0, true, true, true});
     }
   }
-  v.push_back({micro, DType::kBF16, Checkpointing::every(2), false, 0, 0, 3, 0, false, false, true});
+  v.push_back(
+      {micro, DType::kBF16, Checkpointing::every(2), false, 0, 0, 3, 0, false, false, true});
   v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, false, false, true});
-  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0,
-               true, false, true});
+  v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0, true,
+               false, true});
   return v;
 }
 

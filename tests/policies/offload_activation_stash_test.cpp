@@ -104,8 +104,7 @@ TEST_P(ActivationOffload, TrainsBitForBitAsWithTheCheckpointsOnTheDevice) {
   // the compute dtype.
   const std::vector<std::int64_t> sizes = p.micro_batches(6);
   const auto rows = static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  const std::size_t one =
-      rows * 32 * testing::tiny_gpt_spec(kBlocks).hidden * dtype_size(c.dtype);
+  const std::size_t one = rows * 32 * testing::tiny_gpt_spec(kBlocks).hidden * dtype_size(c.dtype);
   EXPECT_EQ(acts.host_bytes > 0, checkpoints);
   if (checkpoints) EXPECT_GE(acts.host_bytes, one);
   if (std::string(c.checkpoint) == "all") {
@@ -125,8 +124,7 @@ TEST_P(ActivationOffload, TrainsBitForBitAsWithTheCheckpointsOnTheDevice) {
   EXPECT_EQ(all.host_bytes, others.host_bytes + acts.host_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, ActivationOffload,
-                         ::testing::ValuesIn(testing::offload_cases()),
+INSTANTIATE_TEST_SUITE_P(Policies, ActivationOffload, ::testing::ValuesIn(testing::offload_cases()),
                          testing::offload_case_name);
 
 // More blocks: checkpoint all on 6 blocks keeps x0 .. x5; offloaded, the device holds the
@@ -323,8 +321,11 @@ TEST(ActivationStash, MisuseIsAClearError) {
   s.stash.put(s.rig.ctx, 0, small);
   Act again = s.filled(1.0f, 100);
   testing::expect_invalid([&] { s.stash.put(s.rig.ctx, 0, again); }, {"already stashed"});
-  testing::expect_invalid([&] { s.stash.reserve(s.rig.ctx, {0, 1}, 400, 0, 0); },
-                          {"between micro-batches"});
+  testing::expect_invalid(
+      [&] {
+        s.stash.reserve(s.rig.ctx, {0, 1}, 400, 0, 0);
+      },
+      {"between micro-batches"});
   (void)s.stash.take(s.rig.ctx, 0, -1);
   // Over the host budget beside what others pinned: nothing changes.
   try {

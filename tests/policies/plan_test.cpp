@@ -77,11 +77,10 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   const std::string j = p.to_json();
   expect_equal(p, Plan::from_json_string(j));
   // The keys the CLI's consumers read.
-  for (const char* k :
-       {"activation_dtype", "checkpoint", "offload", "optimizer", "gradients", "activations",
-        "micro_batch",
-        "accum_steps", "peak_reserved_bytes", "peak_by_category", "cached_bytes_at_peak",
-        "category_peaks", "host_pinned_bytes", "device_kind", "step_seconds"}) {
+  for (const char* k : {"activation_dtype", "checkpoint", "offload", "optimizer", "gradients",
+                        "activations", "micro_batch", "accum_steps", "peak_reserved_bytes",
+                        "peak_by_category", "cached_bytes_at_peak", "category_peaks",
+                        "host_pinned_bytes", "device_kind", "step_seconds"}) {
     EXPECT_NE(j.find(std::string("\"") + k + "\""), std::string::npos) << k;
     EXPECT_NE(y.find(std::string(k) + ":"), std::string::npos) << k;
   }

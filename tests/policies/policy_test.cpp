@@ -178,8 +178,9 @@ TEST(OffloadSwitches, ParsesAListAndDescribesItBack) {
       (void)OffloadSwitches::parse(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("valid: optimizer, gradients, weights, activations, all, off"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("valid: optimizer, gradients, weights, activations, all, off"),
+          std::string::npos)
           << e.what();
     }
   }
