@@ -16,7 +16,7 @@
 // the same settings, so a shared machine's load hits both alike.
 //
 // Column "ofl": optimizer offload ("o+g": with gradient offload too, "o+g+w": and weight
-// offload).
+// offload, "all": and activation offload).
 // Targets (the training-runtime issue), each printed PASS or FAIL:
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
 //     step time <= PyTorch's and memfit's sum4 <= PyTorch's;
@@ -112,12 +112,14 @@ struct Config {
   std::int64_t micro_batch = 0;
   bool grads = false;    // gradient offload too (the all-policies rows)
   bool weights = false;  // weight offload too
+  bool acts = false;     // activation offload too
   std::string key() const {
     return dtype + "/" + checkpoint + "/" + (offload ? "on" : "off") + (grads ? "+grads" : "") +
-           (weights ? "+weights" : "") + (micro_batch ? "/mb" + std::to_string(micro_batch) : "");
+           (weights ? "+weights" : "") + (acts ? "+acts" : "") +
+           (micro_batch ? "/mb" + std::to_string(micro_batch) : "");
   }
   const char* offload_label() const {
-    return weights ? "o+g+w" : grads ? "o+g" : offload ? "on" : "off";
+    return acts ? "all" : weights ? "o+g+w" : grads ? "o+g" : offload ? "on" : "off";
   }
 };
 
@@ -162,6 +164,7 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
     rs.trainer.policy.offload.optimizer = c.offload;
     rs.trainer.policy.offload.gradients = c.grads;
     rs.trainer.policy.offload.weights = c.weights;
+    rs.trainer.policy.offload.activations = c.acts;
     rs.trainer.policy.micro_batch = c.micro_batch;
     rs.trainer.adamw.lr = 1e-3;
     rs.trainer.adamw.weight_decay = 0.01;
@@ -416,14 +419,15 @@ int main(int argc, char** argv) {
     print_row(c, res[c.key()], (!c.offload && t != torch.end()) ? &t->second : nullptr);
     std::fflush(stdout);
   }
-  const Config ap{"bf16", "all", true, 1, true, true};
+  const Config ap{"bf16", "all", true, 1, true, true, true};
+  const Config ap_ogw{"bf16", "all", true, 1, true, true};
   const Config ap_og{"bf16", "all", true, 1, true, false};
   const Config ap_opt{"bf16", "all", true, 1, false, false};
   std::optional<Figures> torch_plain, torch_best;  // the all-policies anchor, on sum4
   if (a.all_policies) {
     std::printf(
         "all policies (micro-batch 1 x 16 accumulated; optimizer offload, + gradients, "
-        "+ weights):\n");
+        "+ weights, + activations):\n");
     // 16 micro-batches make this row the slowest: one timed step (memory is its target).
     Args once = a;
     once.steps = 1;
@@ -434,7 +438,7 @@ int main(int argc, char** argv) {
       torch_plain = run_torch(script, a, threads, "f32", "none", &version);
     }
     torch_best = run_torch(script, once, threads, "bf16", "all", &version, 1);
-    for (const Config& c : {ap_opt, ap_og, ap}) {
+    for (const Config& c : {ap_opt, ap_og, ap_ogw, ap}) {
       res[c.key()] = run_memfit(c, once, spec, batch);
       print_row(c, res[c.key()], nullptr);
     }
