@@ -7,7 +7,8 @@
 // the compute), the budgeted CachingAllocator, and mlock'd pinned memory.
 //
 // Variants (bf16, checkpoint all unless --checkpoint): off; optimizer; optimizer + gradients;
-// optimizer + weights; optimizer + gradients + weights. The GPU twin of this table is in
+// optimizer + weights; optimizer + gradients + weights; activations (the checkpoints to the host
+// and back, alone); all four. The GPU twin of this table is in
 // bench/gpu_step_bench.cpp (GPT-2 124M, batch 8, seq 1024; its target: <= 1.15x with gradients
 // and optimizer offloaded).
 // Fixed work: --warmup untimed steps, then --steps timed ones (median); losses must agree
@@ -146,6 +147,8 @@ int bench_main(int argc, char** argv) {
       {"opt+grads", {.optimizer = true, .gradients = true}, 1},
       {"opt+weights", {.optimizer = true, .weights = true}, 1},
       {"opt+grads+weights", {.optimizer = true, .gradients = true, .weights = true}, 2},
+      {"activations", {.activations = true}, 0},
+      {"all", {.optimizer = true, .gradients = true, .weights = true, .activations = true}, 4},
   };
   std::printf(
       "offload_switch_bench: %s (%lld parameters), bf16, checkpoint %s, batch %lld x %lld "
@@ -176,8 +179,9 @@ int bench_main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf(
-      "exposed_s: this step - the step without its last switch (optimizer: vs off, CPU AdamW "
-      "included; grads and weights: vs optimizer; all: vs opt+grads)\n");
+      "exposed_s: this step - the step without its last switch (optimizer and activations: vs "
+      "off, CPU AdamW included for the optimizer; grads and weights: vs optimizer; "
+      "opt+grads+weights: vs opt+grads; all: vs opt+grads+weights)\n");
   std::printf("losses identical across variants (offload is bit-identical): %s\n",
               same ? "yes" : "NO");
   return same ? 0 : 1;

@@ -261,12 +261,23 @@ int run_plan(const PlanArgs& a) {
                 rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
                 short_seconds(rec.predicted.step_seconds).c_str(),
                 short_rate(rec.predicted.tokens_per_second).c_str());
-    const std::size_t host = rec.predicted.peaks.host_pinned;
-    std::printf("  pinned host memory: %s (%.1f bytes per parameter)%s\n",
-                format_bytes(host).c_str(),
-                static_cast<double>(host) / static_cast<double>(o.spec.parameter_count()),
+    const PeakFigures& pk = rec.predicted.peaks;
+    // Per parameter: what the model's size sets (activation offload's room follows the batch).
+    const std::size_t acts = pk.host_at_peak[category_index(Category::kActivation)];
+    std::printf("  pinned host memory: %s (%.1f bytes per parameter%s)%s\n",
+                format_bytes(pk.host_pinned).c_str(),
+                static_cast<double>(pk.host_pinned - std::min(pk.host_pinned, acts)) /
+                    static_cast<double>(o.spec.parameter_count()),
+                acts > 0 ? (" + " + format_bytes(acts) + " of offloaded checkpoints").c_str() : "",
                 o.host_budget > 0 ? (" of a host budget of " + format_bytes(o.host_budget)).c_str()
                                   : "; no host budget given (--host-budget)");
+    std::string parts;
+    for (std::size_t c = 0; c < kCategoryCount; ++c) {
+      if (pk.host_at_peak[c] == 0) continue;
+      parts += (parts.empty() ? "" : ", ") + std::string(category_name(static_cast<Category>(c))) +
+               " " + format_bytes(pk.host_at_peak[c]);
+    }
+    if (!parts.empty()) std::printf("    by category: %s\n", parts.c_str());
     std::printf("  why: %s\n", rec.why.c_str());
   }
   if (!a.out.empty()) {

@@ -378,6 +378,7 @@ ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps
     r.plan.present = true;
     r.plan.predicted_peak_reserved = p.predicted->reserved;
     r.plan.predicted_peak_allocated = p.predicted->allocated;
+    r.plan.predicted_host_pinned = p.predicted->host_pinned;
     r.plan.description = p.src.plan ? p.src.plan->describe() + " (" +
                                           (p.src.kind == "file" ? "plan file" : "planner") + ")"
                                     : p.run.describe() + " (dry run)";

@@ -111,6 +111,10 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   }
   row("(cached)", measured.cached(), predicted ? predicted->cached() : 0);
   row("(pinned host)", measured.host_pinned, predicted ? predicted->host_pinned : 0);
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    const std::string name = std::string("  host ") + category_name(static_cast<Category>(c));
+    row(name.c_str(), measured.host_at_peak[c], predicted ? predicted->host_at_peak[c] : 0);
+  }
   if (!t.save.empty()) std::printf("  state: %s\n", t.save.c_str());
   if (report) write_report(finish_report(*run, prep, a.steps), a.report, prep.formats);
 

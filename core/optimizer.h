@@ -29,7 +29,9 @@
 //   live on the device or the host (Tensor::device()). Loading writes into these same tensors.
 // - flush(ctx): work the optimizer still has in flight (a delayed update) lands in the
 //   working weights; before a save, an evaluation, or the end of training. No-op by default.
-// - host_bytes(): pinned host memory it holds (an offloaded optimizer's slab), 0 by default.
+// - host_by_category(): pinned host memory it holds (an offloaded optimizer's slab), by
+//   category (FP32 masters and moments are optimizer state, as ZeRO counts them); none by
+//   default. host_bytes() is their sum.
 #pragma once
 
 #include <cstddef>
@@ -75,7 +77,8 @@ class Optimizer {
   virtual void step(LayerContext& ctx, double grad_scale) = 0;
   virtual void skip(LayerContext& ctx) = 0;
   virtual void flush(LayerContext& ctx) { (void)ctx; }
-  virtual std::size_t host_bytes() const { return 0; }
+  virtual CategoryBytes host_by_category() const { return {}; }
+  std::size_t host_bytes() const { return total_bytes(host_by_category()); }
 
   virtual std::int64_t steps() const = 0;
   virtual void set_steps(std::int64_t steps) = 0;  // resume

@@ -1,5 +1,5 @@
 // custom_loop: the pieces the Trainer is made of, used by hand in a loop of your own:
-// Executor + Schedule, LossScaler, gradient accumulation, OffloadOptimizer.
+// Executor + Schedule, LossScaler, gradient accumulation, OffloadOptimizer, ActivationStash.
 //
 //   build/examples/example_custom_loop [data/corpus.txt] [steps]
 //
@@ -12,7 +12,8 @@
 // gradients' memory from a ring of two device buckets and sends them to the host as soon as it
 // is done, while the remaining backwards run; the host holds the sum over the micro-batches,
 // checks it for inf/NaN and runs AdamW on it, writing the new weights where the next fetches
-// read them.
+// read them. The checkpoints (the inputs of blocks 0 and 2) go to pinned host memory after the
+// forward that keeps them and come back one checkpoint read ahead of their recompute.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -28,6 +29,7 @@
 #include "memory/size.h"
 #include "policies/accumulation.h"
 #include "policies/loss_scaler.h"
+#include "policies/offload_activation_stash.h"
 #include "policies/offload_optimizer.h"
 #include "policies/runtime_env.h"
 
@@ -99,10 +101,18 @@ int main(int argc, char** argv) {
   hooks.after_stage = [&](int s) { opt.after_stage(ctx, s, m_now, count); };
   hooks.before_use = [&](int u, int next) { opt.before_use(ctx, u, next); };
   hooks.after_use = [&](int u) { opt.after_use(ctx, u); };
+  // The checkpoints' host room: one (B,T,hidden) f16 tensor of the largest micro-batch for each
+  // checkpoint the schedule reads, within no host budget here (0) beside the optimizer's slab.
+  ActivationStash stash(ctx, pinned);
+  const std::vector<std::int64_t> micro = split_batch(kBatch, kAccum);
+  stash.reserve(ctx, checkpoint_reads(schedule, model.num_blocks()),
+                static_cast<std::size_t>(micro[0] * kSeqLen * spec.hidden) * dtype_size(ctx.dtype),
+                /*host_budget=*/0, opt.host_bytes());
+  hooks.stash = [&](int i, Act& x) { stash.put(ctx, i, x); };
+  hooks.unstash = [&](int i, int next) { return stash.take(ctx, i, next); };
 
   const TextDataset data(path);
   Rng rng(2);
-  const std::vector<std::int64_t> micro = split_batch(kBatch, kAccum);
   for (int step = 1; step <= steps; ++step) {
     const Batch b = data.sample(kBatch, kSeqLen, rng);
     const double scale = scaler.scale();
@@ -131,9 +141,11 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "peak allocated %s (weights: %s of buffers); pinned host %s (masters, moments, "
-      "gradients, weights)\n",
+      "gradients, weights) + %s (%lld checkpoints put, %lld fetched)\n",
       format_bytes(static_cast<std::size_t>(env.alloc->stats().allocated_bytes[kStatAll].peak))
           .c_str(),
-      format_bytes(opt.weight_device_bytes()).c_str(), format_bytes(opt.host_bytes()).c_str());
+      format_bytes(opt.weight_device_bytes()).c_str(), format_bytes(opt.host_bytes()).c_str(),
+      format_bytes(stash.host_bytes()).c_str(), static_cast<long long>(stash.puts()),
+      static_cast<long long>(stash.fetches()));
   return 0;
 }

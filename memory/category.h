@@ -5,6 +5,7 @@
 //   std::cout << category_name(c);                     // "optimizer_state"
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -23,6 +24,7 @@ enum class Category : std::uint8_t {
 };
 
 inline constexpr std::size_t kCategoryCount = 8;
+using CategoryBytes = std::array<std::size_t, kCategoryCount>;  // bytes by category_index()
 
 // Lower-case names as they appear in reports and in memory_viz ("parameter", "gradient",
 // "optimizer_state", "activation", "temporary", "input", "workspace", "unknown").
@@ -32,5 +34,11 @@ const char* category_name(Category c);
 Category parse_category(std::string_view name);
 
 inline constexpr std::size_t category_index(Category c) { return static_cast<std::size_t>(c); }
+
+inline std::size_t total_bytes(const CategoryBytes& b) {
+  std::size_t sum = 0;
+  for (std::size_t x : b) sum += x;
+  return sum;
+}
 
 }  // namespace memfit

@@ -14,7 +14,8 @@
 // the cached bytes (reserved but not allocated then) add up to `reserved` exactly. The
 // per-category peaks are labelled as such wherever they are shown: their sum is usually above
 // any moment's total. host_pinned: pinned host bytes the work held at most (offload), which a
-// device budget does not cover. All bytes; 0 where nothing was measured.
+// device budget does not cover; host_at_peak: those bytes by category (they add up to
+// host_pinned). All bytes; 0 where nothing was measured.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +34,7 @@ struct PeakFigures {
   std::array<std::size_t, kCategoryCount> at_peak{};
   std::array<std::size_t, kCategoryCount> category_peaks{};
   std::size_t host_pinned = 0;
+  CategoryBytes host_at_peak{};
 
   static PeakFigures of(const AllocatorStats& s) {
     PeakFigures p;
@@ -63,7 +65,10 @@ struct PeakFigures {
     for (std::size_t c = 0; c < kCategoryCount; ++c) {
       category_peaks[c] = std::max(category_peaks[c], o.category_peaks[c]);
     }
-    host_pinned = std::max(host_pinned, o.host_pinned);
+    if (o.host_pinned > host_pinned) {
+      host_pinned = o.host_pinned;
+      host_at_peak = o.host_at_peak;
+    }
   }
 
   bool operator==(const PeakFigures&) const = default;

@@ -132,7 +132,9 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
       watch.start();
       r.step.take_max(trainer.step(b).peaks);
     }
-    r.host_pinned = trainer.host_bytes();  // activation offload reserves its room in the step
+    // Activation offload reserves its room in the step.
+    r.host_pinned = trainer.host_bytes();
+    r.step.host_at_peak = trainer.host_by_category();
   } catch (const OutOfMemory& e) {
     r.fits = false;
     r.failed_request = e.info().requested_bytes;

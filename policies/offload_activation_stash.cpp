@@ -48,6 +48,7 @@ ActivationStash::~ActivationStash() {
   } catch (...) {  // a destructor reports nothing
   }
   slots_.clear();  // device tensors go back to the allocator
+  region_ = HostRegion();
   if (room_ != nullptr) host_->deallocate(room_, room_bytes_);
 }
 
@@ -94,9 +95,13 @@ void ActivationStash::reserve(LayerContext& ctx, const std::vector<int>& slots, 
   be_->synchronize(copy_);  // nothing in flight reads or writes the old room
   void* room = host_->allocate(total);
   if (room == nullptr) throw OutOfMemory("ActivationStash: " + what + " are not available", info);
+  region_ = HostRegion();
   if (room_ != nullptr) host_->deallocate(room_, room_bytes_);
   room_ = room;
   room_bytes_ = total;
+  if (host_->kind() != MemoryKind::kNone) {
+    region_ = HostRegion(Category::kActivation, total, "checkpoint_room");
+  }
   slot_bytes_ = each;
   slots_.clear();
   for (int i : want) slots_.emplace_back().x = i;

@@ -37,6 +37,7 @@
 #include "core/layer.h"
 #include "memory/provider.h"
 #include "memory/stream.h"
+#include "profiler/host_region.h"
 
 namespace memfit {
 
@@ -66,7 +67,7 @@ class ActivationStash {
   // device tensor is dropped, every slot is empty. The host room stays.
   void reset(LayerContext& ctx) noexcept;
 
-  std::size_t host_bytes() const { return room_bytes_; }  // pinned bytes held
+  std::size_t host_bytes() const { return room_bytes_; }  // pinned bytes held (activation)
   bool idle() const;                                      // no slot holds a checkpoint
   std::int64_t puts() const { return puts_; }
   std::int64_t fetches() const { return fetches_; }  // host -> device copies
@@ -93,6 +94,7 @@ class ActivationStash {
   std::vector<Slot> slots_;
   void* room_ = nullptr;
   std::size_t room_bytes_ = 0;
+  HostRegion region_;           // the room, for the profiler (none over a NullProvider)
   std::size_t slot_bytes_ = 0;  // each slot's room
   int latest_ = -1;             // the slot in kOut, -1: none
   std::int64_t puts_ = 0, fetches_ = 0;

@@ -26,6 +26,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "policies/offload_grad_ring.h"
+#include "profiler/host_region.h"
 #include "profiler/scoped_range.h"
 
 namespace memfit {
@@ -84,6 +85,8 @@ struct OffloadOptimizer::Impl {
   std::size_t total = 0;  // elements
   void* slab = nullptr;
   std::size_t slab_bytes = 0;
+  CategoryBytes slab_by_category{};
+  std::vector<HostRegion> regions;  // the slab's parts, for the profiler (not dry)
   float* master = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
@@ -114,6 +117,7 @@ struct OffloadOptimizer::Impl {
       s.p->host_master = Tensor();
       s.p->host_weight = Tensor();
     }
+    regions.clear();
     if (slab != nullptr) host->deallocate(slab, slab_bytes);
   }
 
@@ -346,6 +350,17 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
     m.grad = reinterpret_cast<float*>(base + 3 * f32_region);
     m.stage = base + 4 * f32_region;
     if (!m.dry) std::memset(m.exp_avg, 0, 2 * f32_region);  // moments start at 0 (and grads)
+    // ZeRO's accounting: FP32 masters and moments are optimizer state.
+    m.slab_by_category[category_index(Category::kOptimizerState)] = 3 * f32_region;
+    m.slab_by_category[category_index(Category::kGradient)] = f32_region;
+    m.slab_by_category[category_index(Category::kParameter)] = m.slab_bytes - 4 * f32_region;
+    if (!m.dry) {
+      m.regions.emplace_back(Category::kOptimizerState, f32_region, "fp32_masters");
+      m.regions.emplace_back(Category::kOptimizerState, 2 * f32_region, "adam_moments");
+      m.regions.emplace_back(Category::kGradient, f32_region, "gradients");
+      m.regions.emplace_back(Category::kParameter, m.slab_bytes - 4 * f32_region,
+                             "weight_staging");
+    }
   }
   m.be = &ctx.backend;
   m.copy = ctx.backend.create_stream();
@@ -576,7 +591,7 @@ void OffloadOptimizer::set_lr(double lr) {
   impl_->options.adamw = o;
 }
 
-std::size_t OffloadOptimizer::host_bytes() const { return impl_->slab_bytes; }
+CategoryBytes OffloadOptimizer::host_by_category() const { return impl_->slab_by_category; }
 
 OffloadOptimizer::Timing OffloadOptimizer::last_timing() const { return impl_->timing; }
 

@@ -47,7 +47,7 @@
 // Dry runs: over a host provider of MemoryKind::kNone (NullProvider) the slab is an address
 // range only, so the optimizer makes the same allocations, copies and events on the (meta)
 // backend but never reads or writes host memory: no moment zeroing, no widening of masters, no
-// CPU AdamW. host_bytes() is then what a real run would pin.
+// CPU AdamW. host_by_category() is then what a real run would pin.
 #pragma once
 
 #include <cstdint>
@@ -129,7 +129,9 @@ class OffloadOptimizer final : public Optimizer {
   const AdamWOptions& options() const override;
   void set_lr(double lr) override;
 
-  std::size_t host_bytes() const override;  // pinned bytes held
+  // Pinned bytes held: masters and moments (optimizer state), gradients, and the staged
+  // weights (parameter). Each part is a HostRegion (profiler/host_region.h) unless dry.
+  CategoryBytes host_by_category() const override;
   // Seconds the last step() spent waiting for gradient copies, in CPU AdamW, and copying
   // weights back (measured on the host clock): what the overlap hides shows as a small wait.
   struct Timing {

@@ -26,7 +26,7 @@ constexpr const char* kValidKeys =
     "activation_dtype, checkpoint, schedule, offload, ranks, zero_stage, predicted, why";
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
-    "category_peaks, host_pinned_bytes, step_seconds, tokens_per_second";
+    "category_peaks, host_pinned_bytes, host_pinned_by_category, step_seconds, tokens_per_second";
 constexpr const char* kValidOffload = "optimizer, gradients, weights, activations, delayed_update";
 
 std::string at(const std::string& source, const YAML::Mark& m) {
@@ -241,6 +241,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
           have_cached = true;
         } else if (k == "host_pinned_bytes") {
           pk.host_pinned = bytes(src, pv, full);
+        } else if (k == "host_pinned_by_category") {
+          read_categories(src, pv, full, pk.host_at_peak);
         } else if (k == "step_seconds") {
           p.predicted.step_seconds = number(src, pv, full);
         } else if (k == "tokens_per_second") {
@@ -275,6 +277,12 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
            std::to_string(cached) + " + the peak_by_category bytes (" +
                std::to_string(pk.allocated_at_peak) + ") is not peak_reserved_bytes (" +
                std::to_string(pk.reserved) + "); valid: the two add up");
+    }
+    const std::size_t host = total_bytes(pk.host_at_peak);
+    if (host != 0 && host != pk.host_pinned) {
+      fail(src, root["predicted"], "predicted.host_pinned_by_category",
+           "its bytes add up to " + std::to_string(host) + ", not host_pinned_bytes (" +
+               std::to_string(pk.host_pinned) + "); valid: the same total");
     }
   }
   // Cross-checks, each pointing at the key that contradicts the others.
@@ -342,6 +350,7 @@ nlohmann::ordered_json peaks_value(const PeakFigures& pk) {
   j["cached_bytes_at_peak"] = pk.cached();
   j["category_peaks"] = cats(pk.category_peaks);
   j["host_pinned_bytes"] = pk.host_pinned;
+  j["host_pinned_by_category"] = cats(pk.host_at_peak);
   return j;
 }
 

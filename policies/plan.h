@@ -15,7 +15,8 @@
 // ranks, zero_stage, predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
 // (bytes by category at the reserved peak), cached_bytes_at_peak (reserved, not allocated,
 // then: the two add up to peak_reserved_bytes), category_peaks (each category's own peak),
-// host_pinned_bytes, step_seconds, tokens_per_second}, why.
+// host_pinned_bytes, host_pinned_by_category (those bytes by category: they add up to
+// host_pinned_bytes), step_seconds, tokens_per_second}, why.
 // Also read, as earlier versions wrote them: `offload: true|false` (the optimizer switch),
 // a top-level `delayed_update`, and an op list in `checkpoint` (read as ops).
 // Reading validates everything (ConfigError naming file, line and key).
@@ -73,8 +74,8 @@ struct Plan {
 
 // PeakFigures as a JSON object, with the names a plan's `predicted` map uses
 // (peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak,
-// category_peaks, host_pinned_bytes; categories without bytes left out): the one writer, for
-// `memfit train --summary-json` too.
+// category_peaks, host_pinned_bytes, host_pinned_by_category; categories without bytes left
+// out): the one writer, for `memfit train --summary-json` too.
 std::string peaks_json(const PeakFigures& p);
 
 }  // namespace memfit

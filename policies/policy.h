@@ -18,8 +18,8 @@
 // "optimal"; one a user wrote is named "ops"). Its text forms, for flags and plan files:
 // name() ("none", "every:2", "optimal", "ops") and, for explicit schedules, ops_text()
 // (Schedule::str()). Offload is a set of switches, each one a field: the optimizer's FP32
-// masters and Adam moments, and on top of it the FP32 gradients and the working weights
-// (checkpointed activations come next).
+// masters and Adam moments, and on top of it the FP32 gradients and the working weights; and,
+// on their own, the checkpointed activations.
 #pragma once
 
 #include <cstdint>

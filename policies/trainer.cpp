@@ -161,8 +161,10 @@ Trainer::~Trainer() {
 
 std::int64_t Trainer::steps() const { return optimizer_->steps(); }
 
-std::size_t Trainer::host_bytes() const {
-  return optimizer_->host_bytes() + (stash_ ? stash_->host_bytes() : 0);
+CategoryBytes Trainer::host_by_category() const {
+  CategoryBytes b = optimizer_->host_by_category();
+  if (stash_) b[category_index(Category::kActivation)] += stash_->host_bytes();
+  return b;
 }
 
 void Trainer::set_repeat_check(RepeatCheck check) {
@@ -323,7 +325,8 @@ StepResult Trainer::step(const Batch& batch) {
   r.tokens = rows;
   r.micro_batches = static_cast<std::int64_t>(sizes.size());
   r.peaks = PeakFigures::of(ctx_.alloc.stats());
-  r.peaks.host_pinned = host_bytes();
+  r.peaks.host_at_peak = host_by_category();
+  r.peaks.host_pinned = total_bytes(r.peaks.host_at_peak);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -116,8 +116,10 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   const Schedule& schedule() const { return schedule_; }
   LayerContext& context() { return ctx_; }
-  std::size_t host_bytes() const;  // pinned host bytes offload holds: the optimizer's slab and
-                                   // the checkpoints' room (0 without offload)
+  // Pinned host bytes offload holds, by category: the optimizer's slab (optimizer state,
+  // gradients, parameters) and the checkpoints' room (activations); none without offload.
+  CategoryBytes host_by_category() const;
+  std::size_t host_bytes() const { return total_bytes(host_by_category()); }
 
   // What a model trained under `policy` needs on the device: no masters with optimizer
   // offload, no gradients with gradient offload. Build the model with it (RunSetup and dry

@@ -1,5 +1,6 @@
 // report.html: one self-contained page (no scripts, no external resources): an inline SVG
-// stacked-area chart of bytes by category over time with the peak marked, then tables (the
+// stacked-area chart of bytes by category over time with the peak marked, offload's pinned host
+// bytes by category on the same time axis (when there are any), then tables (the
 // peak by category and by block, plan vs measured, GPU activity, the allocator's stats).
 // Every name that reaches the page passes through escape(): block and tag names come from
 // users' specs and must stay text.
@@ -20,7 +21,7 @@ namespace {
 // Long timelines are reduced to the lowest and highest allocated sample of each of this many
 // buckets (so the chart keeps both the peak and the troughs), bounding the page's size.
 constexpr std::size_t kBuckets = 600;
-constexpr double kWidth = 960, kHeight = 360;
+constexpr double kWidth = 960, kHeight = 360, kHostHeight = 220;
 constexpr double kLeft = 90, kRight = 20, kTop = 20, kBottom = 40;
 constexpr std::size_t kTopKernels = 10;
 
@@ -123,42 +124,49 @@ std::vector<Sample> samples(const Recording& rec) {
   return out;
 }
 
+// Host pinned memory (profiler/host_region.h) as chart points: the host base, then each
+// region's coming or going. Regions are few: no bucketing.
+std::vector<Sample> host_samples(const Recording& rec, std::int64_t t_begin) {
+  std::vector<Sample> out;
+  out.push_back({t_begin, rec.host_base, total_bytes(rec.host_base), 0});
+  for (const HostRegionEvent& e : rec.host_events) {
+    out.push_back({std::max(t_begin, e.time_ns), e.after, total_bytes(e.after), 0});
+  }
+  return out;
+}
+
 class Chart {
  public:
-  Chart(std::int64_t t_begin, std::int64_t t_end, std::size_t y_max)
+  Chart(std::int64_t t_begin, std::int64_t t_end, std::size_t y_max, double height)
       : t_begin_(t_begin),
         t_span_(std::max<std::int64_t>(1, t_end - t_begin)),
-        y_max_(static_cast<double>(std::max<std::size_t>(1, y_max))) {}
+        y_max_(static_cast<double>(std::max<std::size_t>(1, y_max))),
+        height_(height) {}
   double x(std::int64_t t) const {
     return kLeft + (kWidth - kLeft - kRight) * static_cast<double>(t - t_begin_) /
                        static_cast<double>(t_span_);
   }
   double y(std::size_t v) const {
-    return kTop + (kHeight - kTop - kBottom) * (1.0 - static_cast<double>(v) / y_max_);
+    return kTop + (height_ - kTop - kBottom) * (1.0 - static_cast<double>(v) / y_max_);
   }
   double y_max() const { return y_max_; }
+  double height() const { return height_; }
 
  private:
   std::int64_t t_begin_, t_span_;
-  double y_max_;
+  double y_max_, height_;
 };
 
 std::string point(double x, double y) { return fmt("%.1f", x) + "," + fmt("%.1f", y) + " "; }
 
-std::string svg_chart(const ProfileReport& r) {
-  const Recording& rec = r.recording;
-  const std::vector<Sample> pts = samples(rec);
-  const std::int64_t t_begin = pts.front().t_ns;
-  const std::int64_t t_end = std::max(rec.end_ns, pts.back().t_ns);
-  std::size_t y_max = std::max(rec.peak_reserved, rec.peak.allocated);
-  for (const Sample& s : pts) y_max = std::max({y_max, s.reserved, s.allocated});
-  const Chart c(t_begin, t_end, y_max + y_max / 20);
-
+// The <svg> opening tag, the grid, the byte ticks and the time ticks (ms since the start).
+std::string svg_frame(const Chart& c, const char* id, const char* label, std::int64_t t_begin,
+                      std::int64_t t_end, std::int64_t start_ns) {
   std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline\" width=\"" + fmt("%.0f", kWidth) +
-       "\" height=\"" + fmt("%.0f", kHeight) + "\" viewBox=\"0 0 " + fmt("%.0f", kWidth) + " " +
-       fmt("%.0f", kHeight) + "\" role=\"img\" aria-label=\"bytes by category over time\">\n";
-  // Axes and ticks.
+  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"" + std::string(id) + "\" width=\"" +
+       fmt("%.0f", kWidth) + "\" height=\"" + fmt("%.0f", c.height()) + "\" viewBox=\"0 0 " +
+       fmt("%.0f", kWidth) + " " + fmt("%.0f", c.height()) + "\" role=\"img\" aria-label=\"" +
+       label + "\">\n";
   for (int i = 0; i <= 4; ++i) {
     const auto v = static_cast<std::size_t>(c.y_max() * i / 4);
     const double yy = c.y(v);
@@ -168,12 +176,16 @@ std::string svg_chart(const ProfileReport& r) {
          "\" text-anchor=\"end\">" + escape(format_bytes(v)) + "</text>\n";
     const std::int64_t t = t_begin + (t_end - t_begin) * i / 4;
     o += "<text class=\"tick\" x=\"" + fmt("%.1f", c.x(t)) + "\" y=\"" +
-         fmt("%.1f", kHeight - kBottom + 16) + "\" text-anchor=\"middle\">" +
-         fmt("%.1f", static_cast<double>(t - rec.start_ns) / 1e6) + " ms</text>\n";
+         fmt("%.1f", c.height() - kBottom + 16) + "\" text-anchor=\"middle\">" +
+         fmt("%.1f", static_cast<double>(t - start_ns) / 1e6) + " ms</text>\n";
   }
+  return o;
+}
 
-  // One polygon per category, stacked in category order, as steps (a state holds until the
-  // next event).
+// One polygon per category, stacked in category order, as steps (a state holds until the
+// next sample).
+std::string stacked_areas(const std::vector<Sample>& pts, const Chart& c, std::int64_t t_end) {
+  std::string o;
   std::vector<std::size_t> below(pts.size(), 0);
   for (std::size_t cat = 0; cat < kCategoryCount; ++cat) {
     bool any = false;
@@ -197,6 +209,28 @@ std::string svg_chart(const ProfileReport& r) {
     o += "<polygon class=\"area\" fill=\"" + std::string(kColors[cat]) + "\" points=\"" + top +
          bottom + "\"><title>" + escape(name) + "</title></polygon>\n";
   }
+  return o;
+}
+
+// The device chart's time span, which the host chart shares so the two line up.
+struct Span {
+  std::int64_t begin, end;
+};
+Span time_span(const Recording& rec, const std::vector<Sample>& pts) {
+  return {pts.front().t_ns, std::max(rec.end_ns, pts.back().t_ns)};
+}
+
+std::string svg_chart(const ProfileReport& r) {
+  const Recording& rec = r.recording;
+  const std::vector<Sample> pts = samples(rec);
+  const auto [t_begin, t_end] = time_span(rec, pts);
+  std::size_t y_max = std::max(rec.peak_reserved, rec.peak.allocated);
+  for (const Sample& s : pts) y_max = std::max({y_max, s.reserved, s.allocated});
+  const Chart c(t_begin, t_end, y_max + y_max / 20, kHeight);
+
+  std::string o =
+      svg_frame(c, "timeline", "bytes by category over time", t_begin, t_end, rec.start_ns);
+  o += stacked_areas(pts, c, t_end);
 
   std::string reserved;
   for (std::size_t i = 0; i < pts.size(); ++i) {
@@ -218,6 +252,21 @@ std::string svg_chart(const ProfileReport& r) {
        "\">peak " + escape(format_bytes(rec.peak.allocated)) +
        " allocated: " + phase_label(rec.peak.phase) + " / " + block_label(rec.peak.block) +
        "</text></g>\n";
+  o += "</svg>\n";
+  return o;
+}
+
+bool has_host(const Recording& rec) { return rec.host_peak > 0 || !rec.host_events.empty(); }
+
+// Pinned host memory by category over the device chart's time span.
+std::string svg_host_chart(const ProfileReport& r) {
+  const Recording& rec = r.recording;
+  const auto [t_begin, t_end] = time_span(rec, samples(rec));
+  const std::vector<Sample> pts = host_samples(rec, t_begin);
+  const Chart c(t_begin, t_end, rec.host_peak + rec.host_peak / 20, kHostHeight);
+  std::string o = svg_frame(c, "host_timeline", "pinned host bytes by category over time",
+                            t_begin, t_end, rec.start_ns);
+  o += stacked_areas(pts, c, t_end);
   o += "</svg>\n";
   return o;
 }
@@ -327,6 +376,21 @@ std::string report_html(const ProfileReport& r) {
          escape(category_name(static_cast<Category>(c)));
   }
   o += "</p>\n";
+  if (has_host(rec)) {
+    o += "<h2>Pinned host memory over time</h2>\n<p>Offload's pinned host bytes stacked by "
+         "category, on the same time axis; peak <b>" +
+         escape(format_bytes(rec.host_peak)) + "</b>";
+    if (r.plan.present && r.plan.predicted_host_pinned > 0) {
+      o += " (predicted " + escape(format_bytes(r.plan.predicted_host_pinned)) + ")";
+    }
+    o += ".</p>\n" + svg_host_chart(r) + "<table>\n" + head({"category", "at the host peak"});
+    for (std::size_t c = 0; c < kCategoryCount; ++c) {
+      if (rec.host_at_peak[c] == 0) continue;
+      o += row({escape(category_name(static_cast<Category>(c))),
+                escape(format_bytes(rec.host_at_peak[c]))});
+    }
+    o += "</table>\n";
+  }
 
   o += "<h2>At the peak</h2>\n<p>" +
        fmt("%.3f", static_cast<double>(rec.peak.time_ns - rec.start_ns) / 1e6) + " ms; phase " +
@@ -357,8 +421,13 @@ std::string report_html(const ProfileReport& r) {
               ratio(rec.peak_reserved, r.plan.predicted_peak_reserved)}) +
          row({"peak allocated", escape(format_bytes(r.plan.predicted_peak_allocated)),
               escape(format_bytes(rec.peak.allocated)),
-              ratio(rec.peak.allocated, r.plan.predicted_peak_allocated)}) +
-         "</table>\n";
+              ratio(rec.peak.allocated, r.plan.predicted_peak_allocated)});
+    if (r.plan.predicted_host_pinned > 0 || has_host(rec)) {
+      o += row({"pinned host", escape(format_bytes(r.plan.predicted_host_pinned)),
+                escape(format_bytes(rec.host_peak)),
+                ratio(rec.host_peak, r.plan.predicted_host_pinned)});
+    }
+    o += "</table>\n";
   } else {
     o += "<p>No plan was given: a plan, or a budget to dry-run the policies against, gives one to "
          "compare.</p>\n";

@@ -60,6 +60,13 @@ std::string summary_json(const ProfileReport& r) {
               {"reserved_bytes", rec.current_reserved},
               {"by_category", by_category(rec.current_by_category)}};
 
+  // Offload's pinned host memory (profiler/host_region.h), exact over the whole recording.
+  j["host_pinned"] = {{"peak_bytes", rec.host_peak},
+                      {"peak_time_ms", ms_since(rec.host_peak_ns, rec.start_ns)},
+                      {"peak_by_category", by_category(rec.host_at_peak)},
+                      {"end_bytes", total_bytes(rec.host_current)},
+                      {"end_by_category", by_category(rec.host_current)}};
+
   if (r.plan.present) {
     json p;
     p["description"] = r.plan.description;
@@ -67,6 +74,8 @@ std::string summary_json(const ProfileReport& r) {
     p["predicted_peak_allocated_bytes"] = r.plan.predicted_peak_allocated;
     p["measured_peak_reserved_bytes"] = rec.peak_reserved;
     p["measured_peak_allocated_bytes"] = rec.peak.allocated;
+    p["predicted_host_pinned_bytes"] = r.plan.predicted_host_pinned;
+    p["measured_host_pinned_bytes"] = rec.host_peak;
     // measured / predicted; null when nothing was predicted (a ratio against 0 means nothing).
     p["reserved_ratio"] = r.plan.predicted_peak_reserved > 0
                               ? json(static_cast<double>(rec.peak_reserved) /
@@ -84,6 +93,7 @@ std::string summary_json(const ProfileReport& r) {
   j["gpu_activities"] = r.gpu.size();
   j["dropped"] = {{"events", rec.dropped_events},
                   {"ranges", rec.dropped_ranges},
+                  {"host_events", rec.dropped_host_events},
                   {"gpu_records", r.gpu_dropped}};
   j["alloc_conf"] = r.config.to_string();
   j["allocator_stats"] = r.stats.as_map();

@@ -1,7 +1,8 @@
 // trace.json in the Chrome trace event format (the "JSON Array/Object Format" that Perfetto and
 // chrome://tracing import): ts and dur in microseconds, relative to the recording's start.
 //   pid 1 "memfit host": one thread per thread that opened ranges ("X" per range), counters
-//         ("C") for each category and for allocated/reserved, instant events for OOMs
+//         ("C") for each category and for allocated/reserved, instant events for OOMs, and a
+//         "pinned host" counter with one series per category (offload's host memory)
 //   pid 2 "GPU (CUPTI)": one thread per CUDA stream, "X" per kernel/copy/memset/malloc/free/marker
 #include <algorithm>
 #include <cstdio>
@@ -127,6 +128,24 @@ std::string trace_json(const ProfileReport& r) {
                           {"tag", std::string(interned_name(e.tag))},
                           {"phase", std::string(interned_name(e.phase))},
                           {"block", std::string(interned_name(e.block))}}}});
+    }
+  }
+
+  // Offload's pinned host memory: one counter whose series are the categories (the trace
+  // viewers stack them), at the start and after each region's change.
+  if (rec.host_peak > 0 || !rec.host_events.empty()) {
+    const auto host_counter = [&](double ts, const CategoryBytes& b) {
+      json args = json::object();
+      for (std::size_t c = 0; c < kCategoryCount; ++c) {
+        if (b[c] > 0) args[category_name(static_cast<Category>(c))] = b[c];
+      }
+      if (args.empty()) args["total"] = 0;
+      return json{{"ph", "C"}, {"name", "pinned host"}, {"pid", kHostPid},
+                  {"tid", 0},  {"ts", ts},              {"args", std::move(args)}};
+    };
+    events.push_back(host_counter(0.0, rec.host_base));
+    for (const HostRegionEvent& e : rec.host_events) {
+      events.push_back(host_counter(std::max(0.0, us(e.time_ns, rec.start_ns)), e.after));
     }
   }
 

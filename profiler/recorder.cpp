@@ -43,6 +43,7 @@ class Ring {
     out.insert(out.end(), items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
     return out;
   }
+  bool empty() const { return items_.empty(); }
   void clear() {
     items_.clear();
     head_ = 0;
@@ -97,11 +98,13 @@ struct OpenRange {
 }  // namespace
 
 struct Recorder::State {
-  explicit State(const RecorderOptions& o) : events(o.capacity), ranges(o.range_capacity) {}
+  explicit State(const RecorderOptions& o)
+      : events(o.capacity), ranges(o.range_capacity), host_events(o.range_capacity) {}
 
   mutable std::mutex mu;
   ListenerId alloc_listener = 0;
   std::uint64_t range_listener = 0;
+  std::uint64_t host_listener = 0;
   bool stopped = false;
 
   std::int64_t start_ns = 0;
@@ -120,6 +123,12 @@ struct Recorder::State {
   std::size_t allocated = 0, reserved = 0;
   std::unordered_map<std::uintptr_t, std::uint32_t> live;     // block by address
   std::unordered_map<std::uint32_t, std::size_t> block_live;  // bytes by block
+
+  Ring<HostRegionEvent> host_events;
+  std::uint64_t dropped_host_events = 0;
+  CategoryBytes host_base{}, host{}, host_at_peak{};
+  std::size_t host_peak = 0;
+  std::int64_t host_peak_ns = 0;
 
   PeakInfo peak;  // blocks unsorted until recording()
   std::size_t peak_reserved = 0;
@@ -150,11 +159,33 @@ struct Recorder::State {
     const PhaseContext ctx = current_phase();  // the calling thread's, the best guess we have
     take_peak(t, ctx.phase, ctx.block);
     peak_reserved = reserved;
+    host_events.clear();
+    dropped_host_events = 0;
+    host_base = host_at_peak = host;
+    host_peak = total_bytes(host);
+    host_peak_ns = t;
   }
 
   void on_event(const AllocatorEvent& e);
   void on_range(const RangeEvent& e);
+  void on_host(const HostRegionEvent& e);
 };
+
+void Recorder::State::on_host(const HostRegionEvent& e) {
+  std::lock_guard lock(mu);
+  if (stopped) return;
+  host = e.after;
+  if (total_bytes(host) > host_peak) {
+    host_peak = total_bytes(host);
+    host_peak_ns = e.time_ns;
+    host_at_peak = host;
+  }
+  HostRegionEvent old;
+  if (host_events.push(e, &old)) {
+    ++dropped_host_events;
+    host_base = old.after;
+  }
+}
 
 void Recorder::State::on_event(const AllocatorEvent& e) {
   const PhaseContext ctx = current_phase();  // the thread that caused the event
@@ -295,6 +326,30 @@ Recorder::Recorder(CachingAllocator& alloc, RecorderOptions options) : alloc_(&a
     alloc.remove_listener(s.alloc_listener);
     throw;
   }
+  try {
+    CategoryBytes live{};
+    s.host_listener = add_host_region_listener(
+        [sp](const HostRegionEvent& e) {
+          try {
+            sp->on_host(e);
+          } catch (...) {
+            std::lock_guard lock(sp->mu);
+            ++sp->listener_failures;
+          }
+        },
+        &live);
+    // Regions the listener heard already count from here on: on_host keeps the newest state.
+    std::lock_guard lock(s.mu);
+    s.host_base = live;
+    if (s.host_events.empty()) {
+      s.host = s.host_at_peak = live;
+      s.host_peak = total_bytes(live);
+    }
+  } catch (...) {
+    alloc.remove_listener(s.alloc_listener);
+    remove_range_listener(s.range_listener);
+    throw;
+  }
 }
 
 Recorder::~Recorder() { stop(); }
@@ -309,6 +364,7 @@ void Recorder::stop() {
   // Both removals wait for calls in flight, so nothing touches the state after they return.
   alloc_->remove_listener(state_->alloc_listener);
   remove_range_listener(state_->range_listener);
+  remove_host_region_listener(state_->host_listener);
 }
 
 Recording Recorder::recording() const {
@@ -346,6 +402,13 @@ Recording Recorder::recording() const {
   r.current_allocated = s.allocated;
   r.current_reserved = s.reserved;
   r.listener_failures = s.listener_failures;
+  r.host_events = s.host_events.in_order();
+  r.dropped_host_events = s.dropped_host_events;
+  r.host_base = s.host_base;
+  r.host_peak = s.host_peak;
+  r.host_peak_ns = s.host_peak_ns;
+  r.host_at_peak = s.host_at_peak;
+  r.host_current = s.host;
   return r;
 }
 

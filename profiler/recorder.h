@@ -24,6 +24,10 @@
 // allocated_bytes / reserved_bytes; figures start from the allocator's stats at construction
 // (blocks live before the Recorder existed count, in category and block 0, as "before").
 //
+// - Pinned host memory by category (profiler/host_region.h): each region's coming and going, in
+//   a ring of `range_capacity` (regions are a handful per run), its peak and its state now;
+//   regions live when the Recorder started are its host base.
+//
 // Cost: one ring-buffer write and two hash-map operations per event under the recorder's own
 // mutex (bench/recorder_overhead_bench measures it against a training step: target <= 5%).
 // Thread-safe. The allocator must outlive the Recorder (or stop() must have been called).
@@ -38,6 +42,7 @@
 #include "memory/allocator_event.h"
 #include "memory/caching_allocator.h"
 #include "memory/category.h"
+#include "profiler/host_region.h"
 #include "profiler/scoped_range.h"
 
 namespace memfit {
@@ -46,8 +51,6 @@ struct RecorderOptions {
   std::size_t capacity = std::size_t{1} << 20;      // allocator events kept (>= 1)
   std::size_t range_capacity = std::size_t{1} << 16;  // closed ranges kept (>= 1)
 };
-
-using CategoryBytes = std::array<std::size_t, kCategoryCount>;
 
 struct TimelineEvent {
   std::int64_t time_ns = 0;
@@ -105,6 +108,16 @@ struct Recording {
   // Events or ranges a listener failed to store (out of host memory): the totals and the peak
   // stay exact, the replay from base and the per-block figures may not. 0 in practice.
   std::uint64_t listener_failures = 0;
+
+  // Pinned host memory, by category: host_events[i].after is the state after event i, from
+  // host_base (the state before host_events.front(); dropped events fold into it).
+  std::vector<HostRegionEvent> host_events;
+  std::uint64_t dropped_host_events = 0;
+  CategoryBytes host_base{};
+  std::size_t host_peak = 0;      // the most pinned at once
+  std::int64_t host_peak_ns = 0;  // when it was first reached
+  CategoryBytes host_at_peak{};   // by category then
+  CategoryBytes host_current{};
 
   // by_category after events[i], replayed from base (O(i)); exporters walk events in order
   // instead and keep a running sum.

@@ -9,17 +9,23 @@
 //
 // Formats and files (one each, in `dir`):
 //   summary  summary.json   peaks, bytes by category / phase / block at the peak, top blocks,
-//                           plan vs measured, dropped counts, allocator stats, and
+//                           pinned host bytes (peak and end, by category), plan vs measured,
+//                           dropped counts, allocator stats, and
 //                           "see_memory_usage": one line in DeepSpeed's style
 //                           ("MA 1.2 GB Max_MA 2.3 GB CA 2.5 GB Max_CA 3 GB")
-//   csv      timeline.csv   one row per kept event: time_ms, one column per category (bytes),
-//                           allocated, reserved, phase, block
+//   csv      timeline.csv   one row per kept event (allocator events and pinned host regions'
+//                           changes, in time order): time_ms, one column per category (bytes),
+//                           allocated, reserved, host_<category> and host_pinned, phase, block
 //   trace    trace.json     Chrome trace event format (Perfetto, chrome://tracing): metadata
 //                           (process/thread names), "X" events for ranges, "C" counters for
-//                           each category and for allocated/reserved, GPU activities
-//   pickle   snapshot.pickle  PyTorch memory_viz snapshot, pickle protocol 2 (export_pickle.cpp)
+//                           each category and for allocated/reserved, a "pinned host" counter
+//                           by category, GPU activities
+//   pickle   snapshot.pickle  PyTorch memory_viz snapshot, pickle protocol 2 (export_pickle.cpp);
+//                           device memory only (memory_viz has no place for host memory)
 //   html     report.html    self-contained page: SVG stacked-area timeline by category with the
-//                           peak marked, per-block table, plan vs measured, allocator stats
+//                           peak marked, pinned host bytes by category on the same time axis,
+//                           per-block table, plan vs measured, allocator stats
+// Pinned host memory is offload's (profiler/host_region.h), as the Recording has it.
 // Every file is written to "<name>.tmp.<pid>" in `dir` and renamed into place, so a failure
 // leaves no partial file and never truncates an earlier report (profiler/atomic_file.h).
 //
@@ -63,6 +69,7 @@ struct PlanFigures {
   bool present = false;
   std::size_t predicted_peak_reserved = 0;
   std::size_t predicted_peak_allocated = 0;
+  std::size_t predicted_host_pinned = 0;  // offload's pinned host bytes (0: none)
   std::string description;  // "bf16, checkpoint every:2, micro-batch 4 x 4, offload"
 };
 

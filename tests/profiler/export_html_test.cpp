@@ -124,5 +124,37 @@ TEST(ReportHtml, LongTimelinesAreDownsampledKeepingThePeak) {
   EXPECT_NEAR(min_y, y_peak, 1.5);
 }
 
+// Pinned host memory gets its own chart on the device chart's time axis, with its peak by
+// category and against the plan; a run without offload shows none.
+TEST(ReportHtml, PinnedHostMemoryHasItsOwnChartOnlyWhenThereIsSome) {
+  ProfileReport none = sample_report();
+  EXPECT_EQ(report_html(none).find("host_timeline"), std::string::npos);
+
+  RecordingBuilder b;
+  b.segment_alloc(0x10000, 1 << 20)
+      .alloc(0x10000, 4096, Category::kParameter)
+      .host(Category::kOptimizerState, 3 << 20)
+      .host(Category::kGradient, 1 << 20)
+      .host(Category::kActivation, 512 << 10);
+  ProfileReport r;
+  r.recording = b.build();
+  r.plan.present = true;
+  r.plan.description = "offload all";
+  r.plan.predicted_host_pinned = (4 << 20) + (512 << 10);
+  const std::string html = report_html(r);
+  EXPECT_EQ(html_balance_error(html), "");
+  const std::size_t chart = html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"host_timeline\"");
+  ASSERT_NE(chart, std::string::npos);
+  const std::string svg = html.substr(chart, html.find("</svg>", chart) - chart);
+  for (const char* name : {"optimizer_state", "gradient", "activation"}) {
+    EXPECT_NE(svg.find("<title>" + std::string(name) + "</title>"), std::string::npos) << name;
+  }
+  EXPECT_EQ(svg.find("<title>parameter</title>"), std::string::npos);  // none on the host
+  EXPECT_NE(html.find("<td>gradient</td><td>" + format_bytes(1 << 20) + "</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("<td>pinned host</td>"), std::string::npos);
+  EXPECT_NE(html.find("<td>1.000</td>"), std::string::npos);  // measured / predicted host
+}
+
 }  // namespace
 }  // namespace memfit

@@ -88,5 +88,28 @@ TEST(SummaryJson, InvalidUtf8InANameStillGivesValidJson) {
   EXPECT_TRUE(j["peak"]["block"].is_string());
 }
 
+// Offload's pinned host regions: the peak, when, by category, and what is left at the end.
+TEST(SummaryJson, PinnedHostPeakAndEndByCategory) {
+  exporttest::RecordingBuilder b;
+  b.segment_alloc(0x10000, 1 << 20)
+      .host(Category::kOptimizerState, 3000)
+      .host(Category::kActivation, 700)
+      .host(Category::kActivation, 700, false);
+  ProfileReport r;
+  r.recording = b.build();
+  r.plan.present = true;
+  r.plan.predicted_host_pinned = 3700;
+  const json j = json::parse(summary_json(r));
+  const json& h = j["host_pinned"];
+  EXPECT_EQ(h["peak_bytes"].get<std::size_t>(), 3700u);
+  EXPECT_EQ(h["peak_by_category"]["optimizer_state"].get<std::size_t>(), 3000u);
+  EXPECT_EQ(h["peak_by_category"]["activation"].get<std::size_t>(), 700u);
+  EXPECT_EQ(h["end_bytes"].get<std::size_t>(), 3000u);
+  EXPECT_EQ(h["end_by_category"]["activation"].get<std::size_t>(), 0u);
+  EXPECT_GT(h["peak_time_ms"].get<double>(), 0.0);
+  EXPECT_EQ(j["plan"]["predicted_host_pinned_bytes"].get<std::size_t>(), 3700u);
+  EXPECT_EQ(j["plan"]["measured_host_pinned_bytes"].get<std::size_t>(), 3700u);
+}
+
 }  // namespace
 }  // namespace memfit

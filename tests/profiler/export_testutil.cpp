@@ -107,6 +107,20 @@ RecordingBuilder& RecordingBuilder::range(RangeKind kind, const std::string& nam
   return *this;
 }
 
+RecordingBuilder& RecordingBuilder::host(Category c, std::size_t bytes, bool pinned) {
+  now_ += 10;
+  CategoryBytes& after = rec_.host_current;
+  std::size_t& b = after[category_index(c)];
+  b = pinned ? b + bytes : b - bytes;
+  rec_.host_events.push_back({now_, pinned, c, bytes, intern_name("region"), after});
+  if (total_bytes(after) > rec_.host_peak) {
+    rec_.host_peak = total_bytes(after);
+    rec_.host_peak_ns = now_;
+    rec_.host_at_peak = after;
+  }
+  return *this;
+}
+
 Recording RecordingBuilder::build() const { return rec_; }
 
 ProfileReport sample_report(const std::string& block_name) {

@@ -24,6 +24,8 @@ class RecordingBuilder {
   RecordingBuilder& free(std::uintptr_t addr);
   RecordingBuilder& range(RangeKind kind, const std::string& name, std::int64_t begin_ns,
                           std::int64_t end_ns, std::uint64_t thread = 1, int depth = 0);
+  // A pinned host region of `bytes` appears (pinned) or goes, 10 ns after the last event.
+  RecordingBuilder& host(Category c, std::size_t bytes, bool pinned = true);
   RecordingBuilder& advance(std::int64_t ns) {
     now_ += ns;
     return *this;

@@ -141,5 +141,31 @@ TEST(TraceJson, AnOomIsAnInstantEvent) {
   EXPECT_EQ(is[0]["args"]["block"], "h1");
 }
 
+// Offload's pinned host memory is one counter whose series are the categories.
+TEST(TraceJson, PinnedHostIsACounterWithASeriesPerCategory) {
+  exporttest::RecordingBuilder b;
+  b.segment_alloc(0x10000, 1 << 20)
+      .host(Category::kOptimizerState, 3000)
+      .host(Category::kGradient, 1000)
+      .host(Category::kGradient, 1000, false);
+  ProfileReport r;
+  r.recording = b.build();
+  const json doc = json::parse(trace_json(r));
+  std::vector<json> host;
+  for (const json& c : of_phase(doc, "C")) {
+    if (c["name"] == "pinned host") host.push_back(c);
+  }
+  ASSERT_EQ(host.size(), 4u);  // the start, then each change
+  EXPECT_EQ(host[0]["args"]["total"], 0);
+  EXPECT_EQ(host[2]["args"]["gradient"], 1000);
+  EXPECT_EQ(host[2]["args"]["optimizer_state"], 3000);
+  EXPECT_FALSE(host[3]["args"].contains("gradient"));
+  EXPECT_EQ(host[3]["args"]["optimizer_state"], 3000);
+  EXPECT_GT(host[3]["ts"].get<double>(), host[1]["ts"].get<double>());
+  for (const json& c : of_phase(json::parse(trace_json(sample_report())), "C")) {
+    EXPECT_NE(c["name"], "pinned host");  // no offload, no host counter
+  }
+}
+
 }  // namespace
 }  // namespace memfit

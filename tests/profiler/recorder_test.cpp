@@ -442,5 +442,44 @@ TEST(Recorder, AnInstrumentedTrainerStepHasPhasesBlocksAndThePeaksOwn) {
   }
 }
 
+// Pinned host regions: a Recorder started before the trainer hears the optimizer's slab parts
+// and the activation stash's room, and its figures are the trainer's own; regions alive when
+// it starts are its base; the trainer's destruction takes them away.
+TEST(Recorder, HearsOffloadsPinnedHostRegionsByCategory) {
+  testing::Rig rig(/*meta=*/false);
+  LayerContext ctx = rig.ctx(DType::kBF16);
+  const CategoryBytes before = host_region_bytes();
+  Recorder rec(*rig.alloc);
+  TrainerOptions o;
+  o.policy.dtype = DType::kBF16;
+  o.policy.checkpoint = Checkpointing::every(2);
+  o.policy.offload = OffloadSwitches::parse("all");
+  Model m(testing::tiny_gpt_spec(/*layers=*/4), ctx, Trainer::placement(o.policy));
+  auto t = std::make_unique<Trainer>(m, ctx, o);
+  const StepResult s = t->step(testing::test_corpus().sequential(2, 32, 0));
+  Recording r = rec.recording();
+  EXPECT_EQ(r.host_base, before);
+  EXPECT_EQ(r.host_peak, total_bytes(before) + t->host_bytes());
+  EXPECT_EQ(s.peaks.host_pinned, t->host_bytes());
+  EXPECT_EQ(s.peaks.host_at_peak, t->host_by_category());
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    EXPECT_EQ(r.host_at_peak[c], before[c] + s.peaks.host_at_peak[c]) << c;
+  }
+  for (Category c : {Category::kOptimizerState, Category::kGradient, Category::kParameter,
+                     Category::kActivation}) {
+    EXPECT_GT(s.peaks.host_at_peak[category_index(c)], 0u) << category_name(c);
+  }
+  ASSERT_EQ(r.host_events.size(), 5u);  // masters, moments, gradients, staging; the room
+  EXPECT_EQ(r.host_events.back().category, Category::kActivation);
+  EXPECT_EQ(interned_name(r.host_events.back().tag), "checkpoint_room");
+  t.reset();
+  r = rec.recording();
+  EXPECT_EQ(r.host_current, before);
+  EXPECT_EQ(r.host_events.size(), 10u);
+  rec.clear();
+  EXPECT_TRUE(rec.recording().host_events.empty());
+  EXPECT_EQ(rec.recording().host_base, before);
+}
+
 }  // namespace
 }  // namespace memfit
