@@ -358,8 +358,7 @@ OffloadOptimizer::OffloadOptimizer(std::vector<Parameter*> params, OffloadOption
       m.regions.emplace_back(Category::kOptimizerState, f32_region, "fp32_masters");
       m.regions.emplace_back(Category::kOptimizerState, 2 * f32_region, "adam_moments");
       m.regions.emplace_back(Category::kGradient, f32_region, "gradients");
-      m.regions.emplace_back(Category::kParameter, m.slab_bytes - 4 * f32_region,
-                             "weight_staging");
+      m.regions.emplace_back(Category::kParameter, m.slab_bytes - 4 * f32_region, "weight_staging");
     }
   }
   m.be = &ctx.backend;

@@ -54,9 +54,9 @@ std::string timeline_csv(const ProfileReport& r) {
   std::size_t allocated = rec.base_allocated, reserved = rec.base_reserved;
   std::size_t i = 0, h = 0;
   while (i < rec.events.size() || h < rec.host_events.size()) {
-    const bool take_host = h < rec.host_events.size() &&
-                           (i == rec.events.size() ||
-                            rec.host_events[h].time_ns < rec.events[i].time_ns);
+    const bool take_host =
+        h < rec.host_events.size() &&
+        (i == rec.events.size() || rec.host_events[h].time_ns < rec.events[i].time_ns);
     std::int64_t t = 0;
     std::string_view phase, block;
     if (take_host) {

@@ -264,8 +264,8 @@ std::string svg_host_chart(const ProfileReport& r) {
   const auto [t_begin, t_end] = time_span(rec, samples(rec));
   const std::vector<Sample> pts = host_samples(rec, t_begin);
   const Chart c(t_begin, t_end, rec.host_peak + rec.host_peak / 20, kHostHeight);
-  std::string o = svg_frame(c, "host_timeline", "pinned host bytes by category over time",
-                            t_begin, t_end, rec.start_ns);
+  std::string o = svg_frame(c, "host_timeline", "pinned host bytes by category over time", t_begin,
+                            t_end, rec.start_ns);
   o += stacked_areas(pts, c, t_end);
   o += "</svg>\n";
   return o;

@@ -140,8 +140,8 @@ std::string trace_json(const ProfileReport& r) {
         if (b[c] > 0) args[category_name(static_cast<Category>(c))] = b[c];
       }
       if (args.empty()) args["total"] = 0;
-      return json{{"ph", "C"}, {"name", "pinned host"}, {"pid", kHostPid},
-                  {"tid", 0},  {"ts", ts},              {"args", std::move(args)}};
+      return json{{"ph", "C"}, {"name", "pinned host"},  {"pid", kHostPid}, {"tid", 0},
+                  {"ts", ts},  {"args", std::move(args)}};
     };
     events.push_back(host_counter(0.0, rec.host_base));
     for (const HostRegionEvent& e : rec.host_events) {

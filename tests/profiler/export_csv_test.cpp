@@ -50,7 +50,7 @@ TEST(TimelineCsv, HostRegionsAreRowsInTimeOrderBesideTheDevicesState) {
   EXPECT_EQ(rows[3][opt], "3000");
   EXPECT_EQ(rows[3][grad], "0");
   ASSERT_EQ(rows[4][grad], "1000");
-  EXPECT_EQ(rows[4][kHostCol + kCategoryCount], "4000");  // host_pinned
+  EXPECT_EQ(rows[4][kHostCol + kCategoryCount], "4000");            // host_pinned
   EXPECT_EQ(rows[4][kCategoryCount + 1], std::to_string(1 << 20));  // the device's allocated
   EXPECT_EQ(rows[4][kPhaseCol], "");                                // a host row: no phase
   EXPECT_EQ(rows[5][kPhaseCol], "forward");

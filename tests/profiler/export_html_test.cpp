@@ -143,7 +143,8 @@ TEST(ReportHtml, PinnedHostMemoryHasItsOwnChartOnlyWhenThereIsSome) {
   r.plan.predicted_host_pinned = (4 << 20) + (512 << 10);
   const std::string html = report_html(r);
   EXPECT_EQ(html_balance_error(html), "");
-  const std::size_t chart = html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"host_timeline\"");
+  const std::size_t chart =
+      html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"host_timeline\"");
   ASSERT_NE(chart, std::string::npos);
   const std::string svg = html.substr(chart, html.find("</svg>", chart) - chart);
   for (const char* name : {"optimizer_state", "gradient", "activation"}) {
