@@ -1,6 +1,7 @@
 // GPT-2 124M training steps on one GPU: step time, tokens/s and peak memory for f32, bf16,
 // bf16 + checkpoint all, bf16 + checkpoint all + offload (and the same with ZeRO-Offload's
-// delayed update, with gradient offload, with weight offload, and with both), at seq 1024 and
+// delayed update, with gradient offload, with weight offload, and with all four switches),
+// bf16 + checkpoint all + activation offload alone, at seq 1024 and
 // batch 8; each offload step against the on-device optimizer step at equal settings (the
 // targets: <= 1.15x with the optimizer offloaded, and <= 1.15x with its gradients too), and
 // each switch's exposed time (its step - the step without that switch).
@@ -69,6 +70,7 @@ struct Variant {
   bool delayed;
   bool grads = false;
   bool weights = false;
+  bool acts = false;  // activation offload (the checkpoints to the host and back)
 };
 
 struct Result {
@@ -109,6 +111,7 @@ Result run(const Variant& v, const ModelSpec& spec, const Batch& batch, int warm
     rs.trainer.policy.offload.delayed_update = v.delayed;
     rs.trainer.policy.offload.gradients = v.grads;
     rs.trainer.policy.offload.weights = v.weights;
+    rs.trainer.policy.offload.activations = v.acts;
     rs.trainer.adamw.lr = 3e-4;
     rs.batch = batch.batch;
     rs.seq_len = batch.seq_len;
@@ -182,7 +185,8 @@ int bench_main() {
       {"bf16+ckpt+offload+dpu", DType::kBF16, "all", true, true},
       {"bf16+ckpt+offload+grads", DType::kBF16, "all", true, false, true, false},
       {"bf16+ckpt+offload+weights", DType::kBF16, "all", true, false, false, true},
-      {"bf16+ckpt+offload+all", DType::kBF16, "all", true, false, true, true},
+      {"bf16+ckpt+acts", DType::kBF16, "all", false, false, false, false, true},
+      {"bf16+ckpt+offload+all", DType::kBF16, "all", true, false, true, true, true},
   };
   std::printf("gpu_step_bench: %s (%lld parameters), seq %lld, batch %lld on %s; median of %d "
               "steps after %d warm-up\n",
@@ -239,6 +243,10 @@ int bench_main() {
     if (std::string(n) == "bf16+ckpt+offload+grads") ratio_grads = q;
     std::printf("figure: gpt2 %s / on-device optimizer step: %.2fx, exposed over offload %.1f ms\n",
                 n, q, r->step_ms - off->step_ms);
+  }
+  if (const Result* acts = find("bf16+ckpt+acts"); dev && acts) {
+    std::printf("figure: gpt2 bf16+ckpt+acts / bf16+ckpt step: %.2fx, exposed %.1f ms\n",
+                acts->step_ms / dev->step_ms, acts->step_ms - dev->step_ms);
   }
   std::printf("gradient + optimizer offload / on-device step: %.2fx (target <= 1.15x: %s)\n",
               ratio_grads, ratio_grads > 0 && ratio_grads <= 1.15 ? "met" : "NOT met");

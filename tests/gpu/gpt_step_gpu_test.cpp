@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -404,6 +405,57 @@ TEST(GptStepGpuPolicies, GradientAndWeightOffloadAreBitIdentical) {
       if (sw.gradients) EXPECT_LT(got.grad_peak, opt.grad_peak);
       if (sw.weights) EXPECT_LT(got.param_peak, opt.param_peak);
     }
+  }
+}
+
+// Activation offload on the GPU: under checkpoint all the checkpoints go device -> pinned host
+// on the stash's copy stream after the forward that keeps them and come back one read ahead;
+// bit-identical to keeping them on the device (losses and every weight), alone and with every
+// other switch, and the device's activation peak is lower by all but two checkpoints.
+TEST(GptStepGpuPolicies, ActivationOffloadIsBitIdenticalAndMovesTheCheckpoints) {
+  MEMFIT_REQUIRE_GPU();
+  const DType dt = DType::kBF16;
+  const int n = 6;
+  const ModelSpec spec = step_spec(n);
+  struct Out {
+    std::vector<double> losses;
+    Snapshot state;
+    std::size_t act_peak = 0, host = 0;
+  };
+  auto run = [&](OffloadSwitches off) {
+    GpuRig gpu(dt);
+    TrainerOptions o;
+    o.policy.offload = off;
+    o.policy.checkpoint = Checkpointing::all();
+    o.policy.micro_batch = 4;
+    Model m(spec, gpu.ctx, Trainer::placement(o.policy));
+    Trainer t(m, gpu.ctx, gpu.opts(o));
+    Out out;
+    for (std::uint32_t step = 0; step < 3; ++step) {
+      const StepResult r = t.step(make_batch(8, spec.seq_len, spec.vocab, 51 + step));
+      out.losses.push_back(r.loss);
+      out.act_peak =
+          std::max(out.act_peak, r.peaks.category_peaks[category_index(Category::kActivation)]);
+      out.host = r.peaks.host_at_peak[category_index(Category::kActivation)];
+    }
+    out.state = snapshot(t);
+    return out;
+  };
+  const std::size_t one = 4 * static_cast<std::size_t>(spec.seq_len * spec.hidden) * 2;
+  for (const char* pair : {"off|activations", "optimizer,gradients,weights|all"}) {
+    const std::string base_text(pair, std::strchr(pair, '|'));
+    SCOPED_TRACE(pair);
+    const Out base = run(OffloadSwitches::parse(base_text));
+    const Out got = run(OffloadSwitches::parse(std::strchr(pair, '|') + 1));
+    EXPECT_EQ(got.losses, base.losses);  // exact: the same bits come back
+    for (const auto& [name, bytes] : base.state) {
+      auto it = got.state.find(name);
+      ASSERT_NE(it, got.state.end()) << name;
+      EXPECT_TRUE(it->second == bytes) << name << " differs";
+    }
+    EXPECT_GE(base.act_peak - got.act_peak, (n - 2) * one) << base.act_peak << " vs "
+                                                           << got.act_peak;
+    EXPECT_GE(got.host, n * one);  // a room for each checkpoint
   }
 }
 
