@@ -98,10 +98,10 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
         format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
         predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }
-  std::printf("\n  at the peak, by category:%s\n", predicted ? "  measured    predicted" : "");
+  std::printf("\n  at the peak, by category:%s\n", predicted ? "    measured    predicted" : "");
   auto row = [&](const char* name, std::size_t m, std::size_t q) {
     if (m == 0 && (!predicted || q == 0)) return;
-    std::printf("    %-16s %12s", name, format_bytes(m).c_str());
+    std::printf("    %-22s %12s", name, format_bytes(m).c_str());
     if (predicted) std::printf(" %12s", format_bytes(q).c_str());
     std::printf("\n");
   };
