@@ -65,9 +65,13 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
                   "required with --backend cuda)");
   cmd->add_option("--plan", a.plan_file,
                   "train with a plan file from `memfit plan --out` (model, seq_len, batch, "
-                  "policies); --lr, --seed, --budget still apply");
+                  "policies); --lr, --clip-grad-norm, --seed, --budget still apply");
   cmd->add_option("--seed", a.seed, "initialization and data sampling")->capture_default_str();
   cmd->add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
+  cmd->add_option("--clip-grad-norm", a.max_grad_norm,
+                  "clip the gradients' global L2 norm to this (PyTorch's clip_grad_norm_), on "
+                  "the device or on the host under --offload gradients; 0: off")
+      ->capture_default_str();
   cmd->add_option("--alloc-conf", a.alloc_conf,
                   "allocator settings, MEMFIT_ALLOC_CONF syntax (default: the variable)");
   cmd->add_flag("--predict", a.predict,
@@ -114,6 +118,10 @@ void check_common(const TrainArgs& a) {
   if (a.steps < 1) throw InvalidArgument("--steps " + std::to_string(a.steps) + " must be >= 1");
   if (!std::isfinite(a.lr) || a.lr < 0) {
     throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
+  }
+  if (!std::isfinite(a.max_grad_norm) || a.max_grad_norm < 0) {
+    throw InvalidArgument("--clip-grad-norm " + std::to_string(a.max_grad_norm) +
+                          "; valid: a finite norm > 0, or 0 for no clipping");
   }
   if (a.backend != "cpu" && a.backend != "cuda") {
     throw InvalidArgument("--backend '" + a.backend + "': valid are cpu, cuda");
@@ -294,6 +302,7 @@ Prepared prepare(const TrainArgs& a) {
                                                                 : std::string("the plan"))
                          : run_from_flags(a);
   out.run.trainer.adamw.lr = a.lr;
+  out.run.trainer.max_grad_norm = a.max_grad_norm;
   out.run.trainer.seed = a.seed;
   out.run.device = backend_kind(a);
   out.run.trainer.host_budget = host_budget_of(a, out.run.alloc.budget);
@@ -366,6 +375,11 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
                 format_bytes(r.peaks.reserved).c_str(), format_bytes(r.peaks.allocated).c_str());
   std::string s = buf;
   if (show_scale) s += "  scale " + std::to_string(static_cast<long long>(r.loss_scale));
+  if (r.grad_norm > 0 && std::isfinite(r.grad_norm)) {
+    char g[64];
+    std::snprintf(g, sizeof g, "  grad norm %.3g%s", r.grad_norm, r.clipped ? " (clipped)" : "");
+    s += g;
+  }
   if (r.skipped) s += "  (skipped: inf/NaN gradients)";
   return s;
 }

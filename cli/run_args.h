@@ -50,6 +50,7 @@ struct TrainArgs {
   std::string host_budget;  // "": this machine's default (default_host_budget)
   std::uint64_t seed = 1337;
   double lr = 1e-3;
+  double max_grad_norm = 0;  // --clip-grad-norm (0: off)
   std::string alloc_conf;
   bool predict = false;
   std::string plan_file;

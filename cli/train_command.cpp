@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -64,7 +65,8 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   PeakFigures measured;
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
+  std::int64_t clipped = 0;
   std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
   double seconds = 0, last_scale = 1;
   for (std::int64_t i = 1; i <= a.steps; ++i) {
@@ -72,6 +74,8 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const StepResult r = train_step(*run, a, b);
     measured.take_max(r.peaks);
     losses.push_back(r.loss);
+    grad_norms.push_back(std::isfinite(r.grad_norm) ? r.grad_norm : -1.0);
+    clipped += r.clipped ? 1 : 0;
     skipped += r.skipped ? 1 : 0;
     tokens += r.tokens;
     seconds += r.seconds;
@@ -147,6 +151,11 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["steps"] = a.steps;
     j["skipped_steps"] = skipped;
     j["losses"] = losses;
+    if (a.max_grad_norm > 0) {
+      j["max_grad_norm"] = a.max_grad_norm;
+      j["grad_norms"] = grad_norms;  // -1: not finite (the step was skipped)
+      j["clipped_steps"] = clipped;
+    }
     j["first_loss"] = losses.front();
     j["final_loss"] = losses.back();
     j["seconds"] = seconds;

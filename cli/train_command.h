@@ -9,7 +9,8 @@
 // One progress line per step (step, loss, loss scale when f16, tokens/s, peak memory; a bar
 // that redraws in place on a terminal), a final summary, and with --summary-json a JSON file
 // (keys: final_loss, tokens_per_second, peak_reserved_bytes, peak_allocated_bytes,
-// peak_by_category (at the peak), cached_bytes_at_peak, category_peaks, host_pinned_bytes, and
+// peak_by_category (at the peak), cached_bytes_at_peak, category_peaks, host_pinned_bytes,
+// with --clip-grad-norm max_grad_norm, grad_norms (per step) and clipped_steps, and
 // with a plan or --predict the same with predicted_ in front: one step of the same RunSpec
 // dry-run by policies/dry_run.h, the real Trainer on the meta backend over null providers).
 // --budget limits the allocator's reserved bytes on the device (GEMM scratch included).

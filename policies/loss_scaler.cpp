@@ -85,8 +85,8 @@ void LossScaler::set_state(const LossScalerState& s) {
   used_ = scale();
 }
 
-bool grads_nonfinite(LayerContext& ctx, const std::vector<Parameter*>& params) {
-  if (ctx.device() == Device::kMeta) return false;  // addresses only: nothing to read
+SumSqResult grads_sumsq(LayerContext& ctx, const std::vector<Parameter*>& params) {
+  if (ctx.device() == Device::kMeta) return {};  // addresses only: nothing to read
   Backend& be = ctx.backend;
   // One slot pair on the device gathers every gradient's count; one copy, one sync.
   Block slots = ctx.alloc.allocate(kSumSqSlots * sizeof(float), Category::kTemporary, ctx.stream,
@@ -101,7 +101,7 @@ bool grads_nonfinite(LayerContext& ctx, const std::vector<Parameter*>& params) {
   const Tensor out(host, Shape{kSumSqSlots}, DType::kF32, Device::kCpu);
   be.copy(ctx.stream, dev, out);
   be.synchronize(ctx.stream);
-  return read_sumsq(out).nonfinite;
+  return read_sumsq(out);
 }
 
 }  // namespace memfit

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/backend.h"  // SumSqResult
 #include "core/layer.h"
 
 namespace memfit {
@@ -56,8 +57,13 @@ class LossScaler {
   double used_ = 1.0;
 };
 
-// True when any gradient of `params` holds an inf or NaN: a sumsq pass on ctx.stream into one
-// device slot pair, one copy to the host, one synchronize. False on the meta backend.
-bool grads_nonfinite(LayerContext& ctx, const std::vector<Parameter*>& params);
+// The sum of squares of every finite gradient element of `params` and whether any is inf or NaN
+// (core/backend.h's sumsq, deterministic): one sumsq pass on ctx.stream into one device slot
+// pair, one copy to the host, one synchronize. Zero and false on the meta backend. Both the
+// loss scaler's check and gradient clipping (TrainerOptions::max_grad_norm) read it.
+SumSqResult grads_sumsq(LayerContext& ctx, const std::vector<Parameter*>& params);
+inline bool grads_nonfinite(LayerContext& ctx, const std::vector<Parameter*>& params) {
+  return grads_sumsq(ctx, params).nonfinite;
+}
 
 }  // namespace memfit

@@ -468,21 +468,68 @@ void OffloadOptimizer::after_use(LayerContext& ctx, int unit) {
   if (impl_->wring) impl_->wring->after_use(ctx, unit);
 }
 
-bool OffloadOptimizer::grads_nonfinite(LayerContext& ctx) {
+SumSqResult OffloadOptimizer::grads_sumsq(LayerContext& ctx) {
   Impl& m = *impl_;
   (void)ctx;
   if (!m.ring) {
-    bad("grads_nonfinite: the gradients are on the device (no gradient offload); use "
-        "grads_nonfinite(ctx, params) from policies/loss_scaler.h");
+    bad("grads_sumsq: the gradients are on the device (no gradient offload); use "
+        "grads_sumsq(ctx, params) from policies/loss_scaler.h");
   }
   m.sync_grads();
-  if (m.dry) return false;
+  if (m.dry) return {};
+  // The CPU backend's sumsq, parameter by parameter in the model's order, gathered as
+  // grads_sumsq(ctx, params) gathers it on the device: per parameter a double sum over fixed
+  // 64K-element blocks added in block order, then added into an f32 slot. The same bits as the
+  // device's check on the CPU backend, so clipping under gradient offload trains bit for bit as
+  // without it there (a CUDA device's sumsq adds in another order: the norms differ in their
+  // last bits). Every (parameter, block) pair is one task: small parameters cost no team each.
+  constexpr std::int64_t kBlock = std::int64_t{64} * 1024;
+  struct Task {
+    std::int64_t begin, end;  // element range in the gradient region
+  };
+  std::vector<Task> tasks;
+  std::vector<std::size_t> first;  // each parameter's first task
+  for (const Impl::Slot& sl : m.slots) {
+    if (sl.n == 0) continue;
+    first.push_back(tasks.size());
+    const auto off = static_cast<std::int64_t>(sl.offset), n = static_cast<std::int64_t>(sl.n);
+    for (std::int64_t b = 0; b < n; b += kBlock) {
+      tasks.push_back({off + b, off + std::min(n, b + kBlock)});
+    }
+  }
+  first.push_back(tasks.size());
+  std::vector<double> sums(tasks.size(), 0.0);
+  std::vector<std::int64_t> bad(tasks.size(), 0);
   const float* g = m.grad;
-  const auto n = static_cast<std::int64_t>(m.total);
-  std::int64_t bad_count = 0;
-#pragma omp parallel for reduction(+ : bad_count) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) bad_count += std::isfinite(g[i]) ? 0 : 1;
-  return bad_count != 0;
+  const auto count = static_cast<std::int64_t>(tasks.size());
+#pragma omp parallel for schedule(static) if (m.total >= 2 * kBlock)
+  for (std::int64_t t = 0; t < count; ++t) {
+    double sum = 0.0;
+    std::int64_t nf = 0;
+    for (std::int64_t i = tasks[static_cast<std::size_t>(t)].begin;
+         i < tasks[static_cast<std::size_t>(t)].end; ++i) {
+      const double d = g[i];
+      if (std::isfinite(g[i])) {
+        sum += d * d;
+      } else {
+        ++nf;
+      }
+    }
+    sums[static_cast<std::size_t>(t)] = sum;
+    bad[static_cast<std::size_t>(t)] = nf;
+  }
+  float slot[2] = {0.0f, 0.0f};
+  for (std::size_t k = 0; k + 1 < first.size(); ++k) {
+    double total = 0.0;
+    std::int64_t nonfinite = 0;
+    for (std::size_t t = first[k]; t < first[k + 1]; ++t) {
+      total += sums[t];
+      nonfinite += bad[t];
+    }
+    slot[0] = static_cast<float>(static_cast<double>(slot[0]) + total);
+    slot[1] = static_cast<float>(static_cast<double>(slot[1]) + static_cast<double>(nonfinite));
+  }
+  return read_sumsq(Tensor(slot, Shape{kSumSqSlots}, DType::kF32, Device::kCpu));
 }
 
 void OffloadOptimizer::abandon_step(LayerContext& ctx) { impl_->drop_grads(ctx); }

@@ -103,10 +103,14 @@ class OffloadOptimizer final : public Optimizer {
   void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
   void before_use(LayerContext& ctx, int unit, int next) override;
   void after_use(LayerContext& ctx, int unit) override;
-  // Gradient offload: waits for the gradients' copies and checks them on the host (false in a
-  // dry run). Without gradient offload: InvalidArgument (the device's check, grads_nonfinite in
+  // Gradient offload: waits for the gradients' copies and reads them on the host: the sum of
+  // squares of the finite elements and whether any is inf/NaN (zero and false in a dry run),
+  // summed exactly as the CPU backend's sumsq sums the device's gradients (the same bits
+  // whatever the thread count). The loss scaler's check and gradient clipping read it.
+  // Without gradient offload: InvalidArgument (the device's, grads_sumsq in
   // policies/loss_scaler.h, applies).
-  bool grads_nonfinite(LayerContext& ctx);
+  SumSqResult grads_sumsq(LayerContext& ctx);
+  bool grads_nonfinite(LayerContext& ctx) { return grads_sumsq(ctx).nonfinite; }
   // A step that failed before its last micro-batch's gradients were reported: the copies in
   // flight are waited for and every lent gradient and weight is taken back; nothing else
   // changes (skip() also lands a delayed update).

@@ -1,7 +1,9 @@
 #include "policies/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
+#include <limits>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -31,6 +33,10 @@ LossScalerOptions scaler_options(const TrainerOptions& o, DType dtype) {
 
 const TrainerOptions& validated(const TrainerOptions& o) {
   o.policy.validate();
+  if (!std::isfinite(o.max_grad_norm) || o.max_grad_norm < 0) {
+    throw InvalidArgument("trainer max_grad_norm " + std::to_string(o.max_grad_norm) +
+                          "; valid: a finite norm > 0 to clip gradients to, or 0 for no clipping");
+  }
   return o;
 }
 
@@ -81,6 +87,7 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
                 {"eps", o.adamw.eps},
                 {"weight_decay", o.adamw.weight_decay}};
   j["seed"] = o.seed;
+  if (o.max_grad_norm > 0) j["max_grad_norm"] = o.max_grad_norm;
   return j.dump();
 }
 
@@ -231,6 +238,8 @@ StepResult Trainer::step(const Batch& batch) {
   bool lent = false;      // before_stage/use() was called: gradient or weight offload lent memory
   double loss_sum = 0;
   bool found_inf = false;
+  const bool clip = options_.max_grad_norm > 0;
+  double grad_norm = 0;
   try {
     if (stash_) {
       // Room for every checkpoint of the largest micro-batch (blocks map (B,T,hidden) to
@@ -282,9 +291,12 @@ StepResult Trainer::step(const Batch& batch) {
         m = sizes.size() - 2;
       }
     }
-    if (scaler_.enabled()) {
-      found_inf = options_.policy.offload.gradients ? offload_opt_->grads_nonfinite(ctx_)
-                                                    : grads_nonfinite(ctx_, params);
+    if (scaler_.enabled() || clip) {
+      const SumSqResult g = options_.policy.offload.gradients ? offload_opt_->grads_sumsq(ctx_)
+                                                              : grads_sumsq(ctx_, params);
+      grad_norm = std::sqrt(g.sum_sq) / scale;  // +inf when the f32 sum overflowed
+      found_inf = g.nonfinite || (clip && !std::isfinite(grad_norm));
+      if (g.nonfinite) grad_norm = std::numeric_limits<double>::infinity();
     }
   } catch (...) {
     // Nothing of the training state changed yet: drop what the optimizer was told, if anything
@@ -309,7 +321,11 @@ StepResult Trainer::step(const Batch& batch) {
     if (skip) {
       optimizer_->skip(ctx_);
     } else {
-      optimizer_->step(ctx_, 1.0 / scale);
+      // Clipping scales the update's gradients as clip_grad_norm_ scales them in place.
+      const double coef = clip && grad_norm > options_.max_grad_norm
+                              ? options_.max_grad_norm / (grad_norm + 1e-6)
+                              : 1.0;
+      optimizer_->step(ctx_, coef / scale);
     }
   } catch (...) {
     scaler_.set_state(before);
@@ -322,6 +338,8 @@ StepResult Trainer::step(const Batch& batch) {
   r.loss = loss_sum / static_cast<double>(rows);
   r.loss_scale = scale;
   r.skipped = skip;
+  r.grad_norm = grad_norm;
+  r.clipped = !skip && clip && grad_norm > options_.max_grad_norm;
   r.tokens = rows;
   r.micro_batches = static_cast<std::int64_t>(sizes.size());
   r.peaks = PeakFigures::of(ctx_.alloc.stats());

@@ -20,7 +20,15 @@
 // step(batch): splits the batch into micro-batches (MemoryPolicy::micro_batches), zeroes the
 // gradients, runs the Executor on each micro-batch with the schedule (the loss gradient
 // scale / (B * T) for every one), checks the gradients for inf/NaN when the loss scaler is
-// enabled (f16 by default), steps or skips the optimizer, updates the scaler. Peaks are the
+// enabled (f16 by default) or clipping is on, clips them, steps or skips the optimizer,
+// updates the scaler.
+// Gradient clipping (options.max_grad_norm > 0), as PyTorch's clip_grad_norm_ (L2): the global
+// norm of the unscaled gradients is sqrt(sum of squares) / loss scale, from the one sumsq pass
+// the inf/NaN check makes (on the device, or on the host under gradient offload:
+// OffloadOptimizer::grads_sumsq); when it is above max_grad_norm the optimizer's grad_scale is
+// multiplied by max_grad_norm / (norm + 1e-6), which scales every gradient as clipping them in
+// place would. A step whose norm is not finite is skipped, as the loss scaler skips one.
+// r.grad_norm says the norm (0 when neither the scaler nor clipping asked for it). Peaks are the
 // allocator's, reset at the start of the step (r.peaks: PeakFigures, with the pinned host
 // bytes the optimizer holds). An exception during a step (an OutOfMemory above all) leaves
 // parameters, optimizer state, scaler and step count as they were before it; the trainer
@@ -77,6 +85,7 @@ struct TrainerOptions {
   int weight_buffers = kDefaultWeightBuffers;  // weight offload's device buffer ring
   std::size_t host_budget = 0;                 // pinned host bytes offload may take (0: no limit)
   bool init_model = true;           // false: keep the model's current weights
+  double max_grad_norm = 0;         // gradient clipping's L2 bound (0: off; finite, >= 0)
 };
 
 struct StepResult {
@@ -84,6 +93,8 @@ struct StepResult {
   double loss = 0;             // mean over the batch's B*T rows (0 on the meta backend)
   double loss_scale = 1;       // the scale this step's gradients carried
   bool skipped = false;        // inf/NaN gradients: no update
+  double grad_norm = 0;        // global L2 norm of the unscaled gradients (0: not computed)
+  bool clipped = false;        // grad_norm was above max_grad_norm: the update was scaled
   double seconds = 0;          // wall time of step()
   std::int64_t tokens = 0;     // B*T
   std::int64_t micro_batches = 0;

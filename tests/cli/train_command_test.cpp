@@ -174,6 +174,29 @@ TEST(TrainCommand, OffloadAllTrainsTheSameAndTheHostBudgetIsChecked) {
   for (const auto& p : {a, b}) std::remove(p.c_str());
 }
 
+// --clip-grad-norm clips on the device and, under gradient offload, on the host with the same
+// bits; each step's norm is printed and in the summary.
+TEST(TrainCommand, ClipGradNormClipsTheSameWithGradientsOnTheHost) {
+  const std::string a = tmp("clip_dev.json"), b = tmp("clip_host.json"), c = tmp("noclip.json");
+  const std::string clip = " --accum 2 --clip-grad-norm 0.05 --summary-json ";
+  const ProgramRun ra = run_memfit(base_args(3) + " --offload" + clip + a);
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  EXPECT_NE(ra.output.find("(clipped)"), std::string::npos) << ra.output;
+  const ProgramRun rb = run_memfit(base_args(3) + " --offload optimizer,gradients" + clip + b);
+  ASSERT_EQ(rb.exit_code, 0) << rb.output;
+  ASSERT_EQ(run_memfit(base_args(3) + " --offload --accum 2 --summary-json " + c).exit_code, 0);
+  const auto ja = read_json(a), jb = read_json(b), jc = read_json(c);
+  EXPECT_EQ(ja.at("losses"), jb.at("losses"));
+  EXPECT_EQ(ja.at("grad_norms"), jb.at("grad_norms"));
+  EXPECT_EQ(ja.at("clipped_steps").get<int>(), 3);
+  EXPECT_NE(ja.at("losses"), jc.at("losses"));
+  EXPECT_FALSE(jc.contains("grad_norms"));
+  const ProgramRun bad = run_memfit(base_args(1) + " --clip-grad-norm -1");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--clip-grad-norm"), std::string::npos) << bad.output;
+  for (const auto& p : {a, b, c}) std::remove(p.c_str());
+}
+
 TEST(TrainCommand, BudgetTooSmallSaysWhatWouldFit) {
   // A policy flag given: no planning, the command line's plan is tried and explained.
   const ProgramRun r = run_memfit(base_args(1) + " --checkpoint none --budget 1MiB");

@@ -1,7 +1,7 @@
 // Trainer: accumulation equals the full batch, the f16 loss scaler skips poisoned steps,
 // resume is bit-exact (device AdamW and offload), save/load are all or nothing, an
 // OutOfMemory mid-step changes nothing, the dry run predicts the allocator's peak, and training
-// lowers the loss on the bundled corpus.
+// lowers the loss on the bundled corpus, and clipping scales the update as clip_grad_norm_.
 #include "policies/trainer.h"
 
 #include <gtest/gtest.h>
@@ -414,6 +414,61 @@ TEST(Trainer, TrainingLowersTheLossOnTheBundledCorpus) {
                                  << after;
 }
 
+// Gradient clipping: the step's norm is the gradients' global L2 norm (read back here), and a
+// clipped step's Adam moments are the unclipped ones times max_grad_norm / (norm + 1e-6), as
+// if the gradients had been scaled in place; a bound above the norm changes no bit.
+TEST(Trainer, ClippingScalesTheUpdateByMaxNormOverTheNorm) {
+  const Batch b = corpus().sequential(4, 32, 0);
+  struct Out {
+    StepResult r;
+    std::vector<std::vector<float>> grads, moments;
+    Snapshot bits;
+  };
+  auto run = [&](double max_norm) {
+    Rig rig(DType::kF32);
+    Model m(test_spec(), rig.ctx);
+    TrainerOptions o;
+    o.max_grad_norm = max_norm;
+    Trainer t(m, rig.ctx, rig.opts(o));
+    Out out;
+    out.r = t.step(b);
+    for (Parameter* p : m.parameters()) out.grads.push_back(grad_values(*p, rig.ctx));
+    for (const StateTensor& st : t.optimizer().state()) {
+      if (st.name.rfind("exp_avg/", 0) != 0) continue;
+      std::vector<float> v(static_cast<std::size_t>(st.tensor.numel()));
+      rig.be.copy(rig.ctx.stream, st.tensor,
+                  Tensor(v.data(), st.tensor.shape(), DType::kF32, Device::kCpu));
+      rig.be.synchronize(rig.ctx.stream);
+      out.moments.push_back(std::move(v));
+    }
+    out.bits = snapshot(t);
+    return out;
+  };
+  const Out loose = run(1e9);  // computes the norm, never clips
+  double sum = 0;
+  for (const auto& g : loose.grads) {
+    for (float x : g) sum += static_cast<double>(x) * x;
+  }
+  ASSERT_GT(sum, 0);
+  EXPECT_NEAR(loose.r.grad_norm, std::sqrt(sum), 1e-5 * std::sqrt(sum));
+  EXPECT_FALSE(loose.r.clipped);
+  EXPECT_EQ(run(0).bits, loose.bits);  // no clipping at all: the same bits
+
+  const double bound = loose.r.grad_norm / 8;
+  const Out tight = run(bound);
+  EXPECT_TRUE(tight.r.clipped);
+  EXPECT_EQ(tight.r.grad_norm, loose.r.grad_norm);  // the gradients are the same
+  const double coef = bound / (loose.r.grad_norm + 1e-6);
+  ASSERT_EQ(tight.moments.size(), loose.moments.size());
+  ASSERT_FALSE(tight.moments.empty());
+  for (std::size_t k = 0; k < tight.moments.size(); ++k) {
+    for (std::size_t i = 0; i < tight.moments[k].size(); ++i) {
+      const double want = coef * loose.moments[k][i];
+      ASSERT_NEAR(tight.moments[k][i], want, 1e-6 * std::abs(want) + 1e-30) << k << " " << i;
+    }
+  }
+}
+
 TEST(Trainer, BadOptionsAndBatchesAreClearErrors) {
   Rig r(DType::kF32);
   Model m(test_spec(), r.ctx);
@@ -425,6 +480,11 @@ TEST(Trainer, BadOptionsAndBatchesAreClearErrors) {
   dpu.policy.offload.delayed_update = true;
   EXPECT_THROW(Trainer(m, r.ctx, r.opts(dpu)), InvalidArgument);
   EXPECT_THROW((void)ck_of("every:0"), InvalidArgument);
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    TrainerOptions clip;
+    clip.max_grad_norm = bad;
+    EXPECT_THROW(Trainer(m, r.ctx, r.opts(clip)), InvalidArgument) << bad;
+  }
   TrainerOptions bf16;
   bf16.policy.dtype = DType::kBF16;  // not the model's f32
   EXPECT_THROW(Trainer(m, r.ctx, bf16), InvalidArgument);
