@@ -1,10 +1,10 @@
 #include "policies/trainer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
-#include <limits>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
