@@ -459,6 +459,32 @@ TEST(GptStepGpuPolicies, ActivationOffloadIsBitIdenticalAndMovesTheCheckpoints) 
   }
 }
 
+// Gradient clipping on the GPU: the device's norm (the CUDA sumsq) and the host's under gradient
+// offload (OffloadOptimizer::grads_sumsq) read the same gradient bits in different orders, so
+// the first step's norms agree within 1e-6 relative; both steps are clipped.
+TEST(GptStepGpuPolicies, ClippingReadsTheSameNormOnTheDeviceAndTheHost) {
+  MEMFIT_REQUIRE_GPU();
+  const ModelSpec spec = step_spec(4);
+  auto first_step = [&](const char* offload) {
+    GpuRig gpu(DType::kBF16);
+    TrainerOptions o;
+    o.policy.offload = OffloadSwitches::parse(offload);
+    o.policy.micro_batch = 2;
+    o.max_grad_norm = 1e-3;  // below any real norm: always clipped
+    Model m(spec, gpu.ctx, Trainer::placement(o.policy));
+    Trainer t(m, gpu.ctx, gpu.opts(o));
+    return t.step(make_batch(4, spec.seq_len, spec.vocab, 71));
+  };
+  const StepResult dev = first_step("optimizer");
+  const StepResult host = first_step("optimizer,gradients");
+  ASSERT_GT(dev.grad_norm, 0);
+  EXPECT_TRUE(dev.clipped);
+  EXPECT_TRUE(host.clipped);
+  EXPECT_NEAR(host.grad_norm, dev.grad_norm, 1e-6 * dev.grad_norm);
+  EXPECT_EQ(host.loss, dev.loss);  // the first step's forward precedes any update
+  std::printf("figure: clipping grad norm device %.9g host %.9g\n", dev.grad_norm, host.grad_norm);
+}
+
 TEST(GptStepGpuPolicies, OutOfMemoryUnderABudgetIsRecoverableWithASmallerMicroBatch) {
   MEMFIT_REQUIRE_GPU();
   const DType dt = DType::kBF16;
