@@ -148,6 +148,40 @@ TEST(ProfileCommand, PlanVersusMeasuredWithABudget) {
   fs::remove_all(out);
 }
 
+// Everything offloaded under a checkpoint schedule: the report has the pinned host memory by
+// category, equal to what the dry run predicted, and the offload's copy ranges in the trace.
+TEST(ProfileCommand, OffloadsPinnedHostMemoryIsInTheReportByCategory) {
+  const std::string out = tmp("offload");
+  const ProgramRun r = run_memfit(profile_args(out) +
+                                  " --dtype bf16 --checkpoint all --offload all --predict");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json s = json::parse(read_file(out + "/summary.json"));
+  const json& host = s["host_pinned"];
+  const std::size_t peak = host["peak_bytes"].get<std::size_t>();
+  EXPECT_GT(peak, 0u);
+  EXPECT_EQ(s["plan"]["predicted_host_pinned_bytes"].get<std::size_t>(), peak);
+  std::size_t sum = 0;
+  for (const char* c : {"optimizer_state", "gradient", "parameter", "activation"}) {
+    EXPECT_GT(host["peak_by_category"][c].get<std::size_t>(), 0u) << c;
+    sum += host["peak_by_category"][c].get<std::size_t>();
+  }
+  EXPECT_EQ(sum, peak);
+  std::set<std::string> ranges;
+  const json trace = json::parse(read_file(out + "/trace.json"));
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") ranges.insert(e["name"].get<std::string>());
+  }
+  for (const char* n : {"grads_to_host", "weights_to_device", "acts_to_host", "acts_to_device"}) {
+    EXPECT_TRUE(ranges.count(n)) << n;
+  }
+  const std::string html = read_file(out + "/report.html");
+  EXPECT_TRUE(contains(html, "Pinned host memory over time"));
+  EXPECT_TRUE(contains(html, "id=\"host_timeline\""));
+  const std::string csv = read_file(out + "/timeline.csv");
+  EXPECT_TRUE(contains(csv.substr(0, csv.find('\n')), ",host_unknown,host_pinned,phase,block"));
+  fs::remove_all(out);
+}
+
 TEST(ProfileCommand, BadInputExitsTwoAndWritesNothing) {
   const std::string afile = tmp("afile");
   std::ofstream(afile) << "x";
