@@ -152,8 +152,8 @@ TEST(ProfileCommand, PlanVersusMeasuredWithABudget) {
 // category, equal to what the dry run predicted, and the offload's copy ranges in the trace.
 TEST(ProfileCommand, OffloadsPinnedHostMemoryIsInTheReportByCategory) {
   const std::string out = tmp("offload");
-  const ProgramRun r = run_memfit(profile_args(out) +
-                                  " --dtype bf16 --checkpoint all --offload all --predict");
+  const ProgramRun r =
+      run_memfit(profile_args(out) + " --dtype bf16 --checkpoint all --offload all --predict");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json s = json::parse(read_file(out + "/summary.json"));
   const json& host = s["host_pinned"];
