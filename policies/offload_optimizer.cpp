@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "core/cpu/adamw.h"
+#include "core/cpu/sumsq.h"
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -477,13 +478,12 @@ SumSqResult OffloadOptimizer::grads_sumsq(LayerContext& ctx) {
   }
   m.sync_grads();
   if (m.dry) return {};
-  // The CPU backend's sumsq, parameter by parameter in the model's order, gathered as
-  // grads_sumsq(ctx, params) gathers it on the device: per parameter a double sum over fixed
-  // 64K-element blocks added in block order, then added into an f32 slot. The same bits as the
+  // The CPU backend's sumsq (core/cpu/sumsq.h), parameter by parameter in the model's order,
+  // gathered as grads_sumsq(ctx, params) gathers it on the device. The same bits as the
   // device's check on the CPU backend, so clipping under gradient offload trains bit for bit as
   // without it there (a CUDA device's sumsq adds in another order: the norms differ in their
   // last bits). Every (parameter, block) pair is one task: small parameters cost no team each.
-  constexpr std::int64_t kBlock = std::int64_t{64} * 1024;
+  constexpr std::int64_t kBlock = kSumSqBlock;
   struct Task {
     std::int64_t begin, end;  // element range in the gradient region
   };
@@ -504,17 +504,10 @@ SumSqResult OffloadOptimizer::grads_sumsq(LayerContext& ctx) {
   const auto count = static_cast<std::int64_t>(tasks.size());
 #pragma omp parallel for schedule(static) if (m.total >= 2 * kBlock)
   for (std::int64_t t = 0; t < count; ++t) {
+    const Task& k = tasks[static_cast<std::size_t>(t)];
     double sum = 0.0;
     std::int64_t nf = 0;
-    for (std::int64_t i = tasks[static_cast<std::size_t>(t)].begin;
-         i < tasks[static_cast<std::size_t>(t)].end; ++i) {
-      const double d = g[i];
-      if (std::isfinite(g[i])) {
-        sum += d * d;
-      } else {
-        ++nf;
-      }
-    }
+    sumsq_block(g + k.begin, k.end - k.begin, sum, nf);
     sums[static_cast<std::size_t>(t)] = sum;
     bad[static_cast<std::size_t>(t)] = nf;
   }

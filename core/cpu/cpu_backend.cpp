@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/sumsq.h"
 #include "memory/caching_allocator.h"
 #include "memory/size.h"
 
@@ -20,7 +21,6 @@ namespace {
 
 constexpr std::int64_t kChunk = 4096;             // 16 KiB of f32: stays in L1/L2
 constexpr std::int64_t kParallelMin = 64 * 1024;  // below this a thread team costs more
-constexpr std::int64_t kSumBlock = 64 * 1024;     // sumsq partial-sum granule
 
 char* element(const Tensor& t, std::int64_t offset) {
   return static_cast<char*>(t.raw()) + static_cast<std::size_t>(offset) * dtype_size(t.dtype());
@@ -98,7 +98,7 @@ void CpuBackend::run_scale(StreamId, float a, const Tensor& x) {
 
 void CpuBackend::run_sumsq(StreamId, const Tensor& x, const Tensor& out) {
   const std::int64_t n = x.numel();
-  const std::int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  const std::int64_t blocks = (n + kSumSqBlock - 1) / kSumSqBlock;
   // One partial per fixed-size block, added in block order: the same bits for any number
   // of threads.
   std::vector<double> sums(static_cast<std::size_t>(blocks), 0.0);
@@ -108,18 +108,10 @@ void CpuBackend::run_sumsq(StreamId, const Tensor& x, const Tensor& out) {
     float buf[kChunk];
     double s = 0.0;
     std::int64_t nf = 0;
-    const std::int64_t end = std::min(n, (blk + 1) * kSumBlock);
-    for (std::int64_t off = blk * kSumBlock; off < end; off += kChunk) {
+    const std::int64_t end = std::min(n, (blk + 1) * kSumSqBlock);
+    for (std::int64_t off = blk * kSumSqBlock; off < end; off += kChunk) {
       const std::int64_t m = std::min(kChunk, end - off);
-      const float* v = load(x, off, m, buf);
-      for (std::int64_t i = 0; i < m; ++i) {
-        const double d = v[i];
-        if (std::isfinite(v[i])) {
-          s += d * d;
-        } else {
-          ++nf;
-        }
-      }
+      sumsq_block(load(x, off, m, buf), m, s, nf);
     }
     sums[static_cast<std::size_t>(blk)] = s;
     bad[static_cast<std::size_t>(blk)] = nf;
