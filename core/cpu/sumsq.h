@@ -1,8 +1,9 @@
 // The CPU backend's sumsq reduction, shared with code that must reproduce its bits on host
-// memory (gradient offload's norm for clipping and the inf/NaN check, policies/offload_optimizer.h):
-// a tensor is cut into blocks of kSumSqBlock elements; each block's finite elements' squares
-// are summed in double, in order (sumsq_block); the blocks' sums are then added in block order
-// and the tensor's total added into an f32 slot. The same bits whatever the thread count.
+// memory (gradient offload's norm for clipping and the inf/NaN check,
+// policies/offload_optimizer.h): a tensor is cut into blocks of kSumSqBlock elements; each block's
+// finite elements' squares are summed in double, in order (sumsq_block); the blocks' sums are then
+// added in block order and the tensor's total added into an f32 slot. The same bits whatever the
+// thread count.
 #pragma once
 
 #include <cmath>
