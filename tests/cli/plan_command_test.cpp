@@ -305,8 +305,7 @@ TEST(TrainPlanning, BudgetAlonePlansThenTrainsWithThePlan) {
   // The cpu preset with its CPU AdamW rate given: otherwise each process measures it, and
   // plans of the same micro-batch, ranked by predicted time, may swap places between runs.
   const std::string dev = tmp("cpu_fixed_rate.yaml");
-  std::ofstream(dev) << read_file(std::string(MEMFIT_TEST_SOURCE_DIR) +
-                                  "/presets/devices/cpu.yaml")
+  std::ofstream(dev) << read_file(std::string(MEMFIT_TEST_SOURCE_DIR) + "/presets/devices/cpu.yaml")
                      << "  cpu_adamw: 1.5e9\n";
   const ProgramRun r =
       run_memfit(train_args(2) + " --budget 24MiB --device " + dev + " --summary-json " + js);
