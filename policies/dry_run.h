@@ -25,9 +25,10 @@
 // repeat the second (a test checks four real steps). steps = 1 predicts the first step only,
 // for searches that confirm their answer with two (the planner).
 // `host_pinned` is the pinned host bytes a real run would hold (OffloadOptimizer's slab and
-// activation offload's room for the step's checkpoints),
-// exactly; a device budget does not cover them, the host budget (r.trainer.host_budget) does:
-// over it, fits = false and host_pinned says what the slab would take.
+// activation offload's room for the step's checkpoints), exactly, and step.host_at_peak the
+// same by category; a device budget does not cover them, the host budget
+// (r.trainer.host_budget) does: over it, fits = false and host_pinned says what would be
+// pinned, while step.host_at_peak stays empty (nothing was).
 // An OutOfMemory under the budget is caught: fits = false, with the request that failed and
 // the allocator's message; bad input (RunSpec::validate) throws.
 // gemm_flops and bytes_moved are the meta backend's counts for every micro-batch (skipped

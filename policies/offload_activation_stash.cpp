@@ -95,13 +95,22 @@ void ActivationStash::reserve(LayerContext& ctx, const std::vector<int>& slots, 
   be_->synchronize(copy_);  // nothing in flight reads or writes the old room
   void* room = host_->allocate(total);
   if (room == nullptr) throw OutOfMemory("ActivationStash: " + what + " are not available", info);
-  region_ = HostRegion();
+  // Everything that may throw comes before the old room goes; from here on nothing throws.
+  HostRegion region;
+  try {
+    if (host_->kind() != MemoryKind::kNone) {
+      region = HostRegion(Category::kActivation, total, "checkpoint_room");
+    }
+    slots_.reserve(want.size());
+  } catch (...) {
+    host_->deallocate(room, total);
+    throw;
+  }
+  region_ = HostRegion();  // the old room's region goes with it (both were pinned a moment)
   if (room_ != nullptr) host_->deallocate(room_, room_bytes_);
   room_ = room;
   room_bytes_ = total;
-  if (host_->kind() != MemoryKind::kNone) {
-    region_ = HostRegion(Category::kActivation, total, "checkpoint_room");
-  }
+  region_ = std::move(region);
   slot_bytes_ = each;
   slots_.clear();
   for (int i : want) slots_.emplace_back().x = i;

@@ -95,11 +95,14 @@ bool boolean(const std::string& src, const YAML::Node& n, const std::string& key
   fail(src, n, key, "'" + s + "'; valid: true, false");
 }
 
-// A map of category: bytes (predicted.peak_by_category, predicted.category_peaks).
+// A map of category: bytes (predicted.peak_by_category, predicted.category_peaks,
+// predicted.host_pinned_by_category), whose bytes add up without overflow.
 void read_categories(const std::string& src, const YAML::Node& v, const std::string& key,
                      std::array<std::size_t, kCategoryCount>& out) {
   if (!v.IsMap()) fail(src, v, key, "expected a map of category: bytes");
+  std::size_t sum = 0;
   for (const auto& ck : v) {
+    if (!ck.first.IsScalar()) fail(src, ck.first, key, "expected a category name as the key");
     const std::string c = ck.first.as<std::string>();
     Category cat{};
     try {
@@ -107,7 +110,14 @@ void read_categories(const std::string& src, const YAML::Node& v, const std::str
     } catch (const Error& e) {
       fail(src, ck.first, key + "." + c, e.what());
     }
-    out[category_index(cat)] = bytes(src, ck.second, key + "." + c);
+    const std::size_t b = bytes(src, ck.second, key + "." + c);
+    if (b > std::numeric_limits<std::size_t>::max() - sum) {
+      fail(src, ck.second, key + "." + c,
+           std::to_string(b) + " bytes: the map's total passes 2^64; valid: byte counts that add "
+           "up");
+    }
+    sum += b;
+    out[category_index(cat)] = b;
   }
 }
 
@@ -272,7 +282,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   {
     PeakFigures& pk = p.predicted.peaks;
     for (std::size_t b : pk.at_peak) pk.allocated_at_peak += b;
-    if (have_cached && pk.allocated_at_peak + cached != pk.reserved) {
+    if (have_cached &&
+        (pk.allocated_at_peak > pk.reserved || pk.reserved - pk.allocated_at_peak != cached)) {
       fail(src, root["predicted"], "predicted.cached_bytes_at_peak",
            std::to_string(cached) + " + the peak_by_category bytes (" +
                std::to_string(pk.allocated_at_peak) + ") is not peak_reserved_bytes (" +

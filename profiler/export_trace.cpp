@@ -5,6 +5,7 @@
 //         "pinned host" counter with one series per category (offload's host memory)
 //   pid 2 "GPU (CUPTI)": one thread per CUDA stream, "X" per kernel/copy/memset/malloc/free/marker
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -131,17 +132,23 @@ std::string trace_json(const ProfileReport& r) {
     }
   }
 
-  // Offload's pinned host memory: one counter whose series are the categories (the trace
-  // viewers stack them), at the start and after each region's change.
+  // Offload's pinned host memory: one counter whose series are the categories that ever hold
+  // bytes (the trace viewers stack them), each in every sample, 0 included (a series keeps its
+  // last value until told otherwise), at the start and after each region's change.
   if (rec.host_peak > 0 || !rec.host_events.empty()) {
+    std::array<bool, kCategoryCount> used{};
+    auto mark = [&](const CategoryBytes& b) {
+      for (std::size_t c = 0; c < kCategoryCount; ++c) used[c] = used[c] || b[c] > 0;
+    };
+    mark(rec.host_base);
+    for (const HostRegionEvent& e : rec.host_events) mark(e.after);
     const auto host_counter = [&](double ts, const CategoryBytes& b) {
       json args = json::object();
       for (std::size_t c = 0; c < kCategoryCount; ++c) {
-        if (b[c] > 0) args[category_name(static_cast<Category>(c))] = b[c];
+        if (used[c]) args[category_name(static_cast<Category>(c))] = b[c];
       }
-      if (args.empty()) args["total"] = 0;
-      return json{{"ph", "C"}, {"name", "pinned host"},  {"pid", kHostPid}, {"tid", 0},
-                  {"ts", ts},  {"args", std::move(args)}};
+      return json{{"ph", "C"}, {"name", "pinned host"}, {"pid", kHostPid},
+                  {"tid", 0},  {"ts", ts},              {"args", std::move(args)}};
     };
     events.push_back(host_counter(0.0, rec.host_base));
     for (const HostRegionEvent& e : rec.host_events) {

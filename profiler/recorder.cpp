@@ -341,13 +341,16 @@ Recorder::Recorder(CachingAllocator& alloc, RecorderOptions options) : alloc_(&a
     // Regions the listener heard already count from here on: on_host keeps the newest state.
     std::lock_guard lock(s.mu);
     s.host_base = live;
-    if (s.host_events.empty()) {
-      s.host = s.host_at_peak = live;
+    if (s.host_events.empty()) s.host = live;
+    if (total_bytes(live) >= s.host_peak) {  // the state at the start is a peak candidate too
       s.host_peak = total_bytes(live);
+      s.host_at_peak = live;
+      s.host_peak_ns = s.start_ns;
     }
   } catch (...) {
     alloc.remove_listener(s.alloc_listener);
     remove_range_listener(s.range_listener);
+    if (s.host_listener != 0) remove_host_region_listener(s.host_listener);
     throw;
   }
 }

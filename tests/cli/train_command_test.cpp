@@ -189,6 +189,7 @@ TEST(TrainCommand, ClipGradNormClipsTheSameWithGradientsOnTheHost) {
   EXPECT_EQ(ja.at("losses"), jb.at("losses"));
   EXPECT_EQ(ja.at("grad_norms"), jb.at("grad_norms"));
   EXPECT_EQ(ja.at("clipped_steps").get<int>(), 3);
+  EXPECT_EQ(jb.at("clipped_steps").get<int>(), 3);
   EXPECT_NE(ja.at("losses"), jc.at("losses"));
   EXPECT_FALSE(jc.contains("grad_norms"));
   const ProgramRun bad = run_memfit(base_args(1) + " --clip-grad-norm -1");
