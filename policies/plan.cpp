@@ -113,8 +113,9 @@ void read_categories(const std::string& src, const YAML::Node& v, const std::str
     const std::size_t b = bytes(src, ck.second, key + "." + c);
     if (b > std::numeric_limits<std::size_t>::max() - sum) {
       fail(src, ck.second, key + "." + c,
-           std::to_string(b) + " bytes: the map's total passes 2^64; valid: byte counts that add "
-           "up");
+           std::to_string(b) +
+               " bytes: the map's total passes 2^64; valid: byte counts that add "
+               "up");
     }
     sum += b;
     out[category_index(cat)] = b;

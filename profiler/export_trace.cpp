@@ -147,8 +147,8 @@ std::string trace_json(const ProfileReport& r) {
       for (std::size_t c = 0; c < kCategoryCount; ++c) {
         if (used[c]) args[category_name(static_cast<Category>(c))] = b[c];
       }
-      return json{{"ph", "C"}, {"name", "pinned host"}, {"pid", kHostPid},
-                  {"tid", 0},  {"ts", ts},              {"args", std::move(args)}};
+      return json{{"ph", "C"}, {"name", "pinned host"},  {"pid", kHostPid}, {"tid", 0},
+                  {"ts", ts},  {"args", std::move(args)}};
     };
     events.push_back(host_counter(0.0, rec.host_base));
     for (const HostRegionEvent& e : rec.host_events) {

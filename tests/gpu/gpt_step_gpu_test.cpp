@@ -453,8 +453,8 @@ TEST(GptStepGpuPolicies, ActivationOffloadIsBitIdenticalAndMovesTheCheckpoints) 
       ASSERT_NE(it, got.state.end()) << name;
       EXPECT_TRUE(it->second == bytes) << name << " differs";
     }
-    EXPECT_GE(base.act_peak, got.act_peak + (n - 2) * one) << base.act_peak << " vs "
-                                                            << got.act_peak;
+    EXPECT_GE(base.act_peak, got.act_peak + (n - 2) * one)
+        << base.act_peak << " vs " << got.act_peak;
     EXPECT_GE(got.host, n * one);  // a room for each checkpoint
   }
 }

@@ -234,12 +234,13 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "budget_bytes: 12 parsecs\n", "p.yaml:11:15: plan.budget_bytes:");
   expect_error(m + ok + "predicted:\n  peak_by_category:\n    weights: 3\n",
                "p.yaml:13:5: plan.predicted.peak_by_category.weights:");
-  expect_error(m + ok + "predicted: {host_pinned_bytes: 10, host_pinned_by_category: {gradient: 9}}\n",
-               "plan.predicted.host_pinned_by_category: its bytes add up to 9, not "
-               "host_pinned_bytes (10)");
-  expect_error(m + ok +
-                   "predicted:\n  category_peaks: {gradient: 18446744073709551615, activation: 2}\n",
-               "plan.predicted.category_peaks.activation: 2 bytes: the map's total passes 2^64");
+  expect_error(
+      m + ok + "predicted: {host_pinned_bytes: 10, host_pinned_by_category: {gradient: 9}}\n",
+      "plan.predicted.host_pinned_by_category: its bytes add up to 9, not "
+      "host_pinned_bytes (10)");
+  expect_error(
+      m + ok + "predicted:\n  category_peaks: {gradient: 18446744073709551615, activation: 2}\n",
+      "plan.predicted.category_peaks.activation: 2 bytes: the map's total passes 2^64");
   expect_error(m + ok + "predicted:\n  peak_by_category: {[a, b]: 1}\n",
                "plan.predicted.peak_by_category: expected a category name as the key");
   expect_error(m + ok + "predicted: {step_seconds: -1}\n",
