@@ -220,9 +220,9 @@ Span time_span(const Recording& rec, const std::vector<Sample>& pts) {
   return {pts.front().t_ns, std::max(rec.end_ns, pts.back().t_ns)};
 }
 
-std::string svg_chart(const ProfileReport& r) {
+// `pts`: samples(rec), which report_html computes once for both charts.
+std::string svg_chart(const ProfileReport& r, const std::vector<Sample>& pts) {
   const Recording& rec = r.recording;
-  const std::vector<Sample> pts = samples(rec);
   const auto [t_begin, t_end] = time_span(rec, pts);
   std::size_t y_max = std::max(rec.peak_reserved, rec.peak.allocated);
   for (const Sample& s : pts) y_max = std::max({y_max, s.reserved, s.allocated});
@@ -256,12 +256,10 @@ std::string svg_chart(const ProfileReport& r) {
   return o;
 }
 
-bool has_host(const Recording& rec) { return rec.host_peak > 0 || !rec.host_events.empty(); }
-
 // Pinned host memory by category over the device chart's time span.
-std::string svg_host_chart(const ProfileReport& r) {
+std::string svg_host_chart(const ProfileReport& r, Span span) {
   const Recording& rec = r.recording;
-  const auto [t_begin, t_end] = time_span(rec, samples(rec));
+  const auto [t_begin, t_end] = span;
   const std::vector<Sample> pts = host_samples(rec, t_begin);
   const Chart c(t_begin, t_end, rec.host_peak + rec.host_peak / 20, kHostHeight);
   std::string o = svg_frame(c, "host_timeline", "pinned host bytes by category over time", t_begin,
@@ -370,20 +368,21 @@ std::string report_html(const ProfileReport& r) {
          " events drawn as the lowest and highest point of each of " + std::to_string(kBuckets) +
          " intervals.";
   }
-  o += "</p>\n" + svg_chart(r) + "<p>";
+  const std::vector<Sample> pts = samples(rec);
+  o += "</p>\n" + svg_chart(r, pts) + "<p>";
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     o += "<span class=\"swatch\" style=\"background:" + std::string(kColors[c]) + "\"></span>" +
          escape(category_name(static_cast<Category>(c)));
   }
   o += "</p>\n";
-  if (has_host(rec)) {
+  if (rec.has_host()) {
     o += "<h2>Pinned host memory over time</h2>\n<p>Offload's pinned host bytes stacked by "
          "category, on the same time axis; peak <b>" +
          escape(format_bytes(rec.host_peak)) + "</b>";
     if (r.plan.present && r.plan.predicted_host_pinned > 0) {
       o += " (predicted " + escape(format_bytes(r.plan.predicted_host_pinned)) + ")";
     }
-    o += ".</p>\n" + svg_host_chart(r) + "<table>\n" + head({"category", "at the host peak"});
+    o += ".</p>\n" + svg_host_chart(r, time_span(rec, pts)) + "<table>\n" + head({"category", "at the host peak"});
     for (std::size_t c = 0; c < kCategoryCount; ++c) {
       if (rec.host_at_peak[c] == 0) continue;
       o += row({escape(category_name(static_cast<Category>(c))),
@@ -422,7 +421,7 @@ std::string report_html(const ProfileReport& r) {
          row({"peak allocated", escape(format_bytes(r.plan.predicted_peak_allocated)),
               escape(format_bytes(rec.peak.allocated)),
               ratio(rec.peak.allocated, r.plan.predicted_peak_allocated)});
-    if (r.plan.predicted_host_pinned > 0 || has_host(rec)) {
+    if (r.plan.predicted_host_pinned > 0 || rec.has_host()) {
       o += row({"pinned host", escape(format_bytes(r.plan.predicted_host_pinned)),
                 escape(format_bytes(rec.host_peak)),
                 ratio(rec.host_peak, r.plan.predicted_host_pinned)});

@@ -135,7 +135,7 @@ std::string trace_json(const ProfileReport& r) {
   // Offload's pinned host memory: one counter whose series are the categories that ever hold
   // bytes (the trace viewers stack them), each in every sample, 0 included (a series keeps its
   // last value until told otherwise), at the start and after each region's change.
-  if (rec.host_peak > 0 || !rec.host_events.empty()) {
+  if (rec.has_host()) {
     std::array<bool, kCategoryCount> used{};
     auto mark = [&](const CategoryBytes& b) {
       for (std::size_t c = 0; c < kCategoryCount; ++c) used[c] = used[c] || b[c] > 0;

@@ -118,6 +118,7 @@ struct Recording {
   std::int64_t host_peak_ns = 0;  // when it was first reached
   CategoryBytes host_at_peak{};   // by category then
   CategoryBytes host_current{};
+  bool has_host() const { return host_peak > 0 || !host_events.empty(); }  // offload pinned any
 
   // by_category after events[i], replayed from base (O(i)); exporters walk events in order
   // instead and keep a running sum.
