@@ -382,7 +382,8 @@ std::string report_html(const ProfileReport& r) {
     if (r.plan.present && r.plan.predicted_host_pinned > 0) {
       o += " (predicted " + escape(format_bytes(r.plan.predicted_host_pinned)) + ")";
     }
-    o += ".</p>\n" + svg_host_chart(r, time_span(rec, pts)) + "<table>\n" + head({"category", "at the host peak"});
+    o += ".</p>\n" + svg_host_chart(r, time_span(rec, pts)) + "<table>\n" +
+         head({"category", "at the host peak"});
     for (std::size_t c = 0; c < kCategoryCount; ++c) {
       if (rec.host_at_peak[c] == 0) continue;
       o += row({escape(category_name(static_cast<Category>(c))),
