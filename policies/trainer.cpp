@@ -316,15 +316,14 @@ StepResult Trainer::step(const Batch& batch) {
 
   const LossScalerState before = scaler_.state();
   const bool skip = scaler_.update(found_inf);
+  const bool clipped = !skip && clip && grad_norm > options_.max_grad_norm;
   try {
     const ScopedRange opt_range(RangeKind::kOptimizer);
     if (skip) {
       optimizer_->skip(ctx_);
     } else {
       // Clipping scales the update's gradients as clip_grad_norm_ scales them in place.
-      const double coef = clip && grad_norm > options_.max_grad_norm
-                              ? options_.max_grad_norm / (grad_norm + 1e-6)
-                              : 1.0;
+      const double coef = clipped ? options_.max_grad_norm / (grad_norm + 1e-6) : 1.0;
       optimizer_->step(ctx_, coef / scale);
     }
   } catch (...) {
@@ -339,7 +338,7 @@ StepResult Trainer::step(const Batch& batch) {
   r.loss_scale = scale;
   r.skipped = skip;
   r.grad_norm = grad_norm;
-  r.clipped = !skip && clip && grad_norm > options_.max_grad_norm;
+  r.clipped = clipped;
   r.tokens = rows;
   r.micro_batches = static_cast<std::int64_t>(sizes.size());
   r.peaks = PeakFigures::of(ctx_.alloc.stats());
