@@ -34,7 +34,8 @@
 //                                                           # 1 timed step, PyTorch f32 only
 //   ./build/bench/policy_matrix_bench --dtypes f32 --checkpoints none,every:2 --offload off
 //   options: --steps N --warmup W --threads N --no-torch --torch-script PATH --torch-bf16 on|off
-//            --no-all-policies
+//            --no-all-policies --attention flash|materialized (the model's attention; flash is
+//            the default, materialized reproduces the figures from before flash attention)
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,6 +90,7 @@ struct Args {
   bool torch_bf16 = true;
   bool all_policies = true;
   const char* torch_script = nullptr;
+  AttentionImpl attention = AttentionImpl::kFlash;
 };
 
 struct Figures {  // one configuration, either side
@@ -327,7 +329,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: %s [--quick] [--dtypes f32,bf16,f16] [--checkpoints none,all,every:2] "
                  "[--offload off,on] [--steps N] [--warmup W] [--threads N] [--no-torch] "
-                 "[--torch-script PATH] [--torch-bf16 on|off] [--no-all-policies]\n",
+                 "[--torch-script PATH] [--torch-bf16 on|off] [--no-all-policies] "
+                 "[--attention flash|materialized]\n",
                  argv[0]);
     return 2;
   };
@@ -364,6 +367,10 @@ int main(int argc, char** argv) {
       a.torch_bf16 = std::string(argv[++i]) != "off";
     } else if (s == "--no-all-policies") {
       a.all_policies = false;
+    } else if (s == "--attention" && has) {
+      const std::string v = argv[++i];
+      if (v != "flash" && v != "materialized") return usage();
+      a.attention = v == "flash" ? AttentionImpl::kFlash : AttentionImpl::kMaterialized;
     } else {
       return usage();
     }
@@ -378,16 +385,18 @@ int main(int argc, char** argv) {
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
 
-  const ModelSpec spec = bench_spec();
+  ModelSpec spec = bench_spec();
+  spec.attention = a.attention;
   const Batch batch = make_batch(spec);
   std::printf(
       "policy matrix: GPT vocab %lld, seq_len %lld, layers %lld, hidden %lld, heads %lld, "
-      "mlp_ratio %lld, tied; batch %lld; %d threads; median of %d steps after %d "
+      "mlp_ratio %lld, tied, %s attention; batch %lld; %d threads; median of %d steps after %d "
       "warm-up\n",
       static_cast<long long>(spec.vocab), static_cast<long long>(spec.seq_len),
       static_cast<long long>(spec.layers), static_cast<long long>(spec.hidden),
       static_cast<long long>(spec.heads), static_cast<long long>(spec.mlp_ratio),
-      static_cast<long long>(kBatch), threads, a.steps, a.warmup);
+      attention_impl_name(spec.attention), static_cast<long long>(kBatch), threads, a.steps,
+      a.warmup);
   if (a.torch && !a.torch_bf16) std::printf("PyTorch bf16 rows skipped (--torch-bf16 off)\n");
   const std::string script = torch_script(a);
 

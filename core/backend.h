@@ -115,6 +115,14 @@ struct HeadDims {
   std::int64_t b, t, parts, heads, hs;
 };
 
+// Sizes of flash_attention_forward/backward, resolved from validated operands: B, T, H query
+// heads, G key/value heads (G divides H), hs the head size. Not > 0 only when B or T is 0.
+struct AttentionDims {
+  std::int64_t b, t, heads, kv_heads, hs;
+  std::int64_t group() const { return heads / kv_heads; }      // query heads per kv head
+  std::int64_t row() const { return (heads + 2 * kv_heads) * hs; }  // qkv's last dimension
+};
+
 // ---- conv2d: descriptor (conv helper's section; ops below, checks in backend_conv.cpp) ----
 // A 2-D convolution (cross-correlation, as torch.nn.functional.conv2d and cuDNN's
 // CUDNN_CROSS_CORRELATION), channels-last so activations stay (B, T, C) with T = H*W:
@@ -265,6 +273,32 @@ class Backend {
                           const Tensor& att, std::int64_t heads, const Tensor& datt,
                           const Tensor& dqkvr, const Tensor& dqkv);
 
+  // Causal self-attention in O(T) memory: the FlashAttention-2 algorithm (Dao, 2023). Queries
+  // go in tiles against tiles of keys and values with a running max and sum per row (online
+  // softmax); the probabilities exist one tile at a time, in FP32, and are never stored. What
+  // the backward needs beyond q, k, v and the output is one FP32 log-sum-exp per row.
+  // Grouped-query ready: H query heads share G key/value heads (G divides H; query head h reads
+  // kv head h / (H/G); G == H is ordinary multi-head attention), with no per-head K/V copies.
+  // hs is the head size, 1 to kMaxAttentionHeadSize; scale = 1/sqrt(hs).
+  //   qkv (B,T,(H+2G)*hs): each token's row holds q (H heads of hs), then k (G heads), then v
+  //       (G heads); GPT-2's (B,T,3C) with G = H is exactly this.
+  //   -> out (B,T,H*hs), the heads merged (the output projection's input), rounded once;
+  //      lse (B,H,T) f32, lse[b,h,i] = log sum_{j<=i} exp(s_ij), s_ij = scale * q_i . k_j
+  //   out[b,i,h,:] = sum_{j<=i} exp(s_ij - lse[b,h,i]) v[b,j,g,:]
+  // Deterministic on every backend (fixed tile orders, no float atomics); backends agree to
+  // FP32 rounding, not bit for bit. 0-sized B or T is a no-op.
+  static constexpr std::int64_t kMaxAttentionHeadSize = 256;
+  void flash_attention_forward(StreamId stream, const Tensor& qkv, std::int64_t heads,
+                               std::int64_t kv_heads, const Tensor& out, const Tensor& lse);
+  // dout (B,T,H*hs), and qkv, out, lse as the forward left them -> dqkv (B,T,(H+2G)*hs),
+  // written (dq, dk, dv in qkv's layout; dk and dv sum over each group's query heads).
+  // delta (B,H,T) f32 is scratch the caller provides: delta[b,h,i] = dout[b,i,h,:] . out[b,i,h,:]
+  // (FlashAttention-2's precomputed row term). The backward recomputes the probabilities tile
+  // by tile from q, k and lse, so nothing of size T x T is stored or allocated.
+  void flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                const Tensor& out, const Tensor& lse, std::int64_t heads,
+                                std::int64_t kv_heads, const Tensor& delta, const Tensor& dqkv);
+
   // tokens (B,T) int32, wte (V,C), wpe (maxT,C), T <= maxT -> out (B,T,C) = wte[tok] + wpe[t]
   // Token ids must lie in [0, V). That depends on the data, not the call, so the base class
   // cannot check it: the CPU backend throws InvalidArgument before writing anything, the meta
@@ -366,6 +400,13 @@ class Backend {
                               const HeadDims& d) = 0;
   virtual void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                               const HeadDims& d) = 0;
+  virtual void do_flash_attention_forward(StreamId stream, const Tensor& qkv,
+                                          const AttentionDims& d, const Tensor& out,
+                                          const Tensor& lse) = 0;
+  virtual void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                           const Tensor& out, const Tensor& lse,
+                                           const AttentionDims& d, const Tensor& delta,
+                                           const Tensor& dqkv) = 0;
   virtual void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                     const Tensor& wpe, const Tensor& out) = 0;
   virtual void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

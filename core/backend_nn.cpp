@@ -408,6 +408,79 @@ void Backend::attention_backward(StreamId stream, const Tensor& dout, const Tens
   do_merge_heads(stream, dqkvr, dqkv, {d.b, d.t, 3, d.heads, d.hs});
 }
 
+namespace {
+
+// B, T, H, G, hs of a flash attention call from its 3-D qkv (B,T,(H+2G)*hs).
+AttentionDims flash_dims(const Where& w, const Tensor& qkv, std::int64_t heads,
+                         std::int64_t kv_heads) {
+  need_ndim(w, "qkv", qkv, 3, 3, "(B, T, (H + 2G) * hs)");
+  if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) {
+    throw InvalidArgument(w + ": heads = " + num(heads) + ", kv_heads = " + num(kv_heads) +
+                          "; valid: heads >= 1, kv_heads >= 1 dividing heads");
+  }
+  const std::int64_t width = qkv.size(2);
+  std::int64_t parts = -1;  // stays -1 when heads + 2 * kv_heads overflows
+  if (__builtin_mul_overflow(kv_heads, 2, &parts) || __builtin_add_overflow(parts, heads, &parts)) {
+    parts = -1;
+  }
+  if (parts <= 0 || width % parts != 0 || width / parts < 1 ||
+      width / parts > Backend::kMaxAttentionHeadSize) {
+    throw InvalidArgument(w + ": qkv is " + tensor_desc(qkv) + " with heads = " + num(heads) +
+                          ", kv_heads = " + num(kv_heads) + "; valid: a last dimension of " +
+                          "(heads + 2 * kv_heads) * hs with hs from 1 to " +
+                          num(Backend::kMaxAttentionHeadSize));
+  }
+  AttentionDims d{qkv.size(0), qkv.size(1), heads, kv_heads, width / parts};
+  // qkv's own numel fits int64 (a Tensor invariant), so B*T*H*hs and B*H*T, each at most that,
+  // fit too.
+  return d;
+}
+
+}  // namespace
+
+void Backend::flash_attention_forward(StreamId stream, const Tensor& qkv, std::int64_t heads,
+                                      std::int64_t kv_heads, const Tensor& out, const Tensor& lse) {
+  const Where w{name(), "flash_attention_forward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(), {{"qkv", &qkv}, {"out", &out}, {"lse", &lse}});
+  const AttentionDims d = flash_dims(w, qkv, heads, kv_heads);
+  const std::int64_t rows = d.b * d.t;
+  need_numel(w, "out", out, rows * d.heads * d.hs, "(B, T, H * hs)");
+  need_f32(w, "lse", lse);
+  need_numel(w, "lse", lse, rows * d.heads, "(B, H, T)");
+  check_disjoint(w, {rd("qkv", qkv), wr("out", out), wr("lse", lse)});
+  if (rows == 0) return;
+  do_flash_attention_forward(stream, qkv, d, out, lse);
+}
+
+void Backend::flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse, std::int64_t heads,
+                                       std::int64_t kv_heads, const Tensor& delta,
+                                       const Tensor& dqkv) {
+  const Where w{name(), "flash_attention_backward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(),
+                 {{"dout", &dout},
+                  {"qkv", &qkv},
+                  {"out", &out},
+                  {"lse", &lse},
+                  {"delta", &delta},
+                  {"dqkv", &dqkv}});
+  const AttentionDims d = flash_dims(w, qkv, heads, kv_heads);
+  const std::int64_t rows = d.b * d.t;
+  need_numel(w, "dout", dout, rows * d.heads * d.hs, "(B, T, H * hs)");
+  need_numel(w, "out", out, rows * d.heads * d.hs, "(B, T, H * hs)");
+  need_f32(w, "lse", lse);
+  need_numel(w, "lse", lse, rows * d.heads, "(B, H, T)");
+  need_f32(w, "delta", delta);
+  need_numel(w, "delta", delta, rows * d.heads, "(B, H, T)");
+  need_numel(w, "dqkv", dqkv, qkv.numel(), "(B, T, (H + 2G) * hs), as qkv");
+  check_disjoint(w, {rd("dout", dout), rd("qkv", qkv), rd("out", out), rd("lse", lse),
+                     wr("delta", delta), wr("dqkv", dqkv)});
+  if (rows == 0) return;
+  do_flash_attention_backward(stream, dout, qkv, out, lse, d, delta, dqkv);
+}
+
 void Backend::embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                 const Tensor& wpe, const Tensor& out) {
   const Where w{name(), "embedding_forward"};

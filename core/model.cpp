@@ -41,7 +41,8 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
     const std::string name = "h." + std::to_string(i);
     if (spec_.kind == ModelSpec::Kind::kGpt) {
       blocks_.push_back(std::make_unique<TransformerBlock>(
-          name, spec_.hidden, spec_.heads, spec_.mlp_ratio, spec_.layers, spec_.ln_eps));
+          name, spec_.hidden, spec_.heads, spec_.mlp_ratio, spec_.layers, spec_.ln_eps,
+          spec_.attention));
     } else {
       blocks_.push_back(std::make_unique<MLPBlock>(name, spec_.hidden, spec_.mlp_ratio,
                                                    spec_.layers, spec_.ln_eps));

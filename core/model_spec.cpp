@@ -28,7 +28,7 @@ constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMaxVocab = std::numeric_limits<std::int32_t>::max();
 
 constexpr const char* kValidKeys =
-    "kind, name, vocab, seq_len, layers, hidden, heads, mlp_ratio, tied_head, ln_eps";
+    "kind, name, vocab, seq_len, layers, hidden, heads, mlp_ratio, tied_head, ln_eps, attention";
 
 // Where a message points: "file:line:col: " when the YAML gave a position, else "source: ".
 struct Where {
@@ -162,6 +162,15 @@ void validate_spec(const ModelSpec& s, const Where& w) {
                  ", hidden " + std::to_string(s.hidden) + ", mlp_ratio " +
                  std::to_string(s.mlp_ratio) + ")");
   }
+  if (s.kind == ModelSpec::Kind::kGpt && s.attention == AttentionImpl::kFlash &&
+      s.hidden / s.heads > Backend::kMaxAttentionHeadSize) {
+    fail_key(w, "heads",
+             std::to_string(s.heads) + " heads of " + std::to_string(s.hidden / s.heads) +
+                 " (hidden / heads) exceed flash attention's head size limit of " +
+                 std::to_string(Backend::kMaxAttentionHeadSize) +
+                 "; valid: heads >= hidden / " + std::to_string(Backend::kMaxAttentionHeadSize) +
+                 ", or attention: materialized");
+  }
 }
 
 // ---- YAML -----------------------------------------------------------------------------------
@@ -222,9 +231,9 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
       throw ConfigError(w.at(it->first.Mark()) +
                         "model: keys must be names; valid keys: " + kValidKeys);
     }
-    static const std::array<const char*, 10> kKeys = {"kind",      "name",   "vocab", "seq_len",
-                                                      "layers",    "hidden", "heads", "mlp_ratio",
-                                                      "tied_head", "ln_eps"};
+    static const std::array<const char*, 11> kKeys = {
+        "kind",  "name",      "vocab",     "seq_len", "layers",   "hidden",
+        "heads", "mlp_ratio", "tied_head", "ln_eps",  "attention"};
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
     if (!known) {
@@ -272,6 +281,20 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   if (values.count("mlp_ratio")) s.mlp_ratio = read_int(w, "mlp_ratio", values["mlp_ratio"]);
   if (values.count("tied_head")) s.tied_head = read_bool(w, "tied_head", values["tied_head"]);
   if (values.count("ln_eps")) s.ln_eps = read_float(w, "ln_eps", values["ln_eps"]);
+  if (values.count("attention")) {
+    const YAML::Node& a = values["attention"];
+    const std::string v = a.IsScalar() ? a.Scalar() : "";
+    if (v == "flash") {
+      s.attention = AttentionImpl::kFlash;
+    } else if (v == "materialized") {
+      s.attention = AttentionImpl::kMaterialized;
+    } else {
+      fail_key(w, "attention",
+               "must be flash (tiled, O(T) memory; the default) or materialized (the (T, T) "
+               "probabilities saved, as memfit before flash attention), got " +
+                   (a.IsScalar() ? "'" + v + "'" : node_kind(a)));
+    }
+  }
   return s;
 }
 
@@ -413,6 +436,7 @@ std::string ModelSpec::to_yaml() const {
   char eps[32];
   std::snprintf(eps, sizeof eps, "%.9g", static_cast<double>(ln_eps));  // exact for a float
   out << YAML::Key << "ln_eps" << YAML::Value << eps;
+  out << YAML::Key << "attention" << YAML::Value << attention_impl_name(attention);
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

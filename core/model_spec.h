@@ -17,6 +17,9 @@
 //     mlp_ratio: 4       # the MLP's inner width is mlp_ratio * hidden
 //     tied_head: true    # the output projection shares the token embedding (GPT-2)
 //     ln_eps: 1e-5       # optional
+//     attention: flash   # optional, gpt: flash (the default: tiled, O(T) memory, head size at
+//                        # most 256) or materialized (the (T, T) probabilities saved, as memfit
+//                        # computed attention before flash; reproduces older plans)
 // Errors are ConfigError naming the file, the line and the key, and what would be valid:
 // missing keys, wrong types, sizes < 1, heads not dividing hidden, products (parameter count,
 // bytes of any one tensor) that overflow int64.
@@ -26,6 +29,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/layers/attention.h"  // AttentionImpl
 
 namespace memfit {
 
@@ -41,6 +46,7 @@ struct ModelSpec {
   std::int64_t mlp_ratio = 4;
   bool tied_head = true;
   float ln_eps = 1e-5f;
+  AttentionImpl attention = AttentionImpl::kFlash;
 
   static ModelSpec from_yaml_string(std::string_view text, std::string_view source = "<string>");
   static ModelSpec from_yaml_file(const std::string& path);

@@ -43,7 +43,8 @@
 //   QKV projection input                  2sbh      ln1 output (qkv holds it)           2sbh
 //   Q, K for QK^T                         4sbh      qkvr: q, k, v split into heads      6sbh
 //   V for attention over values           2sbh        (one tensor, counted here)
-//   softmax output                        2as^2b    att (softmax output)                2as^2b
+//   softmax output                        2as^2b    att (materialized attention only)   2as^2b
+//                                                   lse, f32 (flash attention)          4asb
 //   softmax dropout mask                  as^2b     - (no dropout)                      0
 //   dropout output (attention over V)     2as^2b    - (att itself is used)              0
 //   output projection input               2sbh      merged heads (proj holds it)        2sbh
@@ -54,9 +55,11 @@
 //   second linear input                   8sbh      GELU output                         8sbh
 //   MLP dropout mask                      sbh       - (no dropout)                      0
 //   -                                               LayerNorm mean + rstd, f32, x2      16sb
-//   total                  34sbh + 5as^2b           32sbh + 2as^2b + 16sb
-// memfit = Megatron - 2sbh (the two sbh dropout masks) - 3as^2b (the attention dropout's mask
-// and output) + 16sb (LayerNorm statistics, which Megatron leaves out as small). In f32 every
+//   total                  34sbh + 5as^2b           32sbh + 16sb + 4asb (flash, the default)
+//                                                   32sbh + 16sb + 2as^2b (materialized)
+// With `attention: materialized`, memfit = Megatron - 2sbh (the two sbh dropout masks)
+// - 3as^2b (the attention dropout's mask and output) + 16sb (LayerNorm statistics, which
+// Megatron leaves out as small); with flash attention no s^2 term remains at all. In f32 every
 // sbh and as^2b term doubles; the statistics stay f32. tests/policies/cost_model_test.cpp
 // checks this term by term against the layers' cost() and the calibrated measurement.
 // Measured (calibrate()): runs each block's forward (save = true) and backward individually

@@ -372,7 +372,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   nlohmann::ordered_json model;
   for (const auto& kv : m) {
     const std::string k = kv.first.as<std::string>();
-    if (k == "kind" || k == "name") {
+    if (k == "kind" || k == "name" || k == "attention") {
       model[k] = kv.second.as<std::string>();
     } else if (k == "tied_head") {
       model[k] = kv.second.as<bool>();

@@ -244,6 +244,18 @@ void CpuBackend::do_merge_heads(StreamId s, const Tensor& src, const Tensor& dst
                                 const HeadDims& d) {
   submit(s, [this, s, src, dst, d] { run_merge_heads(s, src, dst, d); });
 }
+void CpuBackend::do_flash_attention_forward(StreamId s, const Tensor& qkv, const AttentionDims& d,
+                                            const Tensor& out, const Tensor& lse) {
+  submit(s, [this, qkv, d, out, lse] { run_flash_attention_forward(qkv, d, out, lse); });
+}
+void CpuBackend::do_flash_attention_backward(StreamId s, const Tensor& dout, const Tensor& qkv,
+                                             const Tensor& out, const Tensor& lse,
+                                             const AttentionDims& d, const Tensor& delta,
+                                             const Tensor& dqkv) {
+  submit(s, [this, dout, qkv, out, lse, d, delta, dqkv] {
+    run_flash_attention_backward(dout, qkv, out, lse, d, delta, dqkv);
+  });
+}
 void CpuBackend::do_embedding_forward(StreamId s, const IndexTensor& tokens, const Tensor& wte,
                                       const Tensor& wpe, const Tensor& out) {
   submit(s, [this, s, tokens, wte, wpe, out] { run_embedding_forward(s, tokens, wte, wpe, out); });

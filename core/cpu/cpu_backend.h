@@ -123,6 +123,11 @@ class CpuBackend final : public Backend {
                       const HeadDims& d) override;
   void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                       const HeadDims& d) override;
+  void do_flash_attention_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                                  const Tensor& out, const Tensor& lse) override;
+  void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                                   const Tensor& delta, const Tensor& dqkv) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                             const Tensor& wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
@@ -178,6 +183,11 @@ class CpuBackend final : public Backend {
                                    float scale, const Tensor& dpreatt, std::int64_t t);
   void run_split_heads(StreamId stream, const Tensor& src, const Tensor& dst, const HeadDims& d);
   void run_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst, const HeadDims& d);
+  void run_flash_attention_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& out,
+                                   const Tensor& lse);
+  void run_flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                    const Tensor& lse, const AttentionDims& d, const Tensor& delta,
+                                    const Tensor& dqkv);
   void run_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                              const Tensor& wpe, const Tensor& out);
   void run_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

@@ -127,6 +127,11 @@ class CudaBackend final : public Backend {
                       const HeadDims& d) override;
   void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                       const HeadDims& d) override;
+  void do_flash_attention_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                                  const Tensor& out, const Tensor& lse) override;
+  void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                                   const Tensor& delta, const Tensor& dqkv) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                             const Tensor& wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

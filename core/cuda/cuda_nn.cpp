@@ -1,10 +1,12 @@
 // CudaBackend's neural-network ops (core/backend.h, "neural-network ops"): each resolves the
 // validated shapes into sizes, makes the backend's device current, takes scratch where a
-// reduction needs it, and calls its launcher in nn_kernels.cu. Every launcher's status (the
+// reduction needs it, and calls its launcher in nn_kernels.cu (attention_kernels.cu for flash
+// attention). Every launcher's status (the
 // cudaGetLastError after its launches, or CUB's status) becomes CudaError naming the call.
 #include <cstdint>
 #include <string>
 
+#include "core/cuda/attention_kernels.h"
 #include "core/cuda/cuda_backend.h"
 #include "core/cuda/cuda_backend_impl.h"
 #include "core/cuda/nn_kernels.h"
@@ -117,6 +119,26 @@ void CudaBackend::do_merge_heads(StreamId stream, const Tensor& src, const Tenso
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_permute_heads(src.raw(), code(src), dst.raw(), code(dst), d.b, d.t,
                                                d.parts, d.heads, d.hs, false, cuda_stream(stream)));
+}
+
+// Flash attention: no scratch (the backward's delta is the caller's); attention_kernels.cu.
+void CudaBackend::do_flash_attention_forward(StreamId stream, const Tensor& qkv,
+                                             const AttentionDims& d, const Tensor& out,
+                                             const Tensor& lse) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_flash_attention_forward(qkv.raw(), code(qkv), out.raw(), code(out),
+                                                         f32(lse), d.b, d.t, d.heads, d.kv_heads,
+                                                         d.hs, cuda_stream(stream)));
+}
+
+void CudaBackend::do_flash_attention_backward(StreamId stream, const Tensor& dout,
+                                              const Tensor& qkv, const Tensor& out,
+                                              const Tensor& lse, const AttentionDims& d,
+                                              const Tensor& delta, const Tensor& dqkv) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_flash_attention_backward(
+      dout.raw(), code(dout), qkv.raw(), code(qkv), out.raw(), code(out), f32(lse), f32(delta),
+      dqkv.raw(), code(dqkv), d.b, d.t, d.heads, d.kv_heads, d.hs, cuda_stream(stream)));
 }
 
 void CudaBackend::do_embedding_forward(StreamId stream, const IndexTensor& tokens,

@@ -51,11 +51,12 @@ Act copy_of(LayerContext& ctx, const Act& dy, const std::string& tag) {
 // ---- TransformerBlock ------------------------------------------------------------------------
 
 TransformerBlock::TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
-                                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps)
+                                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps,
+                                   AttentionImpl attention)
     : Layer(name),
       hidden_(hidden),
       ln1_(name + ".ln1", hidden, ln_eps),
-      attn_(name + ".attn", hidden, heads, layers::residual_init_std(n_layers)),
+      attn_(name + ".attn", hidden, heads, layers::residual_init_std(n_layers), attention),
       ln2_(name + ".ln2", hidden, ln_eps),
       mlp_(name + ".mlp", hidden, mul(std::max<std::int64_t>(mlp_ratio, 1), hidden),
            layers::residual_init_std(n_layers)) {

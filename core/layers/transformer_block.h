@@ -16,8 +16,9 @@
 // allocates nothing beyond its sublayers but that copy. With save == false every sublayer runs
 // with save == false and only the output survives. Per sample of T tokens (c = T*C elements
 // of dt bytes, a = heads*T*T, f = mlp_ratio*c):
-//   saved_bytes   8T + c (ln1 out) + 4c + a (attention) + c (x1) + 8T + c (ln2 out) + 2f
-//                 = 7c + a + 2f + 16T (the input x excluded; saves_input)
+//   saved_bytes   8T + c (ln1 out) + the attention's (4c + 4*heads*T with flash, 4c + a
+//                 materialized) + c (x1) + 8T + c (ln2 out) + 2f
+//                 = 7c + 2f + 16T + (4*heads*T or a) (the input x excluded; saves_input)
 //   output_bytes  c
 //   workspace     the largest of the peaks beyond live-before + saved + output (forward) and
 //                 beyond live-before + dx (backward); cost() derives it from the sublayers
@@ -40,7 +41,8 @@ class TransformerBlock final : public Layer {
  public:
   // InvalidArgument for sizes < 1 or heads not dividing hidden.
   TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
-                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps = 1e-5f);
+                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps = 1e-5f,
+                   AttentionImpl attention = AttentionImpl::kFlash);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
   Act backward(LayerContext& ctx, const Act& dy) override;

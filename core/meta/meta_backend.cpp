@@ -53,6 +53,10 @@ const char* meta_op_name(MetaOp op) {
       return "split_heads";
     case MetaOp::kMergeHeads:
       return "merge_heads";
+    case MetaOp::kFlashAttentionForward:
+      return "flash_attention_forward";
+    case MetaOp::kFlashAttentionBackward:
+      return "flash_attention_backward";
     case MetaOp::kEmbeddingForward:
       return "embedding_forward";
     case MetaOp::kEmbeddingBackward:

@@ -29,6 +29,9 @@ namespace memfit {
 
 // One entry per do_* primitive. attention_forward/backward are composed in Backend, so they
 // count as their parts: kSplitHeads, kGemm (two or four), kSoftmaxCausal*, kMergeHeads.
+// flash_attention_forward/backward are one primitive each: their products (q.k, p.v and, in
+// the backward, the five of FlashAttention-2) run at matrix-unit rates and count in
+// gemm_flops over the live (j <= i) pairs only; the softmax arithmetic counts in other_flops.
 enum class MetaOp : std::uint8_t {
   kGemm,
   kFill,
@@ -48,6 +51,8 @@ enum class MetaOp : std::uint8_t {
   kSoftmaxCausalBackward,
   kSplitHeads,
   kMergeHeads,
+  kFlashAttentionForward,
+  kFlashAttentionBackward,
   kEmbeddingForward,
   kEmbeddingBackward,
   kCrossEntropyForward,
@@ -150,6 +155,11 @@ class MetaBackend final : public cpu::InlineBackend {
                       const HeadDims& d) override;
   void do_merge_heads(StreamId stream, const Tensor& src, const Tensor& dst,
                       const HeadDims& d) override;
+  void do_flash_attention_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                                  const Tensor& out, const Tensor& lse) override;
+  void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& out, const Tensor& lse, const AttentionDims& d,
+                                   const Tensor& delta, const Tensor& dqkv) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                             const Tensor& wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
@@ -182,8 +192,10 @@ class MetaBackend final : public cpu::InlineBackend {
  private:
   void count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops = 0,
              std::int64_t host_bytes = 0);
-  // conv2d: as count(), with the flops added to gemm_flops (meta_conv.cpp).
-  void count_conv(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops);
+  // As count(), with `matmul_flops` added to gemm_flops (matrix-unit work: conv2d, flash
+  // attention) and `flops` to other_flops.
+  void count_matmul(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t matmul_flops,
+                    std::int64_t flops = 0);
 
   mutable std::mutex mu_;
   MetaStats stats_;

@@ -10,16 +10,16 @@ namespace memfit {
 using meta::bytes;
 using meta::sat_add;
 
-void MetaBackend::count_conv(MetaOp op, std::int64_t read, std::int64_t written,
-                             std::int64_t flops) {
-  count(op, read, written);
+void MetaBackend::count_matmul(MetaOp op, std::int64_t read, std::int64_t written,
+                               std::int64_t matmul_flops, std::int64_t flops) {
+  count(op, read, written, flops);
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.gemm_flops = sat_add(stats_.gemm_flops, flops);
+  stats_.gemm_flops = sat_add(stats_.gemm_flops, matmul_flops);
 }
 
 void MetaBackend::do_conv2d_forward(StreamId, const Conv2dDesc& d, const Tensor& inp,
                                     const Tensor& weight, const Tensor& out) {
-  count_conv(MetaOp::kConv2dForward, bytes(inp, weight), bytes(out), d.flops());
+  count_matmul(MetaOp::kConv2dForward, bytes(inp, weight), bytes(out), d.flops());
 }
 
 void MetaBackend::do_conv2d_backward(StreamId, const Conv2dDesc& d, const Tensor& dout,
@@ -33,7 +33,7 @@ void MetaBackend::do_conv2d_backward(StreamId, const Conv2dDesc& d, const Tensor
     written = sat_add(written, bytes(*dinp));
     flops = sat_add(flops, d.flops());
   }
-  count_conv(MetaOp::kConv2dBackward, read, written, flops);
+  count_matmul(MetaOp::kConv2dBackward, read, written, flops);
 }
 
 }  // namespace memfit

@@ -20,6 +20,12 @@ std::int64_t live_scores(const Tensor& scores, std::int64_t t) {
   return sat_mul(mats, t * (t + 1) / 2);
 }
 
+// Live (j <= i) query-key pairs of a causal attention: B*H*T(T+1)/2.
+std::int64_t live_pairs(const AttentionDims& d) {
+  return sat_mul(sat_mul(d.b, d.heads), d.t % 2 == 0 ? sat_mul(d.t / 2, d.t + 1)
+                                                     : sat_mul(d.t, (d.t + 1) / 2));
+}
+
 }  // namespace
 
 void MetaBackend::do_layernorm_forward(StreamId, const Tensor& inp, const Tensor& weight,
@@ -83,6 +89,28 @@ void MetaBackend::do_merge_heads(StreamId, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {
   const std::int64_t n = sat_mul(sat_mul(d.b * d.t, d.parts), d.heads * d.hs);
   count(MetaOp::kMergeHeads, sat_mul(n, dtype_size(src.dtype())), sat_mul(n, dtype_size(dst.dtype())));
+}
+
+void MetaBackend::do_flash_attention_forward(StreamId, const Tensor& qkv, const AttentionDims& d,
+                                             const Tensor& out, const Tensor& lse) {
+  const std::int64_t pairs = live_pairs(d);
+  // q.k and p.v: 2*hs flops each per live pair.
+  count_matmul(MetaOp::kFlashAttentionForward, bytes(qkv), bytes(out, lse),
+               sat_mul(pairs, 4 * d.hs), sat_mul(pairs, MetaFlops::kSoftmaxForward));
+}
+
+void MetaBackend::do_flash_attention_backward(StreamId, const Tensor& dout, const Tensor& qkv,
+                                              const Tensor& out, const Tensor& lse,
+                                              const AttentionDims& d, const Tensor& delta,
+                                              const Tensor& dqkv) {
+  const std::int64_t pairs = live_pairs(d);
+  // Recomputed q.k, then dp = do.v, dv += p do, dq += ds k, dk += ds q: five products; per
+  // pair the exp of the recomputed probability and ds = p (dp - delta); delta is 2*hs per row.
+  const std::int64_t elementwise =
+      sat_add(sat_mul(pairs, MetaFlops::kSoftmaxForward + MetaFlops::kSoftmaxBackward),
+              sat_mul(delta.numel(), 2 * d.hs));
+  count_matmul(MetaOp::kFlashAttentionBackward, bytes(dout, qkv, out, lse, delta),
+               bytes(delta, dqkv), sat_mul(pairs, 10 * d.hs), elementwise);
 }
 
 void MetaBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,

@@ -111,7 +111,8 @@ TEST(PlanCommand, TableShowsEveryCandidateAndTheRecommendationWithWhy) {
   EXPECT_TRUE(contains(r.output, "why: largest micro-batch that fits")) << r.output;
   // What the recommended plan pins on the host, per parameter, and that no host limit was set.
   EXPECT_TRUE(contains(r.output, "pinned host memory: ")) << r.output;
-  EXPECT_TRUE(contains(r.output, "bytes per parameter); no host budget given")) << r.output;
+  EXPECT_TRUE(contains(r.output, " bytes per parameter")) << r.output;
+  EXPECT_TRUE(contains(r.output, "; no host budget given (--host-budget)")) << r.output;
   EXPECT_TRUE(contains(r.output, "recommended: " + rec.at("activation_dtype").get<std::string>() +
                                      ", checkpoint " + rec.at("checkpoint").get<std::string>()))
       << r.output;

@@ -414,11 +414,12 @@ TEST(Executor, MetaDryRunPredictsTheCpuPeak) {
   check_meta_matches_cpu(six_blocks(ModelSpec::Kind::kMlp), DType::kF16, "sqrt", 3);
 }
 
-// Attention scores of 1 MiB per block (B=8, 4 heads, T=128, bf16) at little arithmetic: a run
-// needs several 2 MiB segments, so limits can fall between its allocations.
+// B=8, T=384, bf16: a block saves ~5.7 MiB (gpt-micro's 7c + 2f + 16T + the lse rows; flash
+// attention keeps no scores) at little arithmetic, so a run needs several 2 MiB segments and limits can fall between its
+// allocations.
 ModelSpec long_model() {
   ModelSpec s = six_blocks();
-  s.seq_len = 128;
+  s.seq_len = 384;
   return s;
 }
 
@@ -430,9 +431,9 @@ TEST(Executor, OutOfMemoryMidRunLeavesNothing) {
     LayerContext ctx = rig.ctx(DType::kBF16);
     Model m(long_model(), ctx);
     m.init(7, ctx);
-    Batch batch(rig, 8, 128, 64, 8);
+    Batch batch(rig, 8, 384, 64, 8);
     Executor ex(m, ctx);
-    // A segment of 3 blocks recomputed keeping all needs ~6 MiB at once.
+    // A segment of 3 blocks recomputed keeping all needs ~17 MiB at once.
     const Schedule s = Schedule::every(6, 3);
     const Result ref = run_once(ex, m, s, batch.mb, 0.25f);
     std::vector<std::vector<unsigned char>> weights;

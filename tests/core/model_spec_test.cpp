@@ -54,7 +54,8 @@ std::string with(const std::string& key, const std::string& line) {
 bool same(const ModelSpec& a, const ModelSpec& b) {
   return a.kind == b.kind && a.name == b.name && a.vocab == b.vocab && a.seq_len == b.seq_len &&
          a.layers == b.layers && a.hidden == b.hidden && a.heads == b.heads &&
-         a.mlp_ratio == b.mlp_ratio && a.tied_head == b.tied_head && a.ln_eps == b.ln_eps;
+         a.mlp_ratio == b.mlp_ratio && a.tied_head == b.tied_head && a.ln_eps == b.ln_eps &&
+         a.attention == b.attention;
 }
 
 TEST(ModelSpec, ParsesEveryKey) {
@@ -208,6 +209,23 @@ TEST(ModelSpec, UnknownKeysAndTypes) {
   expect_error(std::string(kTiny) + "  ln_eps: abc\n", {"model.ln_eps", "number"});
   expect_error(std::string(kTiny) + "  vocab: 3\n", {"spec.yaml:11:", "model.vocab", "duplicate"});
   expect_error(with("name", "name: [a]"), {"model.name", "string"});
+}
+
+TEST(ModelSpec, AttentionIsFlashUnlessTheSpecSaysMaterialized) {
+  EXPECT_EQ(ModelSpec::from_yaml_string(kTiny).attention, AttentionImpl::kFlash);
+  EXPECT_EQ(ModelSpec::preset("gpt2").attention, AttentionImpl::kFlash);
+  const ModelSpec m = ModelSpec::from_yaml_string(std::string(kTiny) + "  attention: materialized\n");
+  EXPECT_EQ(m.attention, AttentionImpl::kMaterialized);
+  EXPECT_TRUE(same(m, ModelSpec::from_yaml_string(m.to_yaml())));
+  EXPECT_NE(m.to_yaml().find("attention: materialized"), std::string::npos);
+  expect_error(std::string(kTiny) + "  attention: sdpa\n",
+               {"spec.yaml:11:", "model.attention", "flash", "materialized", "'sdpa'"});
+  expect_error(std::string(kTiny) + "  attention: [flash]\n", {"model.attention", "a list"});
+  // Flash's head size limit (256) is the spec's to report, with the way out.
+  std::string one_head = with("heads", "heads: 1");  // hidden 512: one head of 512
+  one_head.replace(one_head.find("hidden: 256"), 11, "hidden: 512");
+  expect_error(one_head, {"model.heads", "512", "256", "attention: materialized"});
+  EXPECT_EQ(ModelSpec::from_yaml_string(one_head + "  attention: materialized\n").heads, 1);
 }
 
 TEST(ModelSpec, MissingKeysAndShape) {

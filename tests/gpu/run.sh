@@ -11,7 +11,9 @@
 # run the GPU benchmarks (bench binaries whose name contains gpu or cuda), if any; run the
 # PyTorch anchor (bench/torch_gpu_step.py, when a python3 with torch and CUDA is there; skipped
 # with the reason otherwise) and print memfit's GPT-2 steps beside it with the issue's targets
-# (tokens/s >= PyTorch eager, peak <= PyTorch's, offload step <= 1.15x). Logs go to
+# (tokens/s >= PyTorch eager, peak <= PyTorch's, offload step <= 1.15x); and the attention
+# anchor (bench/torch_sdpa.py: PyTorch's scaled_dot_product_attention beside memfit's flash
+# attention from attention_gpu_bench, same conditions). Logs go to
 # $OUT when set, else build-gpu/gpu-logs (one file per step). The last thing printed, and
 # summary.txt in the log folder, is a table (step, result, seconds) followed by the details
 # that explain it: failed test names, the first compiler errors, why no GPU was usable, and
@@ -358,6 +360,34 @@ if [[ -n "$MEMFIT_JSON" ]] && command -v python3 >/dev/null; then
     while IFS= read -r line; do detail "$line"; done <"$LOGS/gpu_step_compare.txt"
   else
     detail "comparison failed: $(tail -1 "$LOGS/gpu_step_compare.txt")"
+  fi
+fi
+
+# ---- 5c. the attention anchor: PyTorch's scaled_dot_product_attention on the same shapes -----
+# bench/torch_sdpa.py, given attention_gpu_bench's JSON line so it prints memfit flash's time
+# beside PyTorch's (its "figure:" lines land in the summary). Skipped, saying why, as 5b.
+ATTN_JSON=""
+[[ -f "$LOGS/attention_gpu_bench.log" ]] && ATTN_JSON=$(sed -n 's/^JSON //p' "$LOGS/attention_gpu_bench.log" | tail -1)
+t0=$(date +%s)
+if [[ -z "$ATTN_JSON" ]]; then
+  row "torch sdpa anchor" "not run (no attention_gpu_bench result to compare)" 0
+elif [[ -z "$PY" ]]; then
+  row "torch sdpa anchor" "SKIPPED: no python3 with torch" 0
+elif (($(remaining) <= 20)); then
+  row "torch sdpa anchor" "NOT RUN (time budget spent)" 0
+else
+  printf '%s\n' "$ATTN_JSON" >"$LOGS/attention.memfit.json"
+  run_logged "$LOGS/torch_sdpa.log" 120 "$PY" bench/torch_sdpa.py --memfit "$LOGS/attention.memfit.json"
+  rc=$?
+  skip=$(grep -m1 '^SKIP' "$LOGS/torch_sdpa.log")
+  if [[ -n "$skip" ]]; then
+    row "torch sdpa anchor" "SKIPPED: ${skip#SKIP: }" "$(since "$t0")"
+  elif ((rc == 0)); then
+    row "torch sdpa anchor" "ok ($PY)" "$(since "$t0")"
+  else
+    # A reference, not a check of memfit: its failure is reported, not fatal.
+    row "torch sdpa anchor" "$(timed_out $rc && echo "TIMEOUT after ${STEP_LIMIT}s" || echo "FAIL (rc $rc)")" "$(since "$t0")"
+    detail "torch sdpa anchor: $(grep -vE '^\s*$' "$LOGS/torch_sdpa.log" | tail -1)"
   fi
 fi
 

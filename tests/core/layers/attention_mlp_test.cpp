@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 
 #include "core/layers/attention.h"
 #include "core/layers/mlp.h"
@@ -38,45 +39,79 @@ TEST(AttentionTest, NamesShapesAndInit) {
   testing::expect_invalid([] { CausalSelfAttention("a", 30, 4); }, {"heads", "30"});
 }
 
+constexpr AttentionImpl kImpls[] = {AttentionImpl::kFlash, AttentionImpl::kMaterialized};
+
 TEST(AttentionTest, GradientsMatchFiniteDifferences) {
   // T = 5 exercises rows with 1..5 visible keys; two heads check the head layout of qkv.
-  CausalSelfAttention a("attn", 8, 2);
-  testing::check_gradients(a, Shape{2, 5, 8}, attn_ref(2, 5, 8, 2), 41);
+  for (AttentionImpl impl : kImpls) {
+    SCOPED_TRACE(attention_impl_name(impl));
+    CausalSelfAttention a("attn", 8, 2, 0.02f, impl);
+    testing::check_gradients(a, Shape{2, 5, 8}, attn_ref(2, 5, 8, 2), 41);
+  }
 }
 
 TEST(AttentionTest, LowPrecisionCloseToF32) {
-  // qkv, the scores, the probabilities, the merged heads and the output are each rounded to
-  // the dtype and the errors pass through two more GEMMs (measured: 2.7 units; tolerance 6).
-  for (DType dt : {DType::kF16, DType::kBF16}) {
-    testing::check_low_precision(
-        [] { return std::make_unique<CausalSelfAttention>("attn", 16, 2); }, dt, Shape{2, 6, 16},
-        attn_ref(2, 6, 16, 2), 6.0, 42);
+  // Materialized: qkv, the scores, the probabilities, the merged heads and the output are each
+  // rounded to the dtype and the errors pass through two more GEMMs (measured: 2.7 units;
+  // tolerance 6). Flash keeps scores and probabilities in FP32, so it is at least as close.
+  for (AttentionImpl impl : kImpls) {
+    for (DType dt : {DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(std::string(attention_impl_name(impl)) + " " + dtype_name(dt));
+      testing::check_low_precision(
+          [impl] { return std::make_unique<CausalSelfAttention>("attn", 16, 2, 0.02f, impl); }, dt,
+          Shape{2, 6, 16}, attn_ref(2, 6, 16, 2), 6.0, 42);
+    }
   }
 }
 
 TEST(AttentionTest, RecomputeSavedStateMemory) {
-  CausalSelfAttention a("attn", 16, 4);
-  testing::check_recompute(a, Shape{2, 8, 16}, 43);
-  for (DType dt : kDTypes) {
-    CausalSelfAttention m("h.0.attn", 64, 4);
-    testing::check_memory_of(m, dt, Shape{2, 64, 64});
+  for (AttentionImpl impl : kImpls) {
+    SCOPED_TRACE(attention_impl_name(impl));
+    CausalSelfAttention a("attn", 16, 4, 0.02f, impl);
+    testing::check_recompute(a, Shape{2, 8, 16}, 43);
+    for (DType dt : kDTypes) {
+      CausalSelfAttention m("h.0.attn", 64, 4, 0.02f, impl);
+      testing::check_memory_of(m, dt, Shape{2, 64, 64});
+      // T = 96: not a multiple of flash's 64-row tile (sizes stay whole allocator granules).
+      CausalSelfAttention odd("h.0.attn", 128, 4, 0.02f, impl);
+      testing::check_memory_of(odd, dt, Shape{2, 96, 128});
+    }
+    testing::MetaEnv meta(DType::kBF16);
+    CausalSelfAttention s("attn", 16, 2, 0.02f, impl);
+    s.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
+    testing::check_saved_state(s, meta.ctx, Shape{2, 4, 16});
   }
-  testing::MetaEnv meta(DType::kBF16);
-  CausalSelfAttention s("attn", 16, 2);
-  s.allocate({meta.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
-  testing::check_saved_state(s, meta.ctx, Shape{2, 4, 16});
 }
 
 TEST(AttentionTest, CostFormula) {
   // Written out independently of the implementation: T = 64, C = 64, H = 4, bf16.
-  CausalSelfAttention a("attn", 64, 4);
-  const LayerCost k = a.cost(64, DType::kBF16);
-  const std::int64_t c = 64 * 64 * 2, att = 4 * 64 * 64 * 2;
+  const std::int64_t c = 64 * 64 * 2, att = 4 * 64 * 64 * 2, lse = 4 * 64 * 4;
+  const std::int64_t projections = 2 * 64 * 64 * 192 + 2 * 64 * 64 * 64;
+  CausalSelfAttention m("attn", 64, 4, 0.02f, AttentionImpl::kMaterialized);
+  const LayerCost k = m.cost(64, DType::kBF16);
   EXPECT_EQ(k.saved_bytes, 3 * c + att + c);
   EXPECT_EQ(k.output_bytes, c);
+  EXPECT_EQ(k.workspace_bytes, 5 * c + att);
   EXPECT_TRUE(k.saves_input);
-  EXPECT_EQ(k.forward_flops, 2 * 64 * 64 * 192 + 4 * 64 * 64 * 64 + 2 * 64 * 64 * 64);
+  EXPECT_EQ(k.forward_flops, projections + 4 * 64 * 64 * 64);
   EXPECT_EQ(k.backward_flops, 2 * k.forward_flops);
+  // Flash: no T x T term saved or allocated; q.k and p.v over the T(T+1)/2 live pairs.
+  CausalSelfAttention f("attn", 64, 4);
+  EXPECT_EQ(f.impl(), AttentionImpl::kFlash);
+  const LayerCost fk = f.cost(64, DType::kBF16);
+  EXPECT_EQ(fk.saved_bytes, 3 * c + c + lse);
+  EXPECT_EQ(fk.output_bytes, c);
+  EXPECT_EQ(fk.workspace_bytes, 3 * c + lse);
+  EXPECT_TRUE(fk.saves_input);
+  const std::int64_t pair_flops = 64 * 65 / 2 * 4 * (2 * 2 * 16);  // pairs x heads x 2 x 2hs
+  EXPECT_EQ(fk.forward_flops, projections + pair_flops);
+  EXPECT_EQ(fk.backward_flops, 2 * projections + pair_flops * 5 / 2);
+}
+
+TEST(AttentionTest, FlashRefusesHeadsPastItsLimit) {
+  testing::expect_invalid([] { CausalSelfAttention("a", 512, 1); }, {"512", "materialized"});
+  CausalSelfAttention ok("a", 512, 1, 0.02f, AttentionImpl::kMaterialized);
+  EXPECT_EQ(ok.impl(), AttentionImpl::kMaterialized);
 }
 
 TEST(AttentionTest, RejectsTwoDimensionalInput) {
