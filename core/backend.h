@@ -119,7 +119,7 @@ struct HeadDims {
 // heads, G key/value heads (G divides H), hs the head size. Not > 0 only when B or T is 0.
 struct AttentionDims {
   std::int64_t b, t, heads, kv_heads, hs;
-  std::int64_t group() const { return heads / kv_heads; }      // query heads per kv head
+  std::int64_t group() const { return heads / kv_heads; }           // query heads per kv head
   std::int64_t row() const { return (heads + 2 * kv_heads) * hs; }  // qkv's last dimension
 };
 

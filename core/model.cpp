@@ -40,9 +40,9 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
   for (int i = 0; i < n; ++i) {
     const std::string name = "h." + std::to_string(i);
     if (spec_.kind == ModelSpec::Kind::kGpt) {
-      blocks_.push_back(std::make_unique<TransformerBlock>(
-          name, spec_.hidden, spec_.heads, spec_.mlp_ratio, spec_.layers, spec_.ln_eps,
-          spec_.attention));
+      blocks_.push_back(std::make_unique<TransformerBlock>(name, spec_.hidden, spec_.heads,
+                                                           spec_.mlp_ratio, spec_.layers,
+                                                           spec_.ln_eps, spec_.attention));
     } else {
       blocks_.push_back(std::make_unique<MLPBlock>(name, spec_.hidden, spec_.mlp_ratio,
                                                    spec_.layers, spec_.ln_eps));

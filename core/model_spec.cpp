@@ -167,9 +167,8 @@ void validate_spec(const ModelSpec& s, const Where& w) {
     fail_key(w, "heads",
              std::to_string(s.heads) + " heads of " + std::to_string(s.hidden / s.heads) +
                  " (hidden / heads) exceed flash attention's head size limit of " +
-                 std::to_string(Backend::kMaxAttentionHeadSize) +
-                 "; valid: heads >= hidden / " + std::to_string(Backend::kMaxAttentionHeadSize) +
-                 ", or attention: materialized");
+                 std::to_string(Backend::kMaxAttentionHeadSize) + "; valid: heads >= hidden / " +
+                 std::to_string(Backend::kMaxAttentionHeadSize) + ", or attention: materialized");
   }
 }
 

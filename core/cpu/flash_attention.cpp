@@ -10,13 +10,12 @@
 
 namespace memfit::cpu {
 
-#define MEMFIT_FLASH_DECLARE(ns)                                                              \
-  namespace ns {                                                                              \
-  void flash_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& out,            \
-                     const Tensor& lse);                                                      \
-  void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,               \
-                      const Tensor& lse, const AttentionDims& d, const Tensor& delta,         \
-                      const Tensor& dqkv);                                                    \
+#define MEMFIT_FLASH_DECLARE(ns)                                                                   \
+  namespace ns {                                                                                   \
+  void flash_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& out,                 \
+                     const Tensor& lse);                                                           \
+  void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, \
+                      const AttentionDims& d, const Tensor& delta, const Tensor& dqkv);            \
   }
 MEMFIT_FLASH_DECLARE(flash_generic)
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,7 +85,8 @@ void flash_backward(FlashIsa isa, const Tensor& dout, const Tensor& qkv, const T
   if (isa == FlashIsa::kAvx512) {
     return flash_avx512::flash_backward(dout, qkv, out, lse, d, delta, dqkv);
   }
-  if (isa == FlashIsa::kAvx2) return flash_avx2::flash_backward(dout, qkv, out, lse, d, delta, dqkv);
+  if (isa == FlashIsa::kAvx2)
+    return flash_avx2::flash_backward(dout, qkv, out, lse, d, delta, dqkv);
 #endif
   flash_generic::flash_backward(dout, qkv, out, lse, d, delta, dqkv);
 }

@@ -13,8 +13,8 @@ namespace memfit::cpu {
 
 enum class FlashIsa { kGeneric, kAvx2, kAvx512 };
 
-bool flash_isa_available(FlashIsa isa);  // kGeneric always; the others per CPUID
-FlashIsa flash_isa_best();               // AVX-512, else AVX2, else generic
+bool flash_isa_available(FlashIsa isa);    // kGeneric always; the others per CPUID
+FlashIsa flash_isa_best();                 // AVX-512, else AVX2, else generic
 const char* flash_isa_name(FlashIsa isa);  // "generic", "avx2", "avx512"
 
 // InvalidArgument when `isa` is not available here.

@@ -28,6 +28,8 @@
 // variants differ in the last bits; each is deterministic.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -35,8 +37,6 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-
-#include <omp.h>
 
 #include "core/backend.h"
 #include "core/cpu/nn_util.h"
@@ -240,14 +240,15 @@ void flash_forward(const Tensor& qkv, const AttentionDims& dims, const Tensor& o
       const i64 bi = task / L.heads, h = task % L.heads, g = h / group;
       if (widened != bi * L.kv_heads + g) {
         widened = bi * L.kv_heads + g;
-        widen_transposed(qkv, L, [&](i64 ti) { return L.k_at(bi, ti, g); }, kt.data(),
-                         row.data());
-        widen_rows(qkv, L.t, L.hs, hsp, tp, [&](i64 ti) { return L.v_at(bi, ti, g); }, vf.data());
+        widen_transposed(
+            qkv, L, [&](i64 ti) { return L.k_at(bi, ti, g); }, kt.data(), row.data());
+        widen_rows(
+            qkv, L.t, L.hs, hsp, tp, [&](i64 ti) { return L.v_at(bi, ti, g); }, vf.data());
       }
       for (i64 i = 0; i < L.tiles; ++i) {
         const i64 t0 = i * kTile, n = std::min<i64>(kTile, L.t - t0);
-        widen_rows(qkv, n, L.hs, hsp, kTile, [&](i64 r) { return L.q_at(bi, t0 + r, h); },
-                   qf.data());
+        widen_rows(
+            qkv, n, L.hs, hsp, kTile, [&](i64 r) { return L.q_at(bi, t0 + r, h); }, qf.data());
         std::fill(o.begin(), o.end(), 0.0f);
         std::fill(m, m + kTile, kNegInf);
         std::fill(l, l + kTile, 0.0f);
@@ -309,7 +310,8 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
       widen(dout, L.out_at(bi, ti, h), L.hs, a.data());
       widen(out, L.out_at(bi, ti, h), L.hs, c.data());
       float acc = 0.0f;
-      for (i64 d = 0; d < L.hs; ++d) acc += a[static_cast<std::size_t>(d)] * c[static_cast<std::size_t>(d)];
+      for (i64 d = 0; d < L.hs; ++d)
+        acc += a[static_cast<std::size_t>(d)] * c[static_cast<std::size_t>(d)];
       delta_f[sr] = acc;
     }
   }
@@ -327,17 +329,19 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
       const i64 bi = task / L.kv_heads, g = task % L.kv_heads;
       auto k_at = [&](i64 ti) { return L.k_at(bi, ti, g); };
       widen_transposed(qkv, L, k_at, kt.data(), row.data());
-      widen_transposed(qkv, L, [&](i64 ti) { return L.v_at(bi, ti, g); }, vt.data(), row.data());
+      widen_transposed(
+          qkv, L, [&](i64 ti) { return L.v_at(bi, ti, g); }, vt.data(), row.data());
       widen_rows(qkv, L.t, L.hs, hsp, tp, k_at, kf.data());
       std::fill(dk.begin(), dk.end(), 0.0f);
       std::fill(dv.begin(), dv.end(), 0.0f);
       for (i64 h = g * group; h < (g + 1) * group; ++h) {
         for (i64 i = 0; i < L.tiles; ++i) {
           const i64 t0 = i * kTile, n = std::min<i64>(kTile, L.t - t0);
-          widen_rows(qkv, n, L.hs, hsp, kTile, [&](i64 r) { return L.q_at(bi, t0 + r, h); },
-                     qf.data());
-          widen_rows(dout, n, L.hs, hsp, kTile, [&](i64 r) { return L.out_at(bi, t0 + r, h); },
-                     dof.data());
+          widen_rows(
+              qkv, n, L.hs, hsp, kTile, [&](i64 r) { return L.q_at(bi, t0 + r, h); }, qf.data());
+          widen_rows(
+              dout, n, L.hs, hsp, kTile, [&](i64 r) { return L.out_at(bi, t0 + r, h); },
+              dof.data());
           for (i64 r = 0; r < kTile; ++r) {
             lse_r[r] = r < n ? lse_f[L.stat_at(bi, h, t0 + r)] : 0.0f;
             delta_r[r] = r < n ? delta_f[L.stat_at(bi, h, t0 + r)] : 0.0f;
@@ -371,7 +375,8 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
             transpose_tile(dp.data(), pt.data());
             tile_accumulate(dk_j, pt.data(), qf.data(), hsp);  // dk += ds^T @ q
           }
-          for (i64 r = 0; r < n; ++r) narrow(dq.data() + r * hsp, dqkv, L.q_at(bi, t0 + r, h), L.hs);
+          for (i64 r = 0; r < n; ++r)
+            narrow(dq.data() + r * hsp, dqkv, L.q_at(bi, t0 + r, h), L.hs);
         }
       }
       for (i64 ti = 0; ti < L.t; ++ti) {

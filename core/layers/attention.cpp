@@ -22,8 +22,9 @@ std::int64_t checked_heads(const std::string& name, std::int64_t hidden, std::in
                           "; valid: a divisor of hidden");
   }
   if (impl == AttentionImpl::kFlash && hidden / heads > Backend::kMaxAttentionHeadSize) {
-    throw InvalidArgument("CausalSelfAttention '" + name + "': head size hidden / heads = " +
-                          std::to_string(hidden / heads) + "; valid with flash attention: at most " +
+    throw InvalidArgument("CausalSelfAttention '" + name +
+                          "': head size hidden / heads = " + std::to_string(hidden / heads) +
+                          "; valid with flash attention: at most " +
                           std::to_string(Backend::kMaxAttentionHeadSize) +
                           " (more heads, or attention: materialized)");
   }
@@ -173,7 +174,7 @@ LayerCost CausalSelfAttention::cost(std::int64_t seq_len, DType dtype) const {
   k.output_bytes = c;
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   if (impl_ == AttentionImpl::kFlash) {
-    k.saved_bytes = 4 * c + nbytes(mul(heads_, seq_len), DType::kF32);  // qkv, merged, lse
+    k.saved_bytes = 4 * c + nbytes(mul(heads_, seq_len), DType::kF32);     // qkv, merged, lse
     const std::int64_t pairs_c = mul(mul(seq_len, seq_len + 1), hidden_);  // T(T+1)*C
     k.forward_flops = projections + mul(2, pairs_c);
     k.backward_flops = mul(2, projections) + mul(5, pairs_c);

@@ -7,8 +7,9 @@
 //
 // Parameters, in order (the GPT golden file's names, tests/core/data/gpt_golden.bin):
 // h.3.ln1.{weight,bias}, h.3.attn.qkv.{weight,bias}, h.3.attn.proj.{weight,bias},
-// h.3.ln2.{weight,bias}, h.3.mlp.fc.{weight,bias}, h.3.mlp.proj.{weight,bias}. The two projections into the residual stream are initialized
-// N(0, 0.02/sqrt(2 * n_layers)) (GPT-2 paper, 2.3); other weights N(0, 0.02).
+// h.3.ln2.{weight,bias}, h.3.mlp.fc.{weight,bias}, h.3.mlp.proj.{weight,bias}. The two projections
+// into the residual stream are initialized N(0, 0.02/sqrt(2 * n_layers)) (GPT-2 paper, 2.3); other
+// weights N(0, 0.02).
 //
 // Memory: the residual adds run in place over the sublayers' outputs (so the block's output
 // and its middle residual stream carry the tags "<name>.mlp.proj" and "<name>.attn.proj"),

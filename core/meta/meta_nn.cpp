@@ -22,8 +22,8 @@ std::int64_t live_scores(const Tensor& scores, std::int64_t t) {
 
 // Live (j <= i) query-key pairs of a causal attention: B*H*T(T+1)/2.
 std::int64_t live_pairs(const AttentionDims& d) {
-  return sat_mul(sat_mul(d.b, d.heads), d.t % 2 == 0 ? sat_mul(d.t / 2, d.t + 1)
-                                                     : sat_mul(d.t, (d.t + 1) / 2));
+  return sat_mul(sat_mul(d.b, d.heads),
+                 d.t % 2 == 0 ? sat_mul(d.t / 2, d.t + 1) : sat_mul(d.t, (d.t + 1) / 2));
 }
 
 }  // namespace

@@ -415,8 +415,8 @@ TEST(Executor, MetaDryRunPredictsTheCpuPeak) {
 }
 
 // B=8, T=384, bf16: a block saves ~5.7 MiB (gpt-micro's 7c + 2f + 16T + the lse rows; flash
-// attention keeps no scores) at little arithmetic, so a run needs several 2 MiB segments and limits can fall between its
-// allocations.
+// attention keeps no scores) at little arithmetic, so a run needs several 2 MiB segments and limits
+// can fall between its allocations.
 ModelSpec long_model() {
   ModelSpec s = six_blocks();
   s.seq_len = 384;

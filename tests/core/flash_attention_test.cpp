@@ -2,6 +2,8 @@
 // core/cpu/flash_attention*.cpp) against a double-precision grouped-query reference written
 // here (its analytic backward checked against central finite differences first), against the
 // materialized attention, across its vector builds and thread counts, and its argument checks.
+#include "core/cpu/flash_attention.h"
+
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
-#include "core/cpu/flash_attention.h"
 #include "core/meta/meta_backend.h"
 #include "tests/core/nn_testutil.h"
 
@@ -51,13 +52,15 @@ Vec ref_probs(const Vec& qkv, const Dims& d, Vec* lse = nullptr) {
         Vec s(i + 1, 0.0);
         double mx = -1e300;
         for (i64 j = 0; j <= i; ++j) {
-          for (i64 e = 0; e < d.hs; ++e) s[j] += qkv[d.q(b, i, h, e)] * qkv[d.k(b, j, d.g_of(h), e)];
+          for (i64 e = 0; e < d.hs; ++e)
+            s[j] += qkv[d.q(b, i, h, e)] * qkv[d.k(b, j, d.g_of(h), e)];
           s[j] *= scale;
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
         for (i64 j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
-        for (i64 j = 0; j <= i; ++j) p[((b * d.H + h) * d.T + i) * d.T + j] = std::exp(s[j] - mx) / sum;
+        for (i64 j = 0; j <= i; ++j)
+          p[((b * d.H + h) * d.T + i) * d.T + j] = std::exp(s[j] - mx) / sum;
         if (lse != nullptr) (*lse)[(b * d.H + h) * d.T + i] = mx + std::log(sum);
       }
     }
@@ -147,8 +150,8 @@ TEST(FlashAttention, MatchesTheReferenceOnEveryShapeAndDtype) {
   // T = 1, below, at and past one 64-row tile (65, 130: partial tiles, several diagonals);
   // head sizes not a multiple of the 16-float vector (3, 24, 80) up to the limit (256);
   // multi-head (G = H), grouped (H/G = 2, 4) and multi-query (G = 1).
-  const Dims shapes[] = {{1, 1, 2, 2, 16},  {2, 5, 4, 2, 3},    {1, 64, 2, 1, 24},
-                         {2, 65, 4, 4, 16}, {1, 130, 8, 2, 64}, {1, 70, 2, 2, 80},
+  const Dims shapes[] = {{1, 1, 2, 2, 16},   {2, 5, 4, 2, 3},    {1, 64, 2, 1, 24},
+                         {2, 65, 4, 4, 16},  {1, 130, 8, 2, 64}, {1, 70, 2, 2, 80},
                          {1, 33, 4, 1, 128}, {1, 20, 2, 2, 256}, {2, 130, 4, 4, 64}};
   for (const Dims& d : shapes) {
     for (DType dt : kAllDTypes) {
@@ -188,8 +191,9 @@ TEST(FlashAttention, AgreesWithTheMaterializedAttention) {
   Outs r(d, DType::kF32);
   run_flash(be, qkv, dout, d, r);
   HT qkvr({3, B, H, T, C / H}, DType::kF32), att({B, H, T, T}, DType::kF32),
-      scratch({B * T * C}, DType::kF32), out({B, T, C}, DType::kF32), datt({B, H, T, T}, DType::kF32),
-      dqkvr({3 * B * T * C}, DType::kF32), dqkv({B, T, 3 * C}, DType::kF32);
+      scratch({B * T * C}, DType::kF32), out({B, T, C}, DType::kF32),
+      datt({B, H, T, T}, DType::kF32), dqkvr({3 * B * T * C}, DType::kF32),
+      dqkv({B, T, 3 * C}, DType::kF32);
   be.attention_forward(s0, qkv, H, qkvr, att, scratch, out);
   be.attention_backward(s0, dout, qkvr, att, H, datt, dqkvr, dqkv);
   double max_out = 0, max_dqkv = 0;
@@ -248,7 +252,8 @@ TEST(FlashAttention, EveryVectorBuildThisCpuRunsAgrees) {
   cpu::flash_backward(cpu::flash_isa_best(), dout, qkv, best.out, best.lse, ad, best.delta,
                       best.dqkv);
   int ran = 0;
-  for (cpu::FlashIsa isa : {cpu::FlashIsa::kGeneric, cpu::FlashIsa::kAvx2, cpu::FlashIsa::kAvx512}) {
+  for (cpu::FlashIsa isa :
+       {cpu::FlashIsa::kGeneric, cpu::FlashIsa::kAvx2, cpu::FlashIsa::kAvx512}) {
     if (!cpu::flash_isa_available(isa)) {
       std::printf("flash attention: the %s build cannot run on this CPU; not compared\n",
                   cpu::flash_isa_name(isa));

@@ -214,7 +214,8 @@ TEST(ModelSpec, UnknownKeysAndTypes) {
 TEST(ModelSpec, AttentionIsFlashUnlessTheSpecSaysMaterialized) {
   EXPECT_EQ(ModelSpec::from_yaml_string(kTiny).attention, AttentionImpl::kFlash);
   EXPECT_EQ(ModelSpec::preset("gpt2").attention, AttentionImpl::kFlash);
-  const ModelSpec m = ModelSpec::from_yaml_string(std::string(kTiny) + "  attention: materialized\n");
+  const ModelSpec m =
+      ModelSpec::from_yaml_string(std::string(kTiny) + "  attention: materialized\n");
   EXPECT_EQ(m.attention, AttentionImpl::kMaterialized);
   EXPECT_TRUE(same(m, ModelSpec::from_yaml_string(m.to_yaml())));
   EXPECT_NE(m.to_yaml().find("attention: materialized"), std::string::npos);

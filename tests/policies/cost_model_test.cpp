@@ -122,12 +122,13 @@ TEST(CostModelMegatron, Gpt2BlockTermByTerm) {
     TransformerBlock fb("h.0", spec.hidden, spec.heads, spec.mlp_ratio, spec.layers);
     EXPECT_EQ(fb.attn().cost(T, dt).saved_bytes, (6 + 2) * m.sbh() + 4 * m.asb());
     const std::int64_t flash_layer = input + cf.block(0, dt).saved_bytes;
-    EXPECT_EQ(flash_layer, m.megatron_total() - 2 * m.sbh() - 5 * m.as2b() + 16 * m.s * m.b +
-                               4 * m.asb());
-    std::printf("gpt2 per-layer activations with flash attention (%s): %lld bytes (%.3f of "
-                "materialized)\n",
-                dtype_name(dt), static_cast<long long>(flash_layer),
-                static_cast<double>(flash_layer) / static_cast<double>(memfit_layer));
+    EXPECT_EQ(flash_layer,
+              m.megatron_total() - 2 * m.sbh() - 5 * m.as2b() + 16 * m.s * m.b + 4 * m.asb());
+    std::printf(
+        "gpt2 per-layer activations with flash attention (%s): %lld bytes (%.3f of "
+        "materialized)\n",
+        dtype_name(dt), static_cast<long long>(flash_layer),
+        static_cast<double>(flash_layer) / static_cast<double>(memfit_layer));
   }
 }
 

@@ -109,16 +109,15 @@ TEST(TransformerBlockTest, SavedBytesFormula) {
       const std::int64_t e = static_cast<std::int64_t>(dtype_size(dt));
       const LayerCost k = blk.cost(t, dt);
       const bool flash = impl == AttentionImpl::kFlash;
-      EXPECT_EQ(k.saved_bytes, 7 * t * c * e + (flash ? 4 * h * t : h * t * t * e) +
-                                   2 * 4 * t * c * e + 16 * t);
+      EXPECT_EQ(k.saved_bytes,
+                7 * t * c * e + (flash ? 4 * h * t : h * t * t * e) + 2 * 4 * t * c * e + 16 * t);
       EXPECT_EQ(k.output_bytes, t * c * e);
       EXPECT_TRUE(k.saves_input);
       // GEMMs: qkv, attention (two T x T products; flash: over the T(T+1)/2 live pairs only),
       // proj, fc, mlp proj. Flash's backward: five pair products (q.k recomputed).
       const std::int64_t linear = 2 * t * c * 3 * c + 2 * t * c * c + 2 * 2 * t * c * 4 * c;
       EXPECT_EQ(k.forward_flops, linear + (flash ? 2 * t * (t + 1) * c : 4 * t * t * c));
-      EXPECT_EQ(k.backward_flops,
-                flash ? 2 * linear + 5 * t * (t + 1) * c : 2 * k.forward_flops);
+      EXPECT_EQ(k.backward_flops, flash ? 2 * linear + 5 * t * (t + 1) * c : 2 * k.forward_flops);
       EXPECT_GT(k.workspace_bytes, 0);
     }
   }
