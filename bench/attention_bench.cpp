@@ -10,7 +10,10 @@
 //                 backward datt (H*T*T) + dqkvr (3*T*C) + dqkv (3*T*C)
 // i.e. the peak of one attention forward + backward from the first allocation to the last,
 // measured by a CachingAllocator over a HostProvider that holds every buffer (its peak
-// allocated bytes, so the figure is what a budget sees).
+// allocated bytes, so the figure is what a budget sees). Not in it, on either side: the CPU
+// kernels' own host scratch (flash: per thread of min(B*H, threads), 5 * T * 64 floats in
+// the backward, 5 MiB at T = 4096; materialized: OpenBLAS's buffers), which a GPU run does
+// not have. Each cell times one call (no fixed work target): T = 128 is noisy; repeat it.
 //
 //   ./build/bench/attention_bench                 # T = 128 ... 4096, 3 repetitions
 //   ./build/bench/attention_bench --reps 5 --max-t 2048 --dtype f32 --batch 2

@@ -368,9 +368,7 @@ int main(int argc, char** argv) {
     } else if (s == "--no-all-policies") {
       a.all_policies = false;
     } else if (s == "--attention" && has) {
-      const std::string v = argv[++i];
-      if (v != "flash" && v != "materialized") return usage();
-      a.attention = v == "flash" ? AttentionImpl::kFlash : AttentionImpl::kMaterialized;
+      if (!parse_attention_impl(argv[++i], &a.attention)) return usage();
     } else {
       return usage();
     }

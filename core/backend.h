@@ -116,11 +116,18 @@ struct HeadDims {
 };
 
 // Sizes of flash_attention_forward/backward, resolved from validated operands: B, T, H query
-// heads, G key/value heads (G divides H), hs the head size. Not > 0 only when B or T is 0.
+// heads, G key/value heads (G divides H), hs the head size. B or T may be 0 (a no-op).
 struct AttentionDims {
   std::int64_t b, t, heads, kv_heads, hs;
   std::int64_t group() const { return heads / kv_heads; }           // query heads per kv head
   std::int64_t row() const { return (heads + 2 * kv_heads) * hs; }  // qkv's last dimension
+};
+
+// Rotary embedding frequencies, one per pair of a head's dimensions (core/rope.h computes them
+// from a model's theta and scaling): plain data, passed by value to every backend's kernel.
+struct RopeFreqs {
+  std::int64_t half = 0;  // hs / 2, at most 128
+  float inv_freq[128] = {};
 };
 
 // ---- conv2d: descriptor (conv helper's section; ops below, checks in backend_conv.cpp) ----
@@ -292,12 +299,43 @@ class Backend {
                                std::int64_t kv_heads, const Tensor& out, const Tensor& lse);
   // dout (B,T,H*hs), and qkv, out, lse as the forward left them -> dqkv (B,T,(H+2G)*hs),
   // written (dq, dk, dv in qkv's layout; dk and dv sum over each group's query heads).
-  // delta (B,H,T) f32 is scratch the caller provides: delta[b,h,i] = dout[b,i,h,:] . out[b,i,h,:]
-  // (FlashAttention-2's precomputed row term). The backward recomputes the probabilities tile
+  // delta (B,H,T) f32 is memory the caller provides (so its allocator sees it) and the call
+  // writes, then reads: delta[b,h,i] = dout[b,i,h,:] . out[b,i,h,:] in FP32 (FlashAttention-2's
+  // precomputed row term); what it held before does not matter. The backward recomputes the probabilities tile
   // by tile from q, k and lse, so nothing of size T x T is stored or allocated.
   void flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
                                 const Tensor& out, const Tensor& lse, std::int64_t heads,
                                 std::int64_t kv_heads, const Tensor& delta, const Tensor& dqkv);
+
+  // ---- Llama-family ops (RMSNorm, rotary embeddings, SwiGLU) ----
+  // inp (N,C), weight (C) -> out (N,C), rstd (N) f32
+  //   out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps) (Zhang & Sennrich 2019).
+  void rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight, float eps,
+                       const Tensor& out, const Tensor& rstd);
+  // dout (N,C), inp (N,C), weight (C), rstd (N) f32 -> dinp (N,C) +=, dweight (C) f32 +=
+  //   norm = inp * rstd, g = weight * dout: dinp += rstd * (g - norm * mean(g * norm)),
+  //   dweight += sum over rows of norm * dout. dinp accumulates as layernorm_backward's does.
+  void rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                        const Tensor& dweight);
+  // Rotary position embedding (Su et al. 2021) in place on the q and k heads of a packed
+  // qkv (B,T,(H+2G)*hs) as flash_attention_forward reads it (v is not touched), in the
+  // "rotate half" layout of HuggingFace's Llama: for position t and i < hs/2, with
+  // a = f32(t) * f.inv_freq[i] (rounded to f32) and (x, y) = (e[i], e[i + hs/2]) of a head e:
+  //   e[i] = x cos a - y sin a,  e[i + hs/2] = y cos a + x sin a.
+  // inverse: the transposed rotation (angle -a), which is the backward: applied to dqkv it
+  // turns the gradient of the rotated q, k into that of the unrotated ones.
+  // hs must be even and f.half == hs / 2 (RopeFreqs from core/rope.h).
+  void rope(StreamId stream, const Tensor& qkv, std::int64_t heads, std::int64_t kv_heads,
+            const RopeFreqs& f, bool inverse);
+  // gate_up (N,2F): each row's gate g (first F) and up u (last F) -> out (N,F) = silu(g) * u,
+  // silu(g) = g / (1 + exp(-g)) (Shazeer 2020, Llama's MLP).
+  void swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out);
+  // dout (N,F), gate_up (N,2F) -> dgate_up (N,2F), written: with s = sigmoid(g),
+  //   dg = dout * u * s * (1 + g * (1 - s)),  du = dout * silu(g).
+  void swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                       const Tensor& dgate_up);
+  // ---- end Llama-family ops ----
 
   // tokens (B,T) int32, wte (V,C), wpe (maxT,C), T <= maxT -> out (B,T,C) = wte[tok] + wpe[t]
   // Token ids must lie in [0, V). That depends on the data, not the call, so the base class
@@ -407,6 +445,17 @@ class Backend {
                                            const Tensor& out, const Tensor& lse,
                                            const AttentionDims& d, const Tensor& delta,
                                            const Tensor& dqkv) = 0;
+  virtual void do_rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                                  float eps, const Tensor& out, const Tensor& rstd) = 0;
+  virtual void do_rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                   const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                                   const Tensor& dweight) = 0;
+  // d: the qkv's sizes (as flash attention's); positions are 0 .. T-1.
+  virtual void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                       const RopeFreqs& f, bool inverse) = 0;
+  virtual void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) = 0;
+  virtual void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                                  const Tensor& dgate_up) = 0;
   virtual void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                     const Tensor& wpe, const Tensor& out) = 0;
   virtual void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

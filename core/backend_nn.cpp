@@ -481,6 +481,106 @@ void Backend::flash_attention_backward(StreamId stream, const Tensor& dout, cons
   do_flash_attention_backward(stream, dout, qkv, out, lse, d, delta, dqkv);
 }
 
+void Backend::rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight, float eps,
+                              const Tensor& out, const Tensor& rstd) {
+  const Where w{name(), "rmsnorm_forward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(), {{"inp", &inp}, {"weight", &weight}, {"out", &out}, {"rstd", &rstd}});
+  need_ndim(w, "inp", inp, 1, kMaxDims, "(N..., C)");
+  const std::int64_t c = inp.size(inp.ndim() - 1);
+  const std::int64_t n = leading(w, "inp", inp);
+  if (c == 0) {
+    throw InvalidArgument(w + ": inp is " + tensor_desc(inp) +
+                          "; valid: C (the last dimension) >= 1, rows have a mean square");
+  }
+  need_numel(w, "weight", weight, c, "(C) with C inp's last dimension");
+  need_numel(w, "out", out, inp.numel(), "as many as inp");
+  need_f32(w, "rstd", rstd);
+  need_numel(w, "rstd", rstd, n, "(N), one per row of inp");
+  need_finite(w, "eps", eps, true);
+  check_disjoint(w, {rd("inp", inp), rd("weight", weight), wr("out", out), wr("rstd", rstd)});
+  do_rmsnorm_forward(stream, inp, weight, eps, out, rstd);
+}
+
+void Backend::rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                               const Tensor& dweight) {
+  const Where w{name(), "rmsnorm_backward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(),
+                 {{"dout", &dout},
+                  {"inp", &inp},
+                  {"weight", &weight},
+                  {"rstd", &rstd},
+                  {"dinp", &dinp},
+                  {"dweight", &dweight}});
+  need_ndim(w, "inp", inp, 1, kMaxDims, "(N..., C)");
+  const std::int64_t c = inp.size(inp.ndim() - 1);
+  const std::int64_t n = leading(w, "inp", inp);
+  need_numel(w, "dout", dout, inp.numel(), "as many as inp");
+  need_numel(w, "dinp", dinp, inp.numel(), "as many as inp");
+  need_numel(w, "weight", weight, c, "(C) with C inp's last dimension");
+  need_f32(w, "rstd", rstd);
+  need_f32(w, "dweight", dweight);
+  need_numel(w, "rstd", rstd, n, "(N), one per row of inp");
+  need_numel(w, "dweight", dweight, c, "(C) with C inp's last dimension");
+  check_disjoint(w, {rd("dout", dout), rd("inp", inp), rd("weight", weight), rd("rstd", rstd),
+                     wr("dinp", dinp), wr("dweight", dweight)});
+  do_rmsnorm_backward(stream, dout, inp, weight, rstd, dinp, dweight);
+}
+
+void Backend::rope(StreamId stream, const Tensor& qkv, std::int64_t heads, std::int64_t kv_heads,
+                   const RopeFreqs& f, bool inverse) {
+  const Where w{name(), "rope"};
+  check_stream(stream, w.op);
+  check_operand(w, "qkv", qkv, device(), false);
+  const AttentionDims d = flash_dims(w, qkv, heads, kv_heads);
+  if (d.hs % 2 != 0 || f.half != d.hs / 2) {
+    throw InvalidArgument(w + ": qkv is " + tensor_desc(qkv) + " (head size " + num(d.hs) +
+                          ") with " + num(f.half) +
+                          " frequencies; valid: an even head size and head size / 2 frequencies");
+  }
+  for (std::int64_t i = 0; i < f.half; ++i) {
+    need_finite(w, "inv_freq", f.inv_freq[i], false);
+  }
+  if (d.b * d.t == 0) return;
+  do_rope(stream, qkv, d, f, inverse);
+}
+
+void Backend::swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) {
+  const Where w{name(), "swiglu_forward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(), {{"gate_up", &gate_up}, {"out", &out}});
+  need_ndim(w, "gate_up", gate_up, 1, kMaxDims, "(N..., 2F)");
+  const std::int64_t two_f = gate_up.size(gate_up.ndim() - 1);
+  if (two_f % 2 != 0) {
+    throw InvalidArgument(w + ": gate_up is " + tensor_desc(gate_up) +
+                          "; valid: an even last dimension 2F (gate, then up)");
+  }
+  need_numel(w, "out", out, gate_up.numel() / 2, "(N, F), half of gate_up");
+  check_disjoint(w, {rd("gate_up", gate_up), wr("out", out)});
+  if (out.numel() == 0) return;
+  do_swiglu_forward(stream, gate_up, out);
+}
+
+void Backend::swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                              const Tensor& dgate_up) {
+  const Where w{name(), "swiglu_backward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(), {{"dout", &dout}, {"gate_up", &gate_up}, {"dgate_up", &dgate_up}});
+  need_ndim(w, "gate_up", gate_up, 1, kMaxDims, "(N..., 2F)");
+  const std::int64_t two_f = gate_up.size(gate_up.ndim() - 1);
+  if (two_f % 2 != 0) {
+    throw InvalidArgument(w + ": gate_up is " + tensor_desc(gate_up) +
+                          "; valid: an even last dimension 2F (gate, then up)");
+  }
+  need_numel(w, "dout", dout, gate_up.numel() / 2, "(N, F), half of gate_up");
+  need_numel(w, "dgate_up", dgate_up, gate_up.numel(), "as many as gate_up");
+  check_disjoint(w, {rd("dout", dout), rd("gate_up", gate_up), wr("dgate_up", dgate_up)});
+  if (dout.numel() == 0) return;
+  do_swiglu_backward(stream, dout, gate_up, dgate_up);
+}
+
 void Backend::embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                 const Tensor& wpe, const Tensor& out) {
   const Where w{name(), "embedding_forward"};

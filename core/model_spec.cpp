@@ -17,6 +17,7 @@
 #include <string>
 #include <system_error>
 
+#include "core/backend.h"  // Backend::kMaxAttentionHeadSize
 #include "memory/error.h"
 
 namespace memfit {
@@ -167,7 +168,8 @@ void validate_spec(const ModelSpec& s, const Where& w) {
     fail_key(w, "heads",
              std::to_string(s.heads) + " heads of " + std::to_string(s.hidden / s.heads) +
                  " (hidden / heads) exceed flash attention's head size limit of " +
-                 std::to_string(Backend::kMaxAttentionHeadSize) + "; valid: heads >= hidden / " +
+                 std::to_string(Backend::kMaxAttentionHeadSize) +
+                 "; valid: heads dividing hidden with hidden / heads <= " +
                  std::to_string(Backend::kMaxAttentionHeadSize) + ", or attention: materialized");
   }
 }
@@ -283,11 +285,7 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   if (values.count("attention")) {
     const YAML::Node& a = values["attention"];
     const std::string v = a.IsScalar() ? a.Scalar() : "";
-    if (v == "flash") {
-      s.attention = AttentionImpl::kFlash;
-    } else if (v == "materialized") {
-      s.attention = AttentionImpl::kMaterialized;
-    } else {
+    if (!a.IsScalar() || !parse_attention_impl(v, &s.attention)) {
       fail_key(w, "attention",
                "must be flash (tiled, O(T) memory; the default) or materialized (the (T, T) "
                "probabilities saved, as memfit before flash attention), got " +

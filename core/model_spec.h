@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/layers/attention.h"  // AttentionImpl
+#include "core/layers/attention_impl.h"
 
 namespace memfit {
 

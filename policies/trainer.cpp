@@ -407,7 +407,19 @@ void Trainer::load(const std::string& path) {
   auto refuse = [&](const std::string& what) {
     throw TrainStateError("training state '" + path + "': " + what);
   };
-  if (m.model_spec != model_.spec().to_yaml()) {
+  // The same model: the same spec, whichever attention algorithm computes it (flash and
+  // materialized attention have the same parameters; specs saved before the `attention` key
+  // existed read as flash).
+  const auto same_model = [&] {
+    try {
+      ModelSpec saved = ModelSpec::from_yaml_string(m.model_spec, path);
+      saved.attention = model_.spec().attention;
+      return saved.to_yaml() == model_.spec().to_yaml();
+    } catch (const ConfigError&) {
+      return false;
+    }
+  };
+  if (!same_model()) {
     refuse("saved from a different model:\n" + m.model_spec + "this trainer's model is:\n" +
            model_.spec().to_yaml());
   }

@@ -1,4 +1,5 @@
-// CPU reference of the attention primitives (causal softmax, head permutes) and of the fused
+// CPU reference of the attention primitives (causal softmax, head permutes, rotary embedding)
+// and of the fused
 // softmax cross-entropy (core/backend.h). FP32 arithmetic on widened rows, double accumulators
 // for the row sums, OpenMP over rows; each row is read whole before it is written, which is
 // what makes the in-place forms (att = preatt, dpreatt = datt, dlogits = logits) safe.
@@ -109,6 +110,36 @@ void check_targets(const char* op, const IndexTensor& ids, std::int64_t vocab) {
 }
 
 }  // namespace
+
+// Rotary embedding in place on the q and k heads of each token's qkv row (backend.h).
+void CpuBackend::run_rope(const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
+                          bool inverse) {
+  const std::int64_t rows = d.b * d.t, heads = d.heads + d.kv_heads, half = f.half;
+#pragma omp parallel if (rows * heads * d.hs >= kNnParallelMin)
+  {
+    std::vector<float> e(static_cast<std::size_t>(d.hs)), cs(static_cast<std::size_t>(half)),
+        sn(cs.size());
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float pos = static_cast<float>(r % d.t);
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float a = pos * f.inv_freq[i];
+        cs[static_cast<std::size_t>(i)] = std::cos(a);
+        sn[static_cast<std::size_t>(i)] = inverse ? -std::sin(a) : std::sin(a);
+      }
+      for (std::int64_t h = 0; h < heads; ++h) {  // q heads, then k heads: contiguous
+        const std::int64_t off = r * d.row() + h * d.hs;
+        widen(qkv, off, d.hs, e.data());
+        for (std::size_t i = 0; i < cs.size(); ++i) {
+          const float x = e[i], y = e[i + cs.size()];
+          e[i] = x * cs[i] - y * sn[i];
+          e[i + cs.size()] = y * cs[i] + x * sn[i];
+        }
+        narrow(e.data(), qkv, off, d.hs);
+      }
+    }
+  }
+}
 
 void CpuBackend::run_split_heads(StreamId, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {

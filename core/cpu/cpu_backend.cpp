@@ -256,6 +256,28 @@ void CpuBackend::do_flash_attention_backward(StreamId s, const Tensor& dout, con
     run_flash_attention_backward(dout, qkv, out, lse, d, delta, dqkv);
   });
 }
+void CpuBackend::do_rmsnorm_forward(StreamId s, const Tensor& inp, const Tensor& weight, float eps,
+                                    const Tensor& out, const Tensor& rstd) {
+  submit(s, [this, inp, weight, eps, out, rstd] { run_rmsnorm_forward(inp, weight, eps, out, rstd); });
+}
+void CpuBackend::do_rmsnorm_backward(StreamId s, const Tensor& dout, const Tensor& inp,
+                                     const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                                     const Tensor& dweight) {
+  submit(s, [this, dout, inp, weight, rstd, dinp, dweight] {
+    run_rmsnorm_backward(dout, inp, weight, rstd, dinp, dweight);
+  });
+}
+void CpuBackend::do_rope(StreamId s, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
+                         bool inverse) {
+  submit(s, [this, qkv, d, f, inverse] { run_rope(qkv, d, f, inverse); });
+}
+void CpuBackend::do_swiglu_forward(StreamId s, const Tensor& gate_up, const Tensor& out) {
+  submit(s, [this, gate_up, out] { run_swiglu_forward(gate_up, out); });
+}
+void CpuBackend::do_swiglu_backward(StreamId s, const Tensor& dout, const Tensor& gate_up,
+                                    const Tensor& dgate_up) {
+  submit(s, [this, dout, gate_up, dgate_up] { run_swiglu_backward(dout, gate_up, dgate_up); });
+}
 void CpuBackend::do_embedding_forward(StreamId s, const IndexTensor& tokens, const Tensor& wte,
                                       const Tensor& wpe, const Tensor& out) {
   submit(s, [this, s, tokens, wte, wpe, out] { run_embedding_forward(s, tokens, wte, wpe, out); });

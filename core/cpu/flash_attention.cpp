@@ -1,4 +1,5 @@
-// Picks the vector build of the tiled attention (flash_attention_{generic,avx2,avx512}.cpp)
+// Picks the vector build of the tiled attention (flash_attention_generic.cpp,
+// flash_attention_{avx2,avx512}_target.cpp)
 // and runs CpuBackend's flash_attention ops with it.
 #include "core/cpu/flash_attention.h"
 

@@ -1,8 +1,11 @@
 // The CPU backend's tiled causal attention (FlashAttention-2, Dao 2023), written once and
 // compiled three times: flash_attention_generic.cpp (the build's baseline ISA),
-// flash_attention_avx2.cpp (AVX2 + FMA) and flash_attention_avx512.cpp (AVX-512), each
-// including this file inside its own namespace (MEMFIT_FLASH_NS). flash_attention.cpp picks one
-// at run time. Internal to libmemfit; the contract is Backend::flash_attention_forward/backward
+// flash_attention_avx2_target.cpp (AVX2 + FMA) and flash_attention_avx512_target.cpp
+// (AVX-512), each including this file inside its own namespace (MEMFIT_FLASH_NS).
+// flash_attention.cpp picks one at run time. The ISA files are compiled with the baseline
+// flags; only the code below the includes gets the wider ISA (MEMFIT_FLASH_BEGIN_TARGET, a
+// `#pragma GCC target`), and all of it is internal to its file, so no inline function the
+// library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack. Internal to libmemfit; the contract is Backend::flash_attention_forward/backward
 // (core/backend.h).
 //
 // Algorithm. Tiles of kTile = 64 queries against tiles of 64 keys. Per query row the forward
@@ -16,10 +19,12 @@
 // (batch, kv head), which owns the dk and dv of that head and loops over its group's query
 // heads, so no two threads ever add into the same element. OpenMP spreads the tasks;
 // each task's arithmetic is in a fixed order, so the bits do not depend on the thread count.
-// Scratch is heap memory outside any budget, per thread: f32 copies of one kv head's k and v
-// (forward: 2 * Tp * hsp floats; backward: k twice, v, dk and dv, 5 * Tp * hsp), where Tp is
-// T rounded up to the tile and hsp the head size rounded up to 16, plus a few 64-row tiles.
-// That is O(T * hs) per thread, never O(T^2).
+// Scratch is heap memory outside any budget, per thread of min(tasks, OpenMP threads): f32
+// copies of one kv head's k and v (forward: 2 * Tp * hsp floats; backward: k twice, v, dk and
+// dv, 5 * Tp * hsp), where Tp is T rounded up to the tile and hsp the head size rounded up to
+// 16, plus a few 64-row tiles: O(T * hs) per thread, never O(T^2). (GPT-2's hs = 64 at
+// T = 4096: 2 MiB forward, 5 MiB backward per thread.) It is allocated before the parallel
+// region, so a failure is std::bad_alloc to the caller.
 //
 // Arithmetic. FP32 on widened inputs, in GCC vector extensions of 16 floats (the compiler
 // maps them onto the file's ISA: one ZMM, two YMM or four XMM registers). exp() of the
@@ -35,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -44,6 +50,10 @@
 // 64-byte vectors in a build without AVX-512 change the ABI of functions passing them by value
 // (-Wpsabi); every such function here is internal to its translation unit.
 #pragma GCC diagnostic ignored "-Wpsabi"
+
+#ifdef MEMFIT_FLASH_BEGIN_TARGET
+MEMFIT_FLASH_BEGIN_TARGET
+#endif
 
 namespace memfit::cpu::MEMFIT_FLASH_NS {
 namespace {
@@ -212,11 +222,43 @@ void widen_transposed(const Tensor& src, const Layout& L, At at, float* kt, floa
 }
 
 // Threads for `tasks` independent tasks over all B*H heads: small calls (work ~ B*H*T^2*hs
-// below 2^20) stay on one thread, as the other ops do.
+// below 2^20) stay on one thread, as the other ops do; never more threads than tasks.
 int team_for(i64 tasks, const Layout& L) {
   const i64 work = L.b * L.heads * L.t * std::min<i64>(L.t, 1 << 16) * L.hs;
-  return work >= kNnParallelMin * 16 && tasks > 1 ? omp_get_max_threads() : 1;
+  if (work < kNnParallelMin * 16) return 1;
+  return static_cast<int>(std::min<i64>(tasks, omp_get_max_threads()));
 }
+
+// A run of floats inside a thread's scratch.
+struct Span {
+  float* p;
+  std::size_t n;
+  float* data() const { return p; }
+  float* begin() const { return p; }
+  float* end() const { return p + n; }
+  std::size_t size() const { return n; }
+};
+
+// Every thread's scratch, allocated before the parallel region (so running out of host memory
+// throws std::bad_alloc to the caller instead of ending the process inside OpenMP) and carved
+// into spans of the given sizes.
+class Scratch {
+ public:
+  Scratch(int team, std::initializer_list<std::size_t> sizes) : sizes_(sizes) {
+    for (std::size_t n : sizes_) per_ += n;
+    buf_.resize(per_ * static_cast<std::size_t>(team));
+  }
+  Span span(int thread, std::size_t k) const {
+    float* p = const_cast<float*>(buf_.data()) + per_ * static_cast<std::size_t>(thread);
+    for (std::size_t i = 0; i < k; ++i) p += sizes_[i];
+    return {p, sizes_[k]};
+  }
+
+ private:
+  std::vector<std::size_t> sizes_;
+  std::size_t per_ = 0;
+  std::vector<float> buf_;
+};
 
 }  // namespace
 
@@ -227,12 +269,14 @@ void flash_forward(const Tensor& qkv, const AttentionDims& dims, const Tensor& o
   const float scale = 1.0f / std::sqrt(static_cast<float>(L.hs));
   const int team = team_for(tasks, L);
   float* lse_f = f32(lse);
+  const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
+  const Scratch scratch(team, {head, head, static_cast<std::size_t>(hsp), tile, tile,
+                               kTile * kTile});
 #pragma omp parallel num_threads(team)
   {
-    std::vector<float> kt(static_cast<std::size_t>(tp * hsp)), vf(kt.size()),
-        row(static_cast<std::size_t>(hsp));
-    std::vector<float> qf(static_cast<std::size_t>(kTile * hsp)), o(qf.size());
-    std::vector<float> s(kTile * kTile);
+    const int me = omp_get_thread_num();
+    const Span kt = scratch.span(me, 0), vf = scratch.span(me, 1), row = scratch.span(me, 2),
+               qf = scratch.span(me, 3), o = scratch.span(me, 4), s = scratch.span(me, 5);
     float m[kTile], l[kTile];
     i64 widened = -1;  // the (batch, kv head) whose k and v kt and vf hold
 #pragma omp for schedule(dynamic, 1)
@@ -317,12 +361,17 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
   }
   const i64 tasks = L.b * L.kv_heads;
   const int team = team_for(tasks, L);
+  const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
+  const std::size_t sq = kTile * kTile;
+  const Scratch scratch(team, {head, head, head, head, head, static_cast<std::size_t>(hsp), tile,
+                               tile, tile, sq, sq, sq});
 #pragma omp parallel num_threads(team)
   {
-    const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
-    std::vector<float> kt(head), vt(head), kf(head), dk(head), dv(head);
-    std::vector<float> row(static_cast<std::size_t>(hsp)), qf(tile), dof(tile), dq(tile);
-    std::vector<float> p(kTile * kTile), dp(p.size()), pt(p.size());
+    const int me = omp_get_thread_num();
+    const Span kt = scratch.span(me, 0), vt = scratch.span(me, 1), kf = scratch.span(me, 2),
+               dk = scratch.span(me, 3), dv = scratch.span(me, 4), row = scratch.span(me, 5),
+               qf = scratch.span(me, 6), dof = scratch.span(me, 7), dq = scratch.span(me, 8),
+               p = scratch.span(me, 9), dp = scratch.span(me, 10), pt = scratch.span(me, 11);
     float lse_r[kTile], delta_r[kTile];
 #pragma omp for schedule(dynamic, 1)
     for (i64 task = 0; task < tasks; ++task) {
@@ -388,3 +437,7 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
 }
 
 }  // namespace memfit::cpu::MEMFIT_FLASH_NS
+
+#ifdef MEMFIT_FLASH_BEGIN_TARGET
+#pragma GCC pop_options
+#endif

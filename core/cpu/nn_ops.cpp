@@ -1,5 +1,5 @@
 // CPU reference of the row-wise and elementwise neural-network ops (core/backend.h): layernorm,
-// GELU, residual and bias adds, embeddings and AdamW. Every value is widened to f32, computed
+// RMSNorm, GELU, SwiGLU, residual and bias adds, embeddings and AdamW. Every value is widened to f32, computed
 // in FP32 with double accumulators for reductions, and rounded once to the output's dtype.
 // Parallel (OpenMP) over rows, or over column blocks where rows are reduced, so no output
 // element is ever written by two threads and results do not depend on the thread count.
@@ -142,6 +142,108 @@ void CpuBackend::run_layernorm_backward(StreamId, const Tensor& dout, const Tens
     widen(dout, r * c + c0, m, buf);
   });
   add_into(dbias, sums);
+}
+
+// inp (N,C), weight (C) -> out (N,C), rstd (N): out = inp * rstd * weight.
+void CpuBackend::run_rmsnorm_forward(const Tensor& inp, const Tensor& weight, float eps,
+                                     const Tensor& out, const Tensor& rstd) {
+  const std::int64_t c = inp.size(inp.ndim() - 1), n = cpu::rows_of(inp);
+  std::vector<float> w(static_cast<std::size_t>(c));
+  widen(weight, 0, c, w.data());
+#pragma omp parallel if (n * c >= kNnParallelMin)
+  {
+    std::vector<float> x(static_cast<std::size_t>(c));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      widen(inp, r * c, c, x.data());
+      double ss = 0.0;
+      for (float v : x) ss += static_cast<double>(v) * v;
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
+      for (std::size_t j = 0; j < x.size(); ++j) x[j] = x[j] * rs * w[j];
+      narrow(x.data(), out, r * c, c);
+      f32(rstd)[r] = rs;
+    }
+  }
+}
+
+// norm = inp * rstd, g = weight * dout: dinp += rstd * (g - norm * mean(g * norm)),
+// dweight += sum over rows of norm * dout.
+void CpuBackend::run_rmsnorm_backward(const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                      const Tensor& rstd, const Tensor& dinp,
+                                      const Tensor& dweight) {
+  const std::int64_t c = inp.size(inp.ndim() - 1), n = cpu::rows_of(inp);
+  std::vector<float> w(static_cast<std::size_t>(c));
+  widen(weight, 0, c, w.data());
+  const float* rs = f32(rstd);
+#pragma omp parallel if (n * c >= kNnParallelMin)
+  {
+    std::vector<float> x(static_cast<std::size_t>(c)), d(static_cast<std::size_t>(c)),
+        acc(static_cast<std::size_t>(c));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      widen(inp, r * c, c, x.data());
+      widen(dout, r * c, c, d.data());
+      widen(dinp, r * c, c, acc.data());
+      double sgn = 0.0;
+      for (std::size_t j = 0; j < x.size(); ++j) {
+        x[j] *= rs[r];  // norm
+        sgn += static_cast<double>(w[j] * d[j]) * x[j];
+      }
+      const float mgn = static_cast<float>(sgn / static_cast<double>(c));
+      for (std::size_t j = 0; j < x.size(); ++j) acc[j] += rs[r] * (w[j] * d[j] - x[j] * mgn);
+      narrow(acc.data(), dinp, r * c, c);
+    }
+  }
+  std::vector<double> sums;
+  column_sums(n, c, sums, [&](std::int64_t r, std::int64_t c0, std::int64_t m, float* buf) {
+    float xb[kColBlock];
+    widen(inp, r * c + c0, m, xb);
+    widen(dout, r * c + c0, m, buf);
+    for (std::int64_t j = 0; j < m; ++j) buf[j] *= xb[j] * rs[r];
+  });
+  add_into(dweight, sums);
+}
+
+// gate_up (N,2F) -> out (N,F) = silu(g) * u.
+void CpuBackend::run_swiglu_forward(const Tensor& gate_up, const Tensor& out) {
+  const std::int64_t f = out.size(out.ndim() - 1) == 0 ? 0 : gate_up.size(gate_up.ndim() - 1) / 2;
+  const std::int64_t n = out.numel() / f;
+#pragma omp parallel if (out.numel() >= kNnParallelMin)
+  {
+    std::vector<float> g(static_cast<std::size_t>(f)), u(g.size());
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      widen(gate_up, r * 2 * f, f, g.data());
+      widen(gate_up, r * 2 * f + f, f, u.data());
+      for (std::size_t j = 0; j < g.size(); ++j) g[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+      narrow(g.data(), out, r * f, f);
+    }
+  }
+}
+
+// s = sigmoid(g): dg = dout * u * s * (1 + g (1 - s)), du = dout * g * s.
+void CpuBackend::run_swiglu_backward(const Tensor& dout, const Tensor& gate_up,
+                                     const Tensor& dgate_up) {
+  const std::int64_t f = gate_up.size(gate_up.ndim() - 1) / 2;
+  const std::int64_t n = dout.numel() / f;
+#pragma omp parallel if (dout.numel() >= kNnParallelMin)
+  {
+    std::vector<float> g(static_cast<std::size_t>(f)), u(g.size()), d(g.size());
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      widen(gate_up, r * 2 * f, f, g.data());
+      widen(gate_up, r * 2 * f + f, f, u.data());
+      widen(dout, r * f, f, d.data());
+      for (std::size_t j = 0; j < g.size(); ++j) {
+        const float s = 1.0f / (1.0f + std::exp(-g[j]));
+        const float du = d[j] * g[j] * s;
+        g[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        u[j] = du;
+      }
+      narrow(g.data(), dgate_up, r * 2 * f, f);
+      narrow(u.data(), dgate_up, r * 2 * f + f, f);
+    }
+  }
 }
 
 void CpuBackend::run_gelu_forward(StreamId, const Tensor& inp, const Tensor& out) {

@@ -1,5 +1,5 @@
 // Launchers of the CUDA backend's flash attention kernels (attention_kernels.cu), called by
-// cuda_attention.cpp. Plain C++17 declarations (raw pointers, sizes, dtype codes, cudaStream_t),
+// cuda_nn.cpp. Plain C++17 declarations (raw pointers, sizes, dtype codes, cudaStream_t),
 // as nn_kernels.h, whose dtype codes (kCodeF32, kCodeF16, kCodeBF16) they take.
 //
 //   MEMFIT_CUDA_CHECK(cuda::launch_flash_attention_forward(

@@ -132,6 +132,16 @@ class CudaBackend final : public Backend {
   void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
                                    const Tensor& out, const Tensor& lse, const AttentionDims& d,
                                    const Tensor& delta, const Tensor& dqkv) override;
+  void do_rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight, float eps,
+                          const Tensor& out, const Tensor& rstd) override;
+  void do_rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                           const Tensor& dweight) override;
+  void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
+               bool inverse) override;
+  void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) override;
+  void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                          const Tensor& dgate_up) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                             const Tensor& wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

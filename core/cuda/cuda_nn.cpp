@@ -54,6 +54,52 @@ void CudaBackend::do_layernorm_backward(StreamId stream, const Tensor& dout, con
       cuda_stream(stream)));
 }
 
+// Llama-family ops (nn_kernels.cu). RMSNorm's dweight is reduced as layernorm's: partials per
+// chunk of rows in scratch, added in chunk order (deterministic).
+void CudaBackend::do_rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight,
+                                     float eps, const Tensor& out, const Tensor& rstd) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_rmsnorm_forward(inp.raw(), code(inp), weight.raw(), code(weight),
+                                                 eps, out.raw(), code(out), f32(rstd), rows_of(inp),
+                                                 last_dim(inp), cuda_stream(stream)));
+}
+
+void CudaBackend::do_rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                                      const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                                      const Tensor& dweight) {
+  cuda::DeviceGuard guard(options_.device);
+  const std::int64_t n = rows_of(inp), c = last_dim(inp);
+  CudaScratch partials(*this, stream, cuda::rmsnorm_backward_scratch_bytes(n, c),
+                       "cuda.rmsnorm_backward.partials");
+  MEMFIT_CUDA_CHECK(cuda::launch_rmsnorm_backward(
+      dout.raw(), code(dout), inp.raw(), code(inp), weight.raw(), code(weight), f32(rstd),
+      dinp.raw(), code(dinp), f32(dweight), n, c, partials.data(), cuda_stream(stream)));
+}
+
+// The launcher copies f's frequencies into the kernel's parameters: nothing on the device.
+void CudaBackend::do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                          const RopeFreqs& f, bool inverse) {
+  static_assert(sizeof(f.inv_freq) / sizeof(f.inv_freq[0]) == cuda::kRopeMaxHalf);
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_rope(qkv.raw(), code(qkv), f.inv_freq, f.half, d.b, d.t, d.heads,
+                                      d.kv_heads, inverse, cuda_stream(stream)));
+}
+
+void CudaBackend::do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_swiglu_forward(gate_up.raw(), code(gate_up), out.raw(), code(out),
+                                                rows_of(gate_up), last_dim(gate_up) / 2,
+                                                cuda_stream(stream)));
+}
+
+void CudaBackend::do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                                     const Tensor& dgate_up) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_swiglu_backward(
+      dout.raw(), code(dout), gate_up.raw(), code(gate_up), dgate_up.raw(), code(dgate_up),
+      rows_of(gate_up), last_dim(gate_up) / 2, cuda_stream(stream)));
+}
+
 void CudaBackend::do_gelu_forward(StreamId stream, const Tensor& inp, const Tensor& out) {
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_gelu_forward(inp.raw(), code(inp), out.raw(), code(out),

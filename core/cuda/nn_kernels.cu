@@ -4,8 +4,10 @@
 //
 // Layout of the work, op by op (shapes llm.c-style, N rows of C columns):
 // - elementwise (GELU, add, AdamW): one thread per element, grid-stride.
-// - row-wise (layernorm, causal softmax): one warp per row; the row is read once per pass
-//   (mean / variance / output; max / sum / output), so it stays in L1/L2 between passes.
+// - row-wise (layernorm, RMSNorm, causal softmax): one warp per row; the row is read once per
+//   pass (mean / variance / output; max / sum / output), so it stays in L1/L2 between passes.
+// - RoPE: a block per token row; its cos / sin computed once into shared memory, then applied
+//   to every q and k head. SwiGLU: a thread per (row, column) of the (N,F) output.
 // - cross-entropy: one 256-thread block per row of the (padded) vocabulary, an online
 //   max-and-sum per thread (Milakov & Gimelshein, "Online normalizer calculation for
 //   softmax", 2018), combined in a fixed tree.
@@ -113,7 +115,6 @@ ChunkPlan chunk_plan(i64 n) {
   return p;
 }
 
-
 // Stage 1. Block (x: column tile, y: chunk) of kColTile x kRowLanes threads:
 //   part_b[chunk, col] = sum of dout[r, col] over the chunk's rows,
 //   part_w[chunk, col] = sum of dout[r, col] * ((inp[r, col] - mean[r]) * rstd[r])  (kNorm).
@@ -163,6 +164,146 @@ __global__ void column_finish_kernel(const float* part, float* dst, const float*
       for (i64 k = 0; k < chunks; ++k) s2 += part2[k * c + col];
       dst2[col] += s2;
     }
+  }
+}
+
+// ---- Llama-family ops: RMSNorm, rotary embeddings, SwiGLU -----------------------------------
+// Each performs the CPU reference's operations in its order (core/cpu/nn_ops.cpp, run_rope in
+// core/cpu/attention_ops.cpp); the results differ only by the reductions' order and precision
+// (FP32 warp sums here, double there), nvcc's FMA contraction, and expf / cosf / sinf against
+// the host's libm.
+
+// inp (N,C), weight (C) -> out (N,C) = (inp * rstd) * weight, rstd (N); one warp per row.
+template <typename T>
+__global__ void rmsnorm_forward_kernel(In<T> inp, In<T> weight, float eps, Out<T> out, float* rstd,
+                                       i64 n, i64 c) {
+  const int lane = threadIdx.x % kWarp;
+  const float fc = static_cast<float>(c);
+  MEMFIT_FOR_WARP_ROWS(r, n) {
+    const i64 base = r * c;
+    float ss = 0.0f;
+    for (i64 j = lane; j < c; j += kWarp) {
+      const float x = inp(base + j);
+      ss += x * x;
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(ss) / fc + eps);
+    for (i64 j = lane; j < c; j += kWarp) out(base + j, inp(base + j) * rs * weight(j));
+    if (lane == 0) rstd[r] = rs;
+  }
+}
+
+// dinp (N,C) += rstd * (g - norm * mean(g * norm)), g = weight * dout, norm = inp * rstd;
+// one warp per row.
+template <typename T>
+__global__ void rmsnorm_dinp_kernel(In<T> dout, In<T> inp, In<T> weight, const float* rstd,
+                                    Out<T> dinp, i64 n, i64 c) {
+  const int lane = threadIdx.x % kWarp;
+  const float fc = static_cast<float>(c);
+  MEMFIT_FOR_WARP_ROWS(r, n) {
+    const i64 base = r * c;
+    const float rs = rstd[r];
+    float sgn = 0.0f;
+    for (i64 j = lane; j < c; j += kWarp) sgn += weight(j) * dout(base + j) * (inp(base + j) * rs);
+    const float mgn = warp_sum(sgn) / fc;
+    for (i64 j = lane; j < c; j += kWarp) {
+      const float norm = inp(base + j) * rs;
+      const float g = weight(j) * dout(base + j);
+      dinp(base + j, dinp.get(base + j) + rs * (g - norm * mgn));
+    }
+  }
+}
+
+// Stage 1 of dweight (C) += sum over rows of dout * (inp * rstd): column_partials_kernel's
+// blocks, chunks and summation order, without the bias sums:
+//   part[chunk, col] = sum of dout[r, col] * (inp[r, col] * rstd[r]) over the chunk's rows.
+// Stage 2 is column_finish_kernel.
+template <typename T>
+__global__ void rmsnorm_dweight_partials_kernel(In<T> dout, In<T> inp, const float* rstd,
+                                                float* part, i64 n, i64 c, i64 rows_per_chunk) {
+  __shared__ float sw[kRowLanes][kColTile + 1];
+  const i64 col = static_cast<i64>(blockIdx.x) * kColTile + threadIdx.x;
+  const i64 chunk = blockIdx.y;
+  const i64 r0 = chunk * rows_per_chunk;
+  const i64 r1 = r0 + rows_per_chunk < n ? r0 + rows_per_chunk : n;
+  float aw = 0.0f;
+  if (col < c) {
+    for (i64 r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      aw += dout(r * c + col) * (inp(r * c + col) * rstd[r]);
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    float tw = 0.0f;
+    for (int k = 0; k < kRowLanes; ++k) tw += sw[k][threadIdx.x];
+    part[chunk * c + col] = tw;
+  }
+}
+
+// RopeFreqs (core/backend.h) as a by-value kernel parameter: 516 bytes of the 4 KB that kernel
+// parameters may take, read from the constant bank, so no device buffer and no copy to queue.
+struct RopeParams {
+  int half;
+  float inv_freq[kRopeMaxHalf];
+};
+
+// qkv (B*T rows of (H+2G)*hs) in place, the first H + G heads (q, then k) of each row.
+// Block (x: pair i < half of a head, y: head slot) per row, grid-stride over rows: the y = 0
+// threads put the row's cos a_i and (+-)sin a_i, a_i = f32(row % T) * inv_freq[i], in shared
+// memory (one cosf / sinf per pair per row, not per head); then thread (i, y) rotates
+// (e[i], e[i + half]) of heads y, y + blockDim.y, ...; each element is read, then written, by
+// one thread.
+template <typename T>
+__global__ void rope_kernel(Out<T> qkv, RopeParams f, i64 rows, i64 t, i64 qk_heads, i64 row_len,
+                            bool inverse) {
+  __shared__ float cs[kRopeMaxHalf];
+  __shared__ float sn[kRopeMaxHalf];
+  const int i = static_cast<int>(threadIdx.x);
+  const int half = f.half;
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (threadIdx.y == 0 && i < half) {
+      const float a = static_cast<float>(r % t) * f.inv_freq[i];
+      const float s = sinf(a);
+      cs[i] = cosf(a);
+      sn[i] = inverse ? -s : s;
+    }
+    __syncthreads();
+    if (i < half) {
+      for (i64 h = threadIdx.y; h < qk_heads; h += blockDim.y) {
+        const i64 off = r * row_len + h * 2 * half + i;
+        const float x = qkv.get(off), y = qkv.get(off + half);
+        qkv(off, x * cs[i] - y * sn[i]);
+        qkv(off + half, y * cs[i] + x * sn[i]);
+      }
+    }
+    __syncthreads();  // every thread is done with this row's cs / sn before they change
+  }
+}
+
+// gate_up (N,2F) -> out (N,F) = g / (1 + exp(-g)) * u; x over a row's F columns, y
+// (grid-stride) over rows, as add_bias_kernel.
+template <typename T>
+__global__ void swiglu_forward_kernel(In<T> gate_up, Out<T> out, i64 n, i64 f) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= f) return;
+  for (i64 r = blockIdx.y; r < n; r += gridDim.y) {
+    const float g = gate_up(r * 2 * f + j), u = gate_up(r * 2 * f + f + j);
+    out(r * f + j, g / (1.0f + expf(-g)) * u);
+  }
+}
+
+// dout (N,F), gate_up (N,2F) -> dgate_up (N,2F): s = sigmoid(g),
+// dg = dout * u * s * (1 + g (1 - s)), du = dout * g * s.
+template <typename T>
+__global__ void swiglu_backward_kernel(In<T> dout, In<T> gate_up, Out<T> dgate_up, i64 n, i64 f) {
+  const i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= f) return;
+  for (i64 r = blockIdx.y; r < n; r += gridDim.y) {
+    const i64 gi = r * 2 * f + j;
+    const float g = gate_up(gi), u = gate_up(gi + f), d = dout(r * f + j);
+    const float s = 1.0f / (1.0f + expf(-g));
+    dgate_up(gi, d * u * s * (1.0f + g * (1.0f - s)));
+    dgate_up(gi + f, d * g * s);
   }
 }
 
@@ -272,7 +413,6 @@ __global__ void permute_heads_kernel(In<T> src, Out<T> dst, i64 b, i64 t, i64 pa
 
 // ---- launchers -----------------------------------------------------------------------------
 
-
 cudaError_t launch_layernorm_forward(const void* inp, int inp_dt, const void* weight, int w_dt,
                                      const void* bias, int b_dt, float eps, void* out, int out_dt,
                                      float* mean, float* rstd, std::int64_t n, std::int64_t c,
@@ -319,6 +459,116 @@ cudaError_t launch_layernorm_backward(const void* dout, int dout_dt, const void*
   column_finish_kernel<<<grid_for(c, kThreads), kThreads, 0, stream>>>(part_w, dweight, part_b,
                                                                        dbias, p.chunks, c);
   return cudaGetLastError();
+}
+
+// ---- Llama-family launchers ----
+
+cudaError_t launch_rmsnorm_forward(const void* inp, int inp_dt, const void* weight, int w_dt,
+                                   float eps, void* out, int out_dt, float* rstd, std::int64_t n,
+                                   std::int64_t c, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return dispatch({inp_dt, w_dt, out_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rmsnorm_forward_kernel<T><<<grid_for(n, kThreads / kWarp), kThreads, 0, stream>>>(
+        In<T>::make(inp, inp_dt), In<T>::make(weight, w_dt), eps, Out<T>::make(out, out_dt), rstd,
+        n, c);
+    return cudaGetLastError();
+  });
+}
+
+std::size_t rmsnorm_backward_scratch_bytes(std::int64_t n, std::int64_t c) {
+  const ChunkPlan p = chunk_plan(n);
+  return align_up(static_cast<std::size_t>(p.chunks * c) * sizeof(float));
+}
+
+cudaError_t launch_rmsnorm_backward(const void* dout, int dout_dt, const void* inp, int inp_dt,
+                                    const void* weight, int w_dt, const float* rstd, void* dinp,
+                                    int dinp_dt, float* dweight, std::int64_t n, std::int64_t c,
+                                    void* scratch, cudaStream_t stream) {
+  if (n == 0 || c == 0) return cudaSuccess;
+  const ChunkPlan p = chunk_plan(n);
+  float* part = static_cast<float*>(scratch);
+  const cudaError_t e = dispatch({dout_dt, inp_dt, w_dt, dinp_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rmsnorm_dinp_kernel<T><<<grid_for(n, kThreads / kWarp), kThreads, 0, stream>>>(
+        In<T>::make(dout, dout_dt), In<T>::make(inp, inp_dt), In<T>::make(weight, w_dt), rstd,
+        Out<T>::make(dinp, dinp_dt), n, c);
+    MEMFIT_RETURN_IF_LAUNCH_FAILED();
+    const dim3 grid(static_cast<unsigned>((c + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(p.chunks));
+    rmsnorm_dweight_partials_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, stream>>>(
+        In<T>::make(dout, dout_dt), In<T>::make(inp, inp_dt), rstd, part, n, c, p.rows);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  column_finish_kernel<<<grid_for(c, kThreads), kThreads, 0, stream>>>(part, dweight, nullptr,
+                                                                       nullptr, p.chunks, c);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(void* qkv, int qkv_dt, const float* inv_freq, std::int64_t half,
+                        std::int64_t b, std::int64_t t, std::int64_t heads, std::int64_t kv_heads,
+                        bool inverse, cudaStream_t stream) {
+  const i64 rows = b * t;
+  if (rows == 0) return cudaSuccess;
+  if (half < 1 || half > kRopeMaxHalf) return cudaErrorInvalidValue;
+  RopeParams f{};
+  f.half = static_cast<int>(half);
+  for (i64 i = 0; i < half; ++i) f.inv_freq[i] = inv_freq[i];
+  const i64 qk_heads = heads + kv_heads, row_len = (heads + 2 * kv_heads) * 2 * half;
+  // x: the pairs, rounded up to whole warps (at most 128); y: heads, up to kThreads in all.
+  const int tx = static_cast<int>((half + kWarp - 1) / kWarp * kWarp);
+  const i64 per_row = kThreads / tx;
+  const dim3 block(static_cast<unsigned>(tx),
+                   static_cast<unsigned>(qk_heads < per_row ? qk_heads : per_row));
+  return dispatch({qkv_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rope_kernel<T><<<grid_for(rows, 1), block, 0, stream>>>(Out<T>::make(qkv, qkv_dt), f, rows, t,
+                                                            qk_heads, row_len, inverse);
+    return cudaGetLastError();
+  });
+}
+
+namespace {
+
+// SwiGLU's launch shape: x over F (whole warps, at most kThreads), y over rows (gridDim.y's
+// limit, grid-stride beyond).
+struct ColRowGrid {
+  dim3 grid, block;
+};
+ColRowGrid col_row_grid(i64 n, i64 f) {
+  const i64 tx = f >= kThreads ? kThreads : (f + kWarp - 1) / kWarp * kWarp;
+  const i64 rows = n < 65535 ? n : 65535;
+  return {dim3(static_cast<unsigned>((f + tx - 1) / tx), static_cast<unsigned>(rows)),
+          dim3(static_cast<unsigned>(tx))};
+}
+
+}  // namespace
+
+cudaError_t launch_swiglu_forward(const void* gate_up, int gu_dt, void* out, int out_dt,
+                                  std::int64_t n, std::int64_t f, cudaStream_t stream) {
+  if (n == 0 || f == 0) return cudaSuccess;
+  const ColRowGrid g = col_row_grid(n, f);
+  return dispatch({gu_dt, out_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    swiglu_forward_kernel<T><<<g.grid, g.block, 0, stream>>>(In<T>::make(gate_up, gu_dt),
+                                                             Out<T>::make(out, out_dt), n, f);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_swiglu_backward(const void* dout, int dout_dt, const void* gate_up, int gu_dt,
+                                   void* dgate_up, int dgu_dt, std::int64_t n, std::int64_t f,
+                                   cudaStream_t stream) {
+  if (n == 0 || f == 0) return cudaSuccess;
+  const ColRowGrid g = col_row_grid(n, f);
+  return dispatch({dout_dt, gu_dt, dgu_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    swiglu_backward_kernel<T><<<g.grid, g.block, 0, stream>>>(In<T>::make(dout, dout_dt),
+                                                              In<T>::make(gate_up, gu_dt),
+                                                              Out<T>::make(dgate_up, dgu_dt), n, f);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t launch_gelu_forward(const void* inp, int inp_dt, void* out, int out_dt, std::int64_t n,

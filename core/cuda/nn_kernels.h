@@ -17,9 +17,10 @@
 // shuffles, then shared memory, then a second kernel over per-chunk partials), never float
 // atomics: the same inputs give the same bits run to run.
 //
-// Scratch: the reductions over rows (layernorm and bias gradients) and the embedding gradient
-// need device scratch of the size the *_scratch_bytes functions return; the caller provides
-// it (CudaBackend takes it from its workspace allocator) with at least 256-byte alignment.
+// Scratch: the reductions over rows (layernorm, RMSNorm and bias gradients) and the embedding
+// gradient need device scratch of the size the *_scratch_bytes functions return; the caller
+// provides it (CudaBackend takes it from its workspace allocator) with at least 256-byte
+// alignment.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -50,6 +51,40 @@ cudaError_t launch_layernorm_backward(const void* dout, int dout_dt, const void*
                                       const float* rstd, void* dinp, int dinp_dt, float* dweight,
                                       float* dbias, std::int64_t n, std::int64_t c, void* scratch,
                                       cudaStream_t stream);
+
+// ---- Llama-family ops (core/backend.h's contracts; the CPU backend's arithmetic) ----------
+
+// inp (N,C), weight (C) -> out (N,C) = inp * rstd * weight, rstd (N) f32 =
+// 1 / sqrt(mean(inp^2) + eps). C >= 1.
+cudaError_t launch_rmsnorm_forward(const void* inp, int inp_dt, const void* weight, int w_dt,
+                                   float eps, void* out, int out_dt, float* rstd, std::int64_t n,
+                                   std::int64_t c, cudaStream_t stream);
+
+// Bytes of scratch launch_rmsnorm_backward needs for N rows of C columns.
+std::size_t rmsnorm_backward_scratch_bytes(std::int64_t n, std::int64_t c);
+// dout (N,C), inp (N,C), weight (C), rstd (N) f32 -> dinp (N,C) +=, dweight (C) f32 +=
+cudaError_t launch_rmsnorm_backward(const void* dout, int dout_dt, const void* inp, int inp_dt,
+                                    const void* weight, int w_dt, const float* rstd, void* dinp,
+                                    int dinp_dt, float* dweight, std::int64_t n, std::int64_t c,
+                                    void* scratch, cudaStream_t stream);
+
+// The most frequencies launch_rope takes: RopeFreqs::inv_freq's length (cuda_nn.cpp checks).
+inline constexpr int kRopeMaxHalf = 128;
+// Rotary embedding in place on the q and k heads of qkv (B,T,(H+2G)*hs), hs = 2 * half, half in
+// [1, kRopeMaxHalf]; inv_freq: `half` floats in *host* memory, copied into the kernel's
+// parameters at launch (so the caller's array may go away as soon as this returns). inverse:
+// the transposed rotation (the backward). A half outside that range is cudaErrorInvalidValue.
+cudaError_t launch_rope(void* qkv, int qkv_dt, const float* inv_freq, std::int64_t half,
+                        std::int64_t b, std::int64_t t, std::int64_t heads, std::int64_t kv_heads,
+                        bool inverse, cudaStream_t stream);
+
+// gate_up (N,2F) -> out (N,F) = silu(gate) * up. F >= 1.
+cudaError_t launch_swiglu_forward(const void* gate_up, int gu_dt, void* out, int out_dt,
+                                  std::int64_t n, std::int64_t f, cudaStream_t stream);
+// dout (N,F), gate_up (N,2F) -> dgate_up (N,2F), written (no accumulation). F >= 1.
+cudaError_t launch_swiglu_backward(const void* dout, int dout_dt, const void* gate_up, int gu_dt,
+                                   void* dgate_up, int dgu_dt, std::int64_t n, std::int64_t f,
+                                   cudaStream_t stream);
 
 // inp (n) -> out (n), GPT-2's tanh GELU; out may be inp (same dtype).
 cudaError_t launch_gelu_forward(const void* inp, int inp_dt, void* out, int out_dt, std::int64_t n,

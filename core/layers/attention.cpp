@@ -12,42 +12,78 @@ using layers::nbytes;
 
 namespace {
 
-std::int64_t checked_heads(const std::string& name, std::int64_t hidden, std::int64_t heads,
-                           AttentionImpl impl) {
+[[noreturn]] void bad(const std::string& name, const std::string& what) {
+  throw InvalidArgument("CausalSelfAttention '" + name + "': " + what);
+}
+
+// shape with kv_heads and head_dim resolved, every rule of the constructor checked.
+AttentionShape checked_shape(const std::string& name, std::int64_t hidden, AttentionShape s,
+                             AttentionImpl impl) {
   layers::check_dim("CausalSelfAttention", name, "hidden", hidden);
-  layers::check_dim("CausalSelfAttention", name, "heads", heads);
-  if (hidden % heads != 0) {
-    throw InvalidArgument("CausalSelfAttention '" + name + "': heads = " + std::to_string(heads) +
-                          " does not divide hidden = " + std::to_string(hidden) +
-                          "; valid: a divisor of hidden");
+  layers::check_dim("CausalSelfAttention", name, "heads", s.heads);
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) {
+    bad(name, "kv_heads = " + std::to_string(s.kv_heads) + " with heads = " +
+                  std::to_string(s.heads) + "; valid: a divisor of heads (0: heads)");
   }
-  if (impl == AttentionImpl::kFlash && hidden / heads > Backend::kMaxAttentionHeadSize) {
-    throw InvalidArgument("CausalSelfAttention '" + name +
-                          "': head size hidden / heads = " + std::to_string(hidden / heads) +
-                          "; valid with flash attention: at most " +
-                          std::to_string(Backend::kMaxAttentionHeadSize) +
-                          " (more heads, or attention: materialized)");
+  if (s.head_dim == 0) {
+    if (hidden % s.heads != 0) {
+      bad(name, "heads = " + std::to_string(s.heads) + " does not divide hidden = " +
+                    std::to_string(hidden) + "; valid: a divisor of hidden, or an explicit head_dim");
+    }
+    s.head_dim = hidden / s.heads;
   }
-  return heads;
+  if (s.head_dim < 1 || (impl == AttentionImpl::kFlash &&
+                         s.head_dim > Backend::kMaxAttentionHeadSize)) {
+    bad(name, "head size " + std::to_string(s.head_dim) + "; valid" +
+                  (impl == AttentionImpl::kFlash
+                       ? " with flash attention: 1 to " +
+                             std::to_string(Backend::kMaxAttentionHeadSize) +
+                             " (more heads, or attention: materialized)"
+                       : std::string(": >= 1")));
+  }
+  if (s.rope && (s.head_dim % 2 != 0 || s.freqs.half != s.head_dim / 2)) {
+    bad(name, "rotary embedding with head size " + std::to_string(s.head_dim) + " and " +
+                  std::to_string(s.freqs.half) +
+                  " frequencies; valid: an even head size and head size / 2 frequencies");
+  }
+  if (impl == AttentionImpl::kMaterialized && s.kv_heads != s.heads) {
+    bad(name, "materialized attention with kv_heads = " + std::to_string(s.kv_heads) +
+                  " < heads = " + std::to_string(s.heads) +
+                  "; valid: flash attention for grouped-query attention");
+  }
+  return s;
+}
+
+AttentionShape gpt_shape(std::int64_t heads) {
+  AttentionShape s;
+  s.heads = heads;
+  return s;
 }
 
 }  // namespace
 
-const char* attention_impl_name(AttentionImpl impl) {
-  return impl == AttentionImpl::kFlash ? "flash" : "materialized";
-}
-
 CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden, std::int64_t heads,
                                          float proj_std, AttentionImpl impl)
+    : CausalSelfAttention(std::move(name), hidden, gpt_shape(heads), proj_std, impl) {}
+
+CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden,
+                                         const AttentionShape& shape, float proj_std,
+                                         AttentionImpl impl)
     : Layer(name),
       hidden_(hidden),
-      heads_(checked_heads(name, hidden, heads, impl)),
+      shape_(checked_shape(name, hidden, shape, impl)),
       impl_(impl),
-      qkv_(name + ".qkv", hidden, 3 * hidden, true, layers::kInitStd),
-      proj_(name + ".proj", hidden, hidden, true, proj_std) {}
+      qkv_(name + ".qkv", hidden, (shape_.heads + 2 * shape_.kv_heads) * shape_.head_dim,
+           shape_.qkv_bias, layers::kInitStd),
+      proj_(name + ".proj", shape_.heads * shape_.head_dim, hidden, shape_.proj_bias, proj_std) {}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
-  return {&qkv_.weight(), &qkv_.bias(), &proj_.weight(), &proj_.bias()};
+  std::vector<Parameter*> ps{&qkv_.weight()};
+  if (shape_.qkv_bias) ps.push_back(&qkv_.bias());
+  ps.push_back(&proj_.weight());
+  if (shape_.proj_bias) ps.push_back(&proj_.bias());
+  return ps;
 }
 
 void CausalSelfAttention::release_saved() noexcept {
@@ -68,7 +104,11 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
                           ")");
   }
   try {
-    Act qkv = qkv_.forward(ctx, x, save);  // (B,T,3C)
+    Act qkv = qkv_.forward(ctx, x, save);  // (B,T,(H+2G)*hs)
+    if (shape_.rope) {
+      ctx.backend.rope(ctx.stream, qkv->view(), shape_.heads, shape_.kv_heads, shape_.freqs,
+                       false);
+    }
     return impl_ == AttentionImpl::kFlash ? forward_flash(ctx, std::move(qkv), save)
                                           : forward_materialized(ctx, std::move(qkv), save);
   } catch (...) {
@@ -78,11 +118,11 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
 }
 
 Act CausalSelfAttention::forward_flash(LayerContext& ctx, Act qkv, bool save) {
-  const std::int64_t b = qkv->view().size(0), t = qkv->view().size(1);
+  const std::int64_t b = qkv->view().size(0), t = qkv->view().size(1), h = shape_.heads;
   const Category kept = save ? Category::kActivation : Category::kTemporary;
-  Act merged = ctx.make(Shape{b, t, hidden_}, ctx.dtype, Category::kActivation, name());
-  Act lse = ctx.make(Shape{b, heads_, t}, DType::kF32, kept, name());
-  ctx.backend.flash_attention_forward(ctx.stream, qkv->view(), heads_, heads_, merged->view(),
+  Act merged = ctx.make(Shape{b, t, h * shape_.head_dim}, ctx.dtype, Category::kActivation, name());
+  Act lse = ctx.make(Shape{b, h, t}, DType::kF32, kept, name());
+  ctx.backend.flash_attention_forward(ctx.stream, qkv->view(), h, shape_.kv_heads, merged->view(),
                                       lse->view());
   if (!save) {
     qkv.reset();
@@ -99,13 +139,13 @@ Act CausalSelfAttention::forward_flash(LayerContext& ctx, Act qkv, bool save) {
 
 Act CausalSelfAttention::forward_materialized(LayerContext& ctx, Act qkv, bool save) {
   const std::int64_t b = qkv->view().size(0), t = qkv->view().size(1);
-  const std::int64_t hs = hidden_ / heads_;
+  const std::int64_t h = shape_.heads, hs = shape_.head_dim;
   const Category kept = save ? Category::kActivation : Category::kTemporary;
-  Act qkvr = ctx.make(Shape{3, b, heads_, t, hs}, ctx.dtype, kept, name());
-  Act att = ctx.make(Shape{b, heads_, t, t}, ctx.dtype, kept, name());
-  Act scratch = ctx.make(Shape{b, heads_, t, hs}, ctx.dtype, Category::kTemporary, name());
-  Act merged = ctx.make(Shape{b, t, hidden_}, ctx.dtype, Category::kActivation, name());
-  ctx.backend.attention_forward(ctx.stream, qkv->view(), heads_, qkvr->view(), att->view(),
+  Act qkvr = ctx.make(Shape{3, b, h, t, hs}, ctx.dtype, kept, name());
+  Act att = ctx.make(Shape{b, h, t, t}, ctx.dtype, kept, name());
+  Act scratch = ctx.make(Shape{b, h, t, hs}, ctx.dtype, Category::kTemporary, name());
+  Act merged = ctx.make(Shape{b, t, h * hs}, ctx.dtype, Category::kActivation, name());
+  ctx.backend.attention_forward(ctx.stream, qkv->view(), h, qkvr->view(), att->view(),
                                 scratch->view(), merged->view());
   qkv.reset();  // qkvr holds q, k, v for the backward
   scratch.reset();
@@ -126,22 +166,26 @@ Act CausalSelfAttention::backward(LayerContext& ctx, const Act& dy) {
                             << "': backward without a saved forward";
   Act dmerged = proj_.backward(ctx, dy);  // (B,T,C); proj drops its handle on the merged heads
   Act dqkv;
+  const std::int64_t h = shape_.heads;
   if (impl_ == AttentionImpl::kFlash) {
-    const Tensor& qkv = qkv_saved_->view();  // (B,T,3C)
+    const Tensor& qkv = qkv_saved_->view();  // (B,T,(H+2G)*hs)
     const std::int64_t b = qkv.size(0), t = qkv.size(1);
     dqkv = ctx.make(qkv.shape(), ctx.dtype, Category::kTemporary, name());
-    Act delta = ctx.make(Shape{b, heads_, t}, DType::kF32, Category::kTemporary, name());
+    Act delta = ctx.make(Shape{b, h, t}, DType::kF32, Category::kTemporary, name());
     ctx.backend.flash_attention_backward(ctx.stream, dmerged->view(), qkv, merged_->view(),
-                                         softmax_->view(), heads_, heads_, delta->view(),
+                                         softmax_->view(), h, shape_.kv_heads, delta->view(),
                                          dqkv->view());
   } else {
     const Tensor& q = qkv_saved_->view();  // (3,B,H,T,hs)
     const std::int64_t b = q.size(1), t = q.size(3), hs = q.size(4);
-    dqkv = ctx.make(Shape{b, t, 3 * hidden_}, ctx.dtype, Category::kTemporary, name());
-    Act datt = ctx.make(Shape{b, heads_, t, t}, ctx.dtype, Category::kTemporary, name());
-    Act dqkvr = ctx.make(Shape{3, b, heads_, t, hs}, ctx.dtype, Category::kTemporary, name());
-    ctx.backend.attention_backward(ctx.stream, dmerged->view(), q, softmax_->view(), heads_,
+    dqkv = ctx.make(Shape{b, t, 3 * h * hs}, ctx.dtype, Category::kTemporary, name());
+    Act datt = ctx.make(Shape{b, h, t, t}, ctx.dtype, Category::kTemporary, name());
+    Act dqkvr = ctx.make(Shape{3, b, h, t, hs}, ctx.dtype, Category::kTemporary, name());
+    ctx.backend.attention_backward(ctx.stream, dmerged->view(), q, softmax_->view(), h,
                                    datt->view(), dqkvr->view(), dqkv->view());
+  }
+  if (shape_.rope) {  // the gradient of the rotated q, k -> that of qkv's output
+    ctx.backend.rope(ctx.stream, dqkv->view(), h, shape_.kv_heads, shape_.freqs, true);
   }
   dmerged.reset();
   qkv_saved_.reset();
@@ -152,37 +196,44 @@ Act CausalSelfAttention::backward(LayerContext& ctx, const Act& dy) {
 
 PeakExcess CausalSelfAttention::peaks(std::int64_t seq_len, DType dtype) const {
   const std::int64_t c = nbytes(mul(seq_len, hidden_), dtype);
+  const std::int64_t mq = nbytes(mul(seq_len, shape_.heads * shape_.head_dim), dtype);
+  const std::int64_t mk = nbytes(mul(seq_len, shape_.kv_heads * shape_.head_dim), dtype);
   PeakExcess p;
   if (impl_ == AttentionImpl::kFlash) {
-    const std::int64_t s = nbytes(mul(heads_, seq_len), DType::kF32);
-    p.forward = 0;           // qkv, merged, lse, y: the saved state and the output
-    p.backward = 3 * c + s;  // dmerged (c) + dqkv (3c) + delta beside the saved state, less dx
+    const std::int64_t s = nbytes(mul(shape_.heads, seq_len), DType::kF32);
+    p.forward = 0;  // qkv, merged, lse, y: the saved state and the output
+    // dmerged (mq) + dqkv (mq + 2mk) + delta beside the saved state, less dx (c)
+    p.backward = 2 * mq + 2 * mk + s - c;
     return p;
   }
-  const std::int64_t a = nbytes(mul(heads_, mul(seq_len, seq_len)), dtype);
-  p.forward = 3 * c;       // qkv (3c) + scratch (c) + qkvr (3c) + att + merged (c), less saved + y
-  p.backward = 5 * c + a;  // dmerged (c) + dqkv (3c) + dqkvr (3c) + datt, merged gone, less dx
+  const std::int64_t a = nbytes(mul(shape_.heads, mul(seq_len, seq_len)), dtype);
+  // qkv (3mq) + scratch (mq) + qkvr (3mq) + att + merged (mq), less saved and y's slot
+  p.forward = 4 * mq - c;
+  // dmerged (mq) + dqkv (3mq) + dqkvr (3mq) + datt, merged gone, less dx
+  p.backward = 6 * mq + a - c;
   return p;
 }
 
 LayerCost CausalSelfAttention::cost(std::int64_t seq_len, DType dtype) const {
-  const std::int64_t c = nbytes(mul(seq_len, hidden_), dtype);
+  const std::int64_t qw = shape_.heads * shape_.head_dim, kw = shape_.kv_heads * shape_.head_dim;
+  const std::int64_t mq = nbytes(mul(seq_len, qw), dtype), mk = nbytes(mul(seq_len, kw), dtype);
   const std::int64_t tc = mul(seq_len, hidden_);
-  const std::int64_t projections = mul(2, mul(tc, 3 * hidden_)) + mul(2, mul(tc, hidden_));
+  const std::int64_t projections = mul(2, mul(tc, qw + 2 * kw)) + mul(2, mul(tc, qw));
   LayerCost k;
   k.saves_input = true;
-  k.output_bytes = c;
+  k.output_bytes = nbytes(tc, dtype);
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   if (impl_ == AttentionImpl::kFlash) {
-    k.saved_bytes = 4 * c + nbytes(mul(heads_, seq_len), DType::kF32);     // qkv, merged, lse
-    const std::int64_t pairs_c = mul(mul(seq_len, seq_len + 1), hidden_);  // T(T+1)*C
-    k.forward_flops = projections + mul(2, pairs_c);
-    k.backward_flops = mul(2, projections) + mul(5, pairs_c);
+    // qkv, merged, lse
+    k.saved_bytes = mq + 2 * mk + mq + nbytes(mul(shape_.heads, seq_len), DType::kF32);
+    const std::int64_t pairs_q = mul(mul(seq_len, seq_len + 1), qw);  // T(T+1)*q
+    k.forward_flops = projections + mul(2, pairs_q);
+    k.backward_flops = mul(2, projections) + mul(5, pairs_q);
     return k;
   }
-  const std::int64_t a = nbytes(mul(heads_, mul(seq_len, seq_len)), dtype);
-  k.saved_bytes = 4 * c + a;  // qkvr (3c), att, merged heads (c)
-  k.forward_flops = projections + mul(4, mul(seq_len, tc));
+  const std::int64_t a = nbytes(mul(shape_.heads, mul(seq_len, seq_len)), dtype);
+  k.saved_bytes = 4 * mq + a;  // qkvr (3mq), att, merged heads (mq)
+  k.forward_flops = projections + mul(4, mul(seq_len, mul(seq_len, qw)));
   k.backward_flops = mul(2, k.forward_flops);
   return k;
 }

@@ -40,7 +40,8 @@ namespace memfit {
 
 class TransformerBlock final : public Layer {
  public:
-  // InvalidArgument for sizes < 1 or heads not dividing hidden.
+  // InvalidArgument for sizes < 1, heads not dividing hidden, or (flash attention) a head size
+  // hidden / heads above Backend::kMaxAttentionHeadSize.
   TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
                    std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps = 1e-5f,
                    AttentionImpl attention = AttentionImpl::kFlash);

@@ -57,6 +57,16 @@ const char* meta_op_name(MetaOp op) {
       return "flash_attention_forward";
     case MetaOp::kFlashAttentionBackward:
       return "flash_attention_backward";
+    case MetaOp::kRmsNormForward:
+      return "rmsnorm_forward";
+    case MetaOp::kRmsNormBackward:
+      return "rmsnorm_backward";
+    case MetaOp::kRope:
+      return "rope";
+    case MetaOp::kSwiGluForward:
+      return "swiglu_forward";
+    case MetaOp::kSwiGluBackward:
+      return "swiglu_backward";
     case MetaOp::kEmbeddingForward:
       return "embedding_forward";
     case MetaOp::kEmbeddingBackward:

@@ -53,6 +53,11 @@ enum class MetaOp : std::uint8_t {
   kMergeHeads,
   kFlashAttentionForward,
   kFlashAttentionBackward,
+  kRmsNormForward,
+  kRmsNormBackward,
+  kRope,
+  kSwiGluForward,
+  kSwiGluBackward,
   kEmbeddingForward,
   kEmbeddingBackward,
   kCrossEntropyForward,
@@ -80,6 +85,11 @@ struct MetaFlops {
   static constexpr std::int64_t kCrossEntropyForward = 3;   // per (row, j < V)
   static constexpr std::int64_t kCrossEntropyBackward = 4;  // per (row, j < V)
   static constexpr std::int64_t kAdamW = 16;                // per parameter (adamw.h's step)
+  static constexpr std::int64_t kRmsNormForward = 4;        // per inp element
+  static constexpr std::int64_t kRmsNormBackward = 8;       // per inp element
+  static constexpr std::int64_t kRope = 3;                  // per rotated element (q and k)
+  static constexpr std::int64_t kSwiGluForward = 6;         // per out element
+  static constexpr std::int64_t kSwiGluBackward = 12;       // per out element
 };
 
 struct MetaStats {
@@ -160,6 +170,16 @@ class MetaBackend final : public cpu::InlineBackend {
   void do_flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
                                    const Tensor& out, const Tensor& lse, const AttentionDims& d,
                                    const Tensor& delta, const Tensor& dqkv) override;
+  void do_rmsnorm_forward(StreamId stream, const Tensor& inp, const Tensor& weight, float eps,
+                          const Tensor& out, const Tensor& rstd) override;
+  void do_rmsnorm_backward(StreamId stream, const Tensor& dout, const Tensor& inp,
+                           const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                           const Tensor& dweight) override;
+  void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
+               bool inverse) override;
+  void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) override;
+  void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
+                          const Tensor& dgate_up) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                             const Tensor& wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,

@@ -113,6 +113,39 @@ void MetaBackend::do_flash_attention_backward(StreamId, const Tensor& dout, cons
                bytes(delta, dqkv), sat_mul(pairs, 10 * d.hs), elementwise);
 }
 
+void MetaBackend::do_rmsnorm_forward(StreamId, const Tensor& inp, const Tensor& weight, float,
+                                     const Tensor& out, const Tensor& rstd) {
+  count(MetaOp::kRmsNormForward, bytes(inp, weight), bytes(out, rstd),
+        sat_mul(MetaFlops::kRmsNormForward, inp.numel()));
+}
+
+void MetaBackend::do_rmsnorm_backward(StreamId, const Tensor& dout, const Tensor& inp,
+                                      const Tensor& weight, const Tensor& rstd, const Tensor& dinp,
+                                      const Tensor& dweight) {
+  // dinp and dweight accumulate: read and written.
+  count(MetaOp::kRmsNormBackward, bytes(dout, inp, weight, rstd, dinp, dweight),
+        bytes(dinp, dweight), sat_mul(MetaFlops::kRmsNormBackward, inp.numel()));
+}
+
+void MetaBackend::do_rope(StreamId, const Tensor& qkv, const AttentionDims& d, const RopeFreqs&,
+                          bool) {
+  // The q and k heads are read and written in place; v is not touched.
+  const std::int64_t n = sat_mul(sat_mul(d.b, d.t), (d.heads + d.kv_heads) * d.hs);
+  const std::int64_t b = sat_mul(n, dtype_size(qkv.dtype()));
+  count(MetaOp::kRope, b, b, sat_mul(MetaFlops::kRope, n));
+}
+
+void MetaBackend::do_swiglu_forward(StreamId, const Tensor& gate_up, const Tensor& out) {
+  count(MetaOp::kSwiGluForward, bytes(gate_up), bytes(out),
+        sat_mul(MetaFlops::kSwiGluForward, out.numel()));
+}
+
+void MetaBackend::do_swiglu_backward(StreamId, const Tensor& dout, const Tensor& gate_up,
+                                     const Tensor& dgate_up) {
+  count(MetaOp::kSwiGluBackward, bytes(dout, gate_up), bytes(dgate_up),
+        sat_mul(MetaFlops::kSwiGluBackward, dout.numel()));
+}
+
 void MetaBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,
                                        const Tensor& wpe, const Tensor& out) {
   // One row of wte and one of wpe gathered per token.

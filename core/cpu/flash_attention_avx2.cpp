@@ -1,6 +1,0 @@
-// The tiled causal attention of flash_attention_kernel.h for AVX2 + FMA (compiled with -mavx2 -mfma
-// -mf16c); flash_attention.cpp calls it only when the CPU has it.
-#if defined(__x86_64__) || defined(__i386__)
-#define MEMFIT_FLASH_NS flash_avx2
-#include "core/cpu/flash_attention_kernel.h"
-#endif  // x86

@@ -1,0 +1,9 @@
+// The tiled causal attention of flash_attention_kernel.h for AVX2 + FMA + F16C, enabled by a
+// `#pragma GCC target` below the kernel's includes (not by file-wide -m flags: see there);
+// flash_attention.cpp calls it only when the CPU has it.
+#if defined(__x86_64__) || defined(__i386__)
+#define MEMFIT_FLASH_NS flash_avx2
+#define MEMFIT_FLASH_BEGIN_TARGET \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")
+#include "core/cpu/flash_attention_kernel.h"
+#endif  // x86

@@ -1,0 +1,310 @@
+// The Llama family's layers: RMSNorm, GatedMLP (SwiGLU) and CausalSelfAttention with
+// grouped-query heads, a rotary embedding, optional biases and an explicit head size, each
+// against a double-precision reference written here (through finite differences), in low
+// precision, recomputed, and their memory on the meta backend. Also the rotary frequencies
+// against HuggingFace's formulas and the Backend ops on the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/layers/attention.h"
+#include "core/layers/gated_mlp.h"
+#include "core/layers/rmsnorm.h"
+#include "core/rope.h"
+#include "memory/error.h"
+#include "tests/core/layer_testutil.h"
+#include "tests/core/nn_testutil.h"
+
+namespace memfit {
+namespace {
+
+using testing::Params;
+using testing::Vec;
+using i64 = std::int64_t;
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+Vec ref_rmsnorm(const Vec& x, i64 c, const Vec& w, double eps) {
+  Vec y(x.size());
+  for (std::size_t r = 0; r < x.size() / c; ++r) {
+    double ss = 0;
+    for (i64 j = 0; j < c; ++j) ss += x[r * c + j] * x[r * c + j];
+    const double rs = 1.0 / std::sqrt(ss / c + eps);
+    for (i64 j = 0; j < c; ++j) y[r * c + j] = x[r * c + j] * rs * w[j];
+  }
+  return y;
+}
+
+Vec ref_gated_mlp(const Vec& x, i64 c, i64 f, const Params& p, bool bias) {
+  const Vec gu = testing::ref_linear(x, c, 2 * f, p[0], bias ? &p[1] : nullptr);
+  Vec h(gu.size() / 2);
+  for (std::size_t r = 0; r < h.size() / f; ++r) {
+    for (i64 j = 0; j < f; ++j) {
+      const double g = gu[r * 2 * f + j], u = gu[r * 2 * f + f + j];
+      h[r * f + j] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return testing::ref_linear(h, f, c, p[bias ? 2 : 1], bias ? &p[3] : nullptr);
+}
+
+// proj(attention(rope(qkv(x)))) with H heads of hs, G kv heads, in double.
+Vec ref_llama_attention(const Vec& x, i64 b, i64 t, i64 c, const AttentionShape& s,
+                        const Params& p) {
+  const i64 h = s.heads, g = s.kv_heads, hs = s.head_dim, row = (h + 2 * g) * hs;
+  std::size_t k = 0;
+  const Vec* qkv_b = s.qkv_bias ? &p[1] : nullptr;
+  Vec qkv = testing::ref_linear(x, c, row, p[k], qkv_b);
+  k += s.qkv_bias ? 2 : 1;
+  if (s.rope) {
+    for (i64 r = 0; r < b * t; ++r) {
+      for (i64 e = 0; e < h + g; ++e) {
+        double* v = &qkv[static_cast<std::size_t>(r * row + e * hs)];
+        for (i64 i = 0; i < hs / 2; ++i) {
+          const double a = static_cast<double>(static_cast<float>(r % t) * s.freqs.inv_freq[i]);
+          const double x0 = v[i], y0 = v[i + hs / 2];
+          v[i] = x0 * std::cos(a) - y0 * std::sin(a);
+          v[i + hs / 2] = y0 * std::cos(a) + x0 * std::sin(a);
+        }
+      }
+    }
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Vec merged(static_cast<std::size_t>(b * t * h * hs));
+  for (i64 bb = 0; bb < b; ++bb) {
+    for (i64 hh = 0; hh < h; ++hh) {
+      const i64 kv = hh / (h / g);
+      for (i64 i = 0; i < t; ++i) {
+        Vec sc(static_cast<std::size_t>(i + 1));
+        double mx = -1e300;
+        for (i64 j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (i64 d = 0; d < hs; ++d) {
+            dot += qkv[(bb * t + i) * row + hh * hs + d] * qkv[(bb * t + j) * row + (h + kv) * hs + d];
+          }
+          sc[j] = dot * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double z = 0;
+        for (double& v : sc) z += (v = std::exp(v - mx));
+        for (i64 d = 0; d < hs; ++d) {
+          double o = 0;
+          for (i64 j = 0; j <= i; ++j) o += sc[j] / z * qkv[(bb * t + j) * row + (h + g + kv) * hs + d];
+          merged[(bb * t + i) * h * hs + hh * hs + d] = o;
+        }
+      }
+    }
+  }
+  return testing::ref_linear(merged, h * hs, c, p[k], s.proj_bias ? &p[k + 1] : nullptr);
+}
+
+AttentionShape llama_shape(i64 heads, i64 kv, i64 hs, bool qkv_bias) {
+  AttentionShape s;
+  s.heads = heads;
+  s.kv_heads = kv;
+  s.head_dim = hs;
+  s.qkv_bias = qkv_bias;
+  s.proj_bias = false;
+  s.rope = true;
+  s.freqs = rope_frequencies(hs, 10000.0f);
+  return s;
+}
+
+TEST(RopeFrequencies, FollowHuggingFacesFormulas) {
+  // Default: 1 / theta^(2i/hs).
+  const RopeFreqs f = rope_frequencies(128, 500000.0f);
+  ASSERT_EQ(f.half, 64);
+  for (i64 i = 0; i < 64; ++i) {
+    EXPECT_NEAR(f.inv_freq[i], 1.0 / std::pow(500000.0, 2.0 * i / 128), 1e-6 * f.inv_freq[i]);
+  }
+  // Llama 3.1's rope_scaling (factor 8, low 1, high 4, original 8192): high frequencies
+  // (wavelength below 8192/4) unchanged, low ones (above 8192) divided by 8, between smooth.
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::kLlama3;
+  const RopeFreqs l = rope_frequencies(128, 500000.0f, s);
+  int high = 0, low = 0, mid = 0;
+  for (i64 i = 0; i < 64; ++i) {
+    const double wavelen = 2 * M_PI / f.inv_freq[i];
+    if (wavelen < 2048) {
+      EXPECT_FLOAT_EQ(l.inv_freq[i], f.inv_freq[i]);
+      ++high;
+    } else if (wavelen > 8192) {
+      EXPECT_FLOAT_EQ(l.inv_freq[i], f.inv_freq[i] / 8);
+      ++low;
+    } else {
+      const double smooth = (8192 / wavelen - 1) / (4 - 1);
+      EXPECT_NEAR(l.inv_freq[i], (1 - smooth) * f.inv_freq[i] / 8 + smooth * f.inv_freq[i],
+                  1e-6 * f.inv_freq[i]);
+      ++mid;
+    }
+  }
+  EXPECT_GT(high, 0);
+  EXPECT_GT(low, 0);
+  EXPECT_GT(mid, 0);
+  testing::expect_invalid([] { rope_frequencies(63, 1e4f); }, {"head size 63", "even"});
+  testing::expect_invalid([] { rope_frequencies(64, 0.5f); }, {"rope_theta"});
+  RopeScaling bad = s;
+  bad.high_freq_factor = 0.5f;
+  testing::expect_invalid([&] { rope_frequencies(64, 1e4f, bad); }, {"high_freq_factor"});
+}
+
+TEST(LlamaOps, RopeInverseUndoesTheRotationAndLeavesV) {
+  CpuBackend be;
+  const i64 b = 2, t = 9, h = 4, g = 2, hs = 16, row = (h + 2 * g) * hs;
+  testing::HT qkv({b, t, row}, DType::kF32);
+  std::mt19937 rng(3);
+  qkv.rand(rng);
+  const Vec before = qkv.vals();
+  const RopeFreqs f = rope_frequencies(hs, 10000.0f);
+  be.rope(kDefaultStream, qkv, h, g, f, false);
+  const Vec rotated = qkv.vals();
+  be.rope(kDefaultStream, qkv, h, g, f, true);
+  const Vec back = qkv.vals();
+  int moved = 0;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const bool is_v = static_cast<i64>(i) % row >= (h + g) * hs;
+    if (is_v) EXPECT_EQ(rotated[i], before[i]);
+    if (std::fabs(rotated[i] - before[i]) > 1e-3) ++moved;
+    EXPECT_NEAR(back[i], before[i], 1e-6);
+  }
+  EXPECT_GT(moved, 0);
+  // Position 0 is the identity.
+  for (i64 e = 0; e < row; ++e) EXPECT_EQ(rotated[e], before[e]);
+  testing::expect_invalid([&] { be.rope(kDefaultStream, qkv, h, g, rope_frequencies(8, 1e4f), false); },
+                          {"frequencies"});
+}
+
+TEST(LlamaOps, RmsNormAndSwiGluMatchTheReferenceInEveryDtype) {
+  for (DType dt : kDTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    CpuBackend be;
+    std::mt19937 rng(5);
+    const i64 n = 7, c = 40;
+    testing::HT x({n, c}, dt), w({c}, dt), y({n, c}, dt), rstd({n}, DType::kF32);
+    x.rand(rng, -2, 2);
+    w.rand(rng);
+    be.rmsnorm_forward(kDefaultStream, x, w, 1e-5f, y, rstd);
+    testing::expect_close(y, ref_rmsnorm(x.vals(), c, w.vals(), 1e-5), dt, "rmsnorm", 2, 2);
+    testing::HT gu({n, 2 * c}, dt), h({n, c}, dt), dh({n, c}, dt), dgu({n, 2 * c}, dt);
+    gu.rand(rng, -3, 3);
+    dh.rand(rng);
+    be.swiglu_forward(kDefaultStream, gu, h);
+    be.swiglu_backward(kDefaultStream, dh, gu, dgu);
+    const Vec g = gu.vals(), d = dh.vals();
+    Vec hr(n * c), dr(2 * n * c);
+    for (i64 r = 0; r < n; ++r) {
+      for (i64 j = 0; j < c; ++j) {
+        const double a = g[r * 2 * c + j], u = g[r * 2 * c + c + j], s = 1 / (1 + std::exp(-a));
+        hr[r * c + j] = a * s * u;
+        dr[r * 2 * c + j] = d[r * c + j] * u * s * (1 + a * (1 - s));
+        dr[r * 2 * c + c + j] = d[r * c + j] * a * s;
+      }
+    }
+    testing::expect_close(h, hr, dt, "swiglu", 2, 2);
+    testing::expect_close(dgu, dr, dt, "dswiglu", 2, 2);
+  }
+}
+
+TEST(RMSNormTest, GradientsLowPrecisionRecomputeMemory) {
+  RMSNorm n("norm", 8, 1e-5f);
+  testing::check_gradients(n, Shape{2, 3, 8},
+                           [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 8, p[0], 1e-5); },
+                           61);
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    testing::check_low_precision([] { return std::make_unique<RMSNorm>("norm", 16, 1e-5f); }, dt,
+                                 Shape{2, 4, 16},
+                                 [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 16, p[0], 1e-5); },
+                                 3.0, 62);
+  }
+  RMSNorm r("norm", 16);
+  testing::check_recompute(r, Shape{2, 8, 16}, 63);
+  for (DType dt : kDTypes) {
+    RMSNorm m("layers.0.input_layernorm", 128);
+    testing::check_memory_of(m, dt, Shape{2, 128, 128});
+  }
+  EXPECT_EQ(r.cost(64, DType::kBF16).saved_bytes, 64 * 4);
+  testing::expect_invalid([] { RMSNorm("n", 8, 0.0f); }, {"eps"});
+}
+
+TEST(GatedMlpTest, GradientsLowPrecisionRecomputeMemory) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "bias" : "no bias");
+    GatedMLP m("mlp", 6, 10, bias);
+    EXPECT_EQ(m.parameters().size(), bias ? 4u : 2u);
+    testing::check_gradients(m, Shape{2, 3, 6},
+                             [bias](const Vec& x, const Params& p) {
+                               return ref_gated_mlp(x, 6, 10, p, bias);
+                             },
+                             71);
+  }
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    testing::check_low_precision([] { return std::make_unique<GatedMLP>("mlp", 16, 40); }, dt,
+                                 Shape{2, 4, 16},
+                                 [](const Vec& x, const Params& p) {
+                                   return ref_gated_mlp(x, 16, 40, p, false);
+                                 },
+                                 4.0, 72);
+  }
+  GatedMLP r("mlp", 16, 40);
+  testing::check_recompute(r, Shape{2, 8, 16}, 73);
+  for (DType dt : kDTypes) {
+    GatedMLP m("layers.0.mlp", 64, 192);
+    testing::check_memory_of(m, dt, Shape{2, 64, 64});
+  }
+  const LayerCost k = GatedMLP("m", 64, 192).cost(32, DType::kBF16);
+  EXPECT_EQ(k.saved_bytes, 3 * 32 * 192 * 2);
+  EXPECT_EQ(k.forward_flops, 6 * 32 * 64 * 192);
+  EXPECT_EQ(k.backward_flops, 2 * k.forward_flops);
+}
+
+TEST(LlamaAttentionTest, GroupedRotaryBiasedHeadsMatchTheReference) {
+  // C = 12 with 4 heads of 4 (head_dim * heads != C), 2 kv heads; with and without q/k/v
+  // biases (Qwen2 has them, Llama not).
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "qkv bias" : "no bias");
+    const AttentionShape s = llama_shape(4, 2, 4, bias);
+    CausalSelfAttention a("self_attn", 12, s);
+    EXPECT_EQ(a.kv_heads(), 2);
+    EXPECT_EQ(a.parameters().size(), bias ? 3u : 2u);
+    EXPECT_EQ(a.parameters()[0]->shape, (Shape{(4 + 2 * 2) * 4, 12}));
+    testing::check_gradients(a, Shape{2, 5, 12},
+                             [s](const Vec& x, const Params& p) {
+                               return ref_llama_attention(x, 2, 5, 12, s, p);
+                             },
+                             81);
+  }
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const AttentionShape s = llama_shape(4, 1, 8, false);
+    testing::check_low_precision(
+        [s] { return std::make_unique<CausalSelfAttention>("attn", 16, s); }, dt, Shape{2, 6, 16},
+        [s](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 6, 16, s, p); }, 6.0,
+        82);
+  }
+  CausalSelfAttention r("attn", 32, llama_shape(8, 2, 8, false));
+  testing::check_recompute(r, Shape{2, 8, 32}, 83);
+  for (DType dt : kDTypes) {
+    CausalSelfAttention m("layers.0.self_attn", 128, llama_shape(8, 2, 32, true));
+    testing::check_memory_of(m, dt, Shape{2, 64, 128});
+  }
+}
+
+TEST(LlamaAttentionTest, RefusesShapesItCannotRun) {
+  testing::expect_invalid([] { CausalSelfAttention("a", 16, llama_shape(4, 3, 4, false)); },
+                          {"kv_heads = 3", "divisor of heads"});
+  AttentionShape odd = llama_shape(4, 2, 4, false);
+  odd.head_dim = 5;
+  testing::expect_invalid([&] { CausalSelfAttention("a", 16, odd); }, {"rotary", "even"});
+  testing::expect_invalid(
+      [] {
+        CausalSelfAttention("a", 16, llama_shape(4, 2, 4, false), 0.02f,
+                            AttentionImpl::kMaterialized);
+      },
+      {"materialized", "kv_heads = 2"});
+}
+
+}  // namespace
+}  // namespace memfit
