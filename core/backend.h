@@ -301,8 +301,8 @@ class Backend {
   // written (dq, dk, dv in qkv's layout; dk and dv sum over each group's query heads).
   // delta (B,H,T) f32 is memory the caller provides (so its allocator sees it) and the call
   // writes, then reads: delta[b,h,i] = dout[b,i,h,:] . out[b,i,h,:] in FP32 (FlashAttention-2's
-  // precomputed row term); what it held before does not matter. The backward recomputes the probabilities tile
-  // by tile from q, k and lse, so nothing of size T x T is stored or allocated.
+  // precomputed row term); what it held before does not matter. The backward recomputes the
+  // probabilities tile by tile from q, k and lse, so nothing of size T x T is stored or allocated.
   void flash_attention_backward(StreamId stream, const Tensor& dout, const Tensor& qkv,
                                 const Tensor& out, const Tensor& lse, std::int64_t heads,
                                 std::int64_t kv_heads, const Tensor& delta, const Tensor& dqkv);

@@ -258,7 +258,8 @@ void CpuBackend::do_flash_attention_backward(StreamId s, const Tensor& dout, con
 }
 void CpuBackend::do_rmsnorm_forward(StreamId s, const Tensor& inp, const Tensor& weight, float eps,
                                     const Tensor& out, const Tensor& rstd) {
-  submit(s, [this, inp, weight, eps, out, rstd] { run_rmsnorm_forward(inp, weight, eps, out, rstd); });
+  submit(s,
+         [this, inp, weight, eps, out, rstd] { run_rmsnorm_forward(inp, weight, eps, out, rstd); });
 }
 void CpuBackend::do_rmsnorm_backward(StreamId s, const Tensor& dout, const Tensor& inp,
                                      const Tensor& weight, const Tensor& rstd, const Tensor& dinp,

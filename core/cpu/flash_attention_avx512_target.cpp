@@ -1,9 +1,11 @@
-// The tiled causal attention of flash_attention_kernel.h for AVX-512 F/BW/VL/DQ + FMA + F16C, enabled by a
+// The tiled causal attention of flash_attention_kernel.h for AVX-512 F/BW/VL/DQ + FMA + F16C,
+// enabled by a
 // `#pragma GCC target` below the kernel's includes (not by file-wide -m flags: see there);
 // flash_attention.cpp calls it only when the CPU has it.
 #if defined(__x86_64__) || defined(__i386__)
 #define MEMFIT_FLASH_NS flash_avx512
-#define MEMFIT_FLASH_BEGIN_TARGET \
-  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,fma,f16c\")")
+#define MEMFIT_FLASH_BEGIN_TARGET            \
+  _Pragma("GCC push_options") _Pragma("GCC " \
+                                      "target(\"avx512f,avx512bw,avx512vl,avx512dq,fma,f16c\")")
 #include "core/cpu/flash_attention_kernel.h"
 #endif  // x86

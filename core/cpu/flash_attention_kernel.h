@@ -5,8 +5,8 @@
 // flash_attention.cpp picks one at run time. The ISA files are compiled with the baseline
 // flags; only the code below the includes gets the wider ISA (MEMFIT_FLASH_BEGIN_TARGET, a
 // `#pragma GCC target`), and all of it is internal to its file, so no inline function the
-// library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack. Internal to libmemfit; the contract is Backend::flash_attention_forward/backward
-// (core/backend.h).
+// library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack. Internal
+// to libmemfit; the contract is Backend::flash_attention_forward/backward (core/backend.h).
 //
 // Algorithm. Tiles of kTile = 64 queries against tiles of 64 keys. Per query row the forward
 // keeps a running max m and sum l: for each key tile, s = scale * q.k, m' = max(m, max s),
@@ -270,8 +270,8 @@ void flash_forward(const Tensor& qkv, const AttentionDims& dims, const Tensor& o
   const int team = team_for(tasks, L);
   float* lse_f = f32(lse);
   const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
-  const Scratch scratch(team, {head, head, static_cast<std::size_t>(hsp), tile, tile,
-                               kTile * kTile});
+  const Scratch scratch(team,
+                        {head, head, static_cast<std::size_t>(hsp), tile, tile, kTile * kTile});
 #pragma omp parallel num_threads(team)
   {
     const int me = omp_get_thread_num();

@@ -1,7 +1,7 @@
 // CPU reference of the row-wise and elementwise neural-network ops (core/backend.h): layernorm,
-// RMSNorm, GELU, SwiGLU, residual and bias adds, embeddings and AdamW. Every value is widened to f32, computed
-// in FP32 with double accumulators for reductions, and rounded once to the output's dtype.
-// Parallel (OpenMP) over rows, or over column blocks where rows are reduced, so no output
+// RMSNorm, GELU, SwiGLU, residual and bias adds, embeddings and AdamW. Every value is widened to
+// f32, computed in FP32 with double accumulators for reductions, and rounded once to the output's
+// dtype. Parallel (OpenMP) over rows, or over column blocks where rows are reduced, so no output
 // element is ever written by two threads and results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>

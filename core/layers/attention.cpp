@@ -28,19 +28,20 @@ AttentionShape checked_shape(const std::string& name, std::int64_t hidden, Atten
   }
   if (s.head_dim == 0) {
     if (hidden % s.heads != 0) {
-      bad(name, "heads = " + std::to_string(s.heads) + " does not divide hidden = " +
-                    std::to_string(hidden) + "; valid: a divisor of hidden, or an explicit head_dim");
+      bad(name, "heads = " + std::to_string(s.heads) +
+                    " does not divide hidden = " + std::to_string(hidden) +
+                    "; valid: a divisor of hidden, or an explicit head_dim");
     }
     s.head_dim = hidden / s.heads;
   }
-  if (s.head_dim < 1 || (impl == AttentionImpl::kFlash &&
-                         s.head_dim > Backend::kMaxAttentionHeadSize)) {
-    bad(name, "head size " + std::to_string(s.head_dim) + "; valid" +
-                  (impl == AttentionImpl::kFlash
-                       ? " with flash attention: 1 to " +
-                             std::to_string(Backend::kMaxAttentionHeadSize) +
-                             " (more heads, or attention: materialized)"
-                       : std::string(": >= 1")));
+  if (s.head_dim < 1 ||
+      (impl == AttentionImpl::kFlash && s.head_dim > Backend::kMaxAttentionHeadSize)) {
+    bad(name,
+        "head size " + std::to_string(s.head_dim) + "; valid" +
+            (impl == AttentionImpl::kFlash
+                 ? " with flash attention: 1 to " + std::to_string(Backend::kMaxAttentionHeadSize) +
+                       " (more heads, or attention: materialized)"
+                 : std::string(": >= 1")));
   }
   if (s.rope && (s.head_dim % 2 != 0 || s.freqs.half != s.head_dim / 2)) {
     bad(name, "rotary embedding with head size " + std::to_string(s.head_dim) + " and " +
@@ -106,8 +107,7 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
   try {
     Act qkv = qkv_.forward(ctx, x, save);  // (B,T,(H+2G)*hs)
     if (shape_.rope) {
-      ctx.backend.rope(ctx.stream, qkv->view(), shape_.heads, shape_.kv_heads, shape_.freqs,
-                       false);
+      ctx.backend.rope(ctx.stream, qkv->view(), shape_.heads, shape_.kv_heads, shape_.freqs, false);
     }
     return impl_ == AttentionImpl::kFlash ? forward_flash(ctx, std::move(qkv), save)
                                           : forward_materialized(ctx, std::move(qkv), save);

@@ -37,8 +37,8 @@ Act RMSNorm::forward(LayerContext& ctx, const Act& x, bool save) {
 void RMSNorm::backward_into(LayerContext& ctx, const Act& dy, const Tensor& dres) {
   MEMFIT_CHECK(has_saved()) << "RMSNorm '" << name() << "': backward without a saved forward";
   layers::check_grad("RMSNorm", name(), dy, x_->view().shape(), ctx);
-  ctx.backend.rmsnorm_backward(ctx.stream, dy->view(), x_->view(), w_.weight.view(),
-                               rstd_->view(), dres, w_.grad.view());
+  ctx.backend.rmsnorm_backward(ctx.stream, dy->view(), x_->view(), w_.weight.view(), rstd_->view(),
+                               dres, w_.grad.view());
   release_saved();
 }
 

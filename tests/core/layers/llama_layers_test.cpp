@@ -84,7 +84,8 @@ Vec ref_llama_attention(const Vec& x, i64 b, i64 t, i64 c, const AttentionShape&
         for (i64 j = 0; j <= i; ++j) {
           double dot = 0;
           for (i64 d = 0; d < hs; ++d) {
-            dot += qkv[(bb * t + i) * row + hh * hs + d] * qkv[(bb * t + j) * row + (h + kv) * hs + d];
+            dot +=
+                qkv[(bb * t + i) * row + hh * hs + d] * qkv[(bb * t + j) * row + (h + kv) * hs + d];
           }
           sc[j] = dot * scale;
           mx = std::max(mx, sc[j]);
@@ -93,7 +94,8 @@ Vec ref_llama_attention(const Vec& x, i64 b, i64 t, i64 c, const AttentionShape&
         for (double& v : sc) z += (v = std::exp(v - mx));
         for (i64 d = 0; d < hs; ++d) {
           double o = 0;
-          for (i64 j = 0; j <= i; ++j) o += sc[j] / z * qkv[(bb * t + j) * row + (h + g + kv) * hs + d];
+          for (i64 j = 0; j <= i; ++j)
+            o += sc[j] / z * qkv[(bb * t + j) * row + (h + g + kv) * hs + d];
           merged[(bb * t + i) * h * hs + hh * hs + d] = o;
         }
       }
@@ -174,8 +176,9 @@ TEST(LlamaOps, RopeInverseUndoesTheRotationAndLeavesV) {
   EXPECT_GT(moved, 0);
   // Position 0 is the identity.
   for (i64 e = 0; e < row; ++e) EXPECT_EQ(rotated[e], before[e]);
-  testing::expect_invalid([&] { be.rope(kDefaultStream, qkv, h, g, rope_frequencies(8, 1e4f), false); },
-                          {"frequencies"});
+  testing::expect_invalid(
+      [&] { be.rope(kDefaultStream, qkv, h, g, rope_frequencies(8, 1e4f), false); },
+      {"frequencies"});
 }
 
 TEST(LlamaOps, RmsNormAndSwiGluMatchTheReferenceInEveryDtype) {
@@ -211,14 +214,13 @@ TEST(LlamaOps, RmsNormAndSwiGluMatchTheReferenceInEveryDtype) {
 
 TEST(RMSNormTest, GradientsLowPrecisionRecomputeMemory) {
   RMSNorm n("norm", 8, 1e-5f);
-  testing::check_gradients(n, Shape{2, 3, 8},
-                           [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 8, p[0], 1e-5); },
-                           61);
+  testing::check_gradients(
+      n, Shape{2, 3, 8},
+      [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 8, p[0], 1e-5); }, 61);
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    testing::check_low_precision([] { return std::make_unique<RMSNorm>("norm", 16, 1e-5f); }, dt,
-                                 Shape{2, 4, 16},
-                                 [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 16, p[0], 1e-5); },
-                                 3.0, 62);
+    testing::check_low_precision(
+        [] { return std::make_unique<RMSNorm>("norm", 16, 1e-5f); }, dt, Shape{2, 4, 16},
+        [](const Vec& x, const Params& p) { return ref_rmsnorm(x, 16, p[0], 1e-5); }, 3.0, 62);
   }
   RMSNorm r("norm", 16);
   testing::check_recompute(r, Shape{2, 8, 16}, 63);
@@ -235,19 +237,14 @@ TEST(GatedMlpTest, GradientsLowPrecisionRecomputeMemory) {
     SCOPED_TRACE(bias ? "bias" : "no bias");
     GatedMLP m("mlp", 6, 10, bias);
     EXPECT_EQ(m.parameters().size(), bias ? 4u : 2u);
-    testing::check_gradients(m, Shape{2, 3, 6},
-                             [bias](const Vec& x, const Params& p) {
-                               return ref_gated_mlp(x, 6, 10, p, bias);
-                             },
-                             71);
+    testing::check_gradients(
+        m, Shape{2, 3, 6},
+        [bias](const Vec& x, const Params& p) { return ref_gated_mlp(x, 6, 10, p, bias); }, 71);
   }
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    testing::check_low_precision([] { return std::make_unique<GatedMLP>("mlp", 16, 40); }, dt,
-                                 Shape{2, 4, 16},
-                                 [](const Vec& x, const Params& p) {
-                                   return ref_gated_mlp(x, 16, 40, p, false);
-                                 },
-                                 4.0, 72);
+    testing::check_low_precision(
+        [] { return std::make_unique<GatedMLP>("mlp", 16, 40); }, dt, Shape{2, 4, 16},
+        [](const Vec& x, const Params& p) { return ref_gated_mlp(x, 16, 40, p, false); }, 4.0, 72);
   }
   GatedMLP r("mlp", 16, 40);
   testing::check_recompute(r, Shape{2, 8, 16}, 73);
@@ -271,11 +268,9 @@ TEST(LlamaAttentionTest, GroupedRotaryBiasedHeadsMatchTheReference) {
     EXPECT_EQ(a.kv_heads(), 2);
     EXPECT_EQ(a.parameters().size(), bias ? 3u : 2u);
     EXPECT_EQ(a.parameters()[0]->shape, (Shape{(4 + 2 * 2) * 4, 12}));
-    testing::check_gradients(a, Shape{2, 5, 12},
-                             [s](const Vec& x, const Params& p) {
-                               return ref_llama_attention(x, 2, 5, 12, s, p);
-                             },
-                             81);
+    testing::check_gradients(
+        a, Shape{2, 5, 12},
+        [s](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 5, 12, s, p); }, 81);
   }
   for (DType dt : {DType::kF16, DType::kBF16}) {
     const AttentionShape s = llama_shape(4, 1, 8, false);
