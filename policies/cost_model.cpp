@@ -63,6 +63,10 @@ std::array<std::int64_t, 2> excess_of(Layer& block, std::int64_t seq_len, DType 
     const PeakExcess e = t->peaks(seq_len, dt);
     return {e.forward, e.backward};
   }
+  if (auto* t = dynamic_cast<LlamaBlock*>(&block)) {
+    const PeakExcess e = t->peaks(seq_len, dt);
+    return {e.forward, e.backward};
+  }
   if (auto* t = dynamic_cast<MLPBlock*>(&block)) {
     const PeakExcess e = t->peaks(seq_len, dt);
     return {e.forward, e.backward};

@@ -48,11 +48,13 @@ Act copy_of(LayerContext& ctx, const Act& dy, const std::string& tag) {
 
 }  // namespace
 
-// ---- TransformerBlock ------------------------------------------------------------------------
+// ---- PreNormBlock: TransformerBlock (GPT-2) and LlamaBlock ------------------------------------
 
-TransformerBlock::TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
-                                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps,
-                                   AttentionImpl attention)
+template <>
+PreNormBlock<LayerNorm, MLP>::PreNormBlock(std::string name, std::int64_t hidden,
+                                           std::int64_t heads, std::int64_t mlp_ratio,
+                                           std::int64_t n_layers, float ln_eps,
+                                           AttentionImpl attention)
     : Layer(name),
       hidden_(hidden),
       ln1_(name + ".ln1", hidden, ln_eps),
@@ -63,7 +65,21 @@ TransformerBlock::TransformerBlock(std::string name, std::int64_t hidden, std::i
   layers::check_dim("TransformerBlock", name, "mlp_ratio", mlp_ratio);
 }
 
-std::vector<Parameter*> TransformerBlock::parameters() {
+template <>
+PreNormBlock<RMSNorm, GatedMLP>::PreNormBlock(std::string name, std::int64_t hidden,
+                                              const LlamaBlockShape& shape, std::int64_t n_layers,
+                                              AttentionImpl attention)
+    : Layer(name),
+      hidden_(hidden),
+      ln1_(name + ".input_layernorm", hidden, shape.rms_eps),
+      attn_(name + ".self_attn", hidden, shape.attention, layers::residual_init_std(n_layers),
+            attention),
+      ln2_(name + ".post_attention_layernorm", hidden, shape.rms_eps),
+      mlp_(name + ".mlp", hidden, shape.inner, shape.mlp_bias,
+           layers::residual_init_std(n_layers)) {}
+
+template <class Norm, class Ffn>
+std::vector<Parameter*> PreNormBlock<Norm, Ffn>::parameters() {
   std::vector<Parameter*> ps;
   for (Layer* l : std::initializer_list<Layer*>{&ln1_, &attn_, &ln2_, &mlp_}) {
     for (Parameter* p : l->parameters()) ps.push_back(p);
@@ -71,19 +87,22 @@ std::vector<Parameter*> TransformerBlock::parameters() {
   return ps;
 }
 
-bool TransformerBlock::has_saved() const {
+template <class Norm, class Ffn>
+bool PreNormBlock<Norm, Ffn>::has_saved() const {
   return ln1_.has_saved() || attn_.has_saved() || ln2_.has_saved() || mlp_.has_saved();
 }
 
-void TransformerBlock::release_saved() noexcept {
+template <class Norm, class Ffn>
+void PreNormBlock<Norm, Ffn>::release_saved() noexcept {
   ln1_.release_saved();
   attn_.release_saved();
   ln2_.release_saved();
   mlp_.release_saved();
 }
 
-Act TransformerBlock::forward(LayerContext& ctx, const Act& x, bool save) {
-  MEMFIT_CHECK(!has_saved()) << "TransformerBlock '" << name()
+template <class Norm, class Ffn>
+Act PreNormBlock<Norm, Ffn>::forward(LayerContext& ctx, const Act& x, bool save) {
+  MEMFIT_CHECK(!has_saved()) << "block '" << name()
                              << "': forward while holding saved state";
   try {
     Act a = ln1_.forward(ctx, x, save);
@@ -101,10 +120,11 @@ Act TransformerBlock::forward(LayerContext& ctx, const Act& x, bool save) {
   }
 }
 
-Act TransformerBlock::backward(LayerContext& ctx, const Act& dy) {
-  MEMFIT_CHECK(has_saved()) << "TransformerBlock '" << name()
+template <class Norm, class Ffn>
+Act PreNormBlock<Norm, Ffn>::backward(LayerContext& ctx, const Act& dy) {
+  MEMFIT_CHECK(has_saved()) << "block '" << name()
                             << "': backward without a saved forward";
-  layers::check_grad("TransformerBlock", name(), dy, dy ? dy->view().shape() : Shape{}, ctx);
+  layers::check_grad("block", name(), dy, dy ? dy->view().shape() : Shape{}, ctx);
   // dres carries the residual stream's gradient; the LayerNorms add their dx into it.
   Act dres = copy_of(ctx, dy, name());
   {
@@ -118,7 +138,8 @@ Act TransformerBlock::backward(LayerContext& ctx, const Act& dy) {
   return dres;
 }
 
-PeakExcess TransformerBlock::peaks(std::int64_t seq_len, DType dtype) const {
+template <class Norm, class Ffn>
+PeakExcess PreNormBlock<Norm, Ffn>::peaks(std::int64_t seq_len, DType dtype) const {
   const LayerCost k1 = ln1_.cost(seq_len, dtype), ka = attn_.cost(seq_len, dtype),
                   k2 = ln2_.cost(seq_len, dtype), km = mlp_.cost(seq_len, dtype);
   const PeakExcess p1 = ln1_.peaks(seq_len, dtype), pa = attn_.peaks(seq_len, dtype),
@@ -144,7 +165,8 @@ PeakExcess TransformerBlock::peaks(std::int64_t seq_len, DType dtype) const {
   return p;
 }
 
-LayerCost TransformerBlock::cost(std::int64_t seq_len, DType dtype) const {
+template <class Norm, class Ffn>
+LayerCost PreNormBlock<Norm, Ffn>::cost(std::int64_t seq_len, DType dtype) const {
   LayerCost k;
   for (const LayerCost& s : {ln1_.cost(seq_len, dtype), attn_.cost(seq_len, dtype),
                              ln2_.cost(seq_len, dtype), mlp_.cost(seq_len, dtype)}) {
@@ -160,6 +182,9 @@ LayerCost TransformerBlock::cost(std::int64_t seq_len, DType dtype) const {
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   return k;
 }
+
+template class PreNormBlock<LayerNorm, MLP>;
+template class PreNormBlock<RMSNorm, GatedMLP>;
 
 // ---- MLPBlock --------------------------------------------------------------------------------
 

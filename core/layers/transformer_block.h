@@ -32,19 +32,39 @@
 
 #include "core/layer.h"
 #include "core/layers/attention.h"
+#include "core/layers/gated_mlp.h"
 #include "core/layers/layer_util.h"
 #include "core/layers/layernorm.h"
 #include "core/layers/mlp.h"
+#include "core/layers/rmsnorm.h"
 
 namespace memfit {
 
-class TransformerBlock final : public Layer {
+// The Llama family's block: the same pre-norm residual structure with RMSNorm, grouped-query
+// rotary attention and a SwiGLU MLP (LlamaBlock below). Sublayers are named as HuggingFace
+// names them: "<name>.input_layernorm", ".self_attn", ".post_attention_layernorm", ".mlp".
+struct LlamaBlockShape {
+  AttentionShape attention;  // heads, kv_heads, head_dim, biases, rope
+  std::int64_t inner = 0;    // the MLP's intermediate size F
+  bool mlp_bias = false;
+  float rms_eps = 1e-5f;
+};
+
+// x + attn(norm1(x)) then x + mlp(norm2(x)), for Norm = LayerNorm or RMSNorm and Ffn = MLP
+// or GatedMLP (the two instantiations below; the memory rules above hold for both, with each
+// sublayer's own figures).
+template <class Norm, class Ffn>
+class PreNormBlock final : public Layer {
  public:
-  // InvalidArgument for sizes < 1, heads not dividing hidden, or (flash attention) a head size
-  // hidden / heads above Backend::kMaxAttentionHeadSize.
-  TransformerBlock(std::string name, std::int64_t hidden, std::int64_t heads,
-                   std::int64_t mlp_ratio, std::int64_t n_layers, float ln_eps = 1e-5f,
-                   AttentionImpl attention = AttentionImpl::kFlash);
+  // GPT-2 (PreNormBlock<LayerNorm, MLP>): InvalidArgument for sizes < 1, heads not dividing
+  // hidden, or (flash attention) a head size hidden / heads above
+  // Backend::kMaxAttentionHeadSize.
+  PreNormBlock(std::string name, std::int64_t hidden, std::int64_t heads, std::int64_t mlp_ratio,
+               std::int64_t n_layers, float ln_eps = 1e-5f,
+               AttentionImpl attention = AttentionImpl::kFlash);
+  // Llama (PreNormBlock<RMSNorm, GatedMLP>): InvalidArgument as the sublayers say.
+  PreNormBlock(std::string name, std::int64_t hidden, const LlamaBlockShape& shape,
+               std::int64_t n_layers, AttentionImpl attention = AttentionImpl::kFlash);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
   Act backward(LayerContext& ctx, const Act& dy) override;
@@ -54,18 +74,34 @@ class TransformerBlock final : public Layer {
   LayerCost cost(std::int64_t seq_len, DType dtype) const override;
   PeakExcess peaks(std::int64_t seq_len, DType dtype) const;
 
-  LayerNorm& ln1() { return ln1_; }
+  Norm& ln1() { return ln1_; }
   CausalSelfAttention& attn() { return attn_; }
-  LayerNorm& ln2() { return ln2_; }
-  MLP& mlp() { return mlp_; }
+  Norm& ln2() { return ln2_; }
+  Ffn& mlp() { return mlp_; }
 
  private:
   std::int64_t hidden_;
-  LayerNorm ln1_;
+  Norm ln1_;
   CausalSelfAttention attn_;
-  LayerNorm ln2_;
-  MLP mlp_;
+  Norm ln2_;
+  Ffn mlp_;
 };
+
+// Each instantiation has its own constructor (defined in transformer_block.cpp).
+template <>
+PreNormBlock<LayerNorm, MLP>::PreNormBlock(std::string name, std::int64_t hidden,
+                                           std::int64_t heads, std::int64_t mlp_ratio,
+                                           std::int64_t n_layers, float ln_eps,
+                                           AttentionImpl attention);
+template <>
+PreNormBlock<RMSNorm, GatedMLP>::PreNormBlock(std::string name, std::int64_t hidden,
+                                              const LlamaBlockShape& shape, std::int64_t n_layers,
+                                              AttentionImpl attention);
+
+using TransformerBlock = PreNormBlock<LayerNorm, MLP>;
+using LlamaBlock = PreNormBlock<RMSNorm, GatedMLP>;
+extern template class PreNormBlock<LayerNorm, MLP>;
+extern template class PreNormBlock<RMSNorm, GatedMLP>;
 
 // MLPBlock: x + mlp(ln(x)), the block of ModelSpec kind "mlp" (no attention). Parameters
 // "<name>.ln.{weight,bias}", "<name>.mlp.fc.{weight,bias}", "<name>.mlp.proj.{weight,bias}";

@@ -15,6 +15,7 @@
 #include "core/layers/attention.h"
 #include "core/layers/gated_mlp.h"
 #include "core/layers/rmsnorm.h"
+#include "core/layers/transformer_block.h"
 #include "core/rope.h"
 #include "memory/error.h"
 #include "tests/core/layer_testutil.h"
@@ -299,6 +300,44 @@ TEST(LlamaAttentionTest, RefusesShapesItCannotRun) {
                             AttentionImpl::kMaterialized);
       },
       {"materialized", "kv_heads = 2"});
+}
+
+Vec ref_llama_block(const Vec& x, i64 b, i64 t, i64 c, const LlamaBlockShape& s, const Params& p) {
+  const std::size_t na = s.attention.qkv_bias ? 3 : 2;
+  const Params attn(p.begin() + 1, p.begin() + 1 + static_cast<std::ptrdiff_t>(na));
+  const Params mlp(p.begin() + 2 + static_cast<std::ptrdiff_t>(na), p.end());
+  const Vec x1 = testing::add(
+      x, ref_llama_attention(ref_rmsnorm(x, c, p[0], s.rms_eps), b, t, c, s.attention, attn));
+  return testing::add(x1, ref_gated_mlp(ref_rmsnorm(x1, c, p[1 + na], s.rms_eps), c, s.inner, mlp,
+                                        s.mlp_bias));
+}
+
+TEST(LlamaBlockTest, MatchesTheReferenceRecomputesAndCountsItsMemory) {
+  LlamaBlockShape s;
+  s.attention = llama_shape(4, 2, 4, true);
+  s.inner = 20;
+  s.rms_eps = 1e-5f;
+  LlamaBlock blk("layers.0", 12, s, 2);
+  const auto ps = blk.parameters();
+  ASSERT_EQ(ps.size(), 7u);  // norm, qkv w + b, o, norm, gate_up, down
+  EXPECT_EQ(ps[0]->name, "layers.0.input_layernorm.weight");
+  EXPECT_EQ(ps[1]->name, "layers.0.self_attn.qkv.weight");
+  EXPECT_EQ(ps[4]->name, "layers.0.post_attention_layernorm.weight");
+  EXPECT_EQ(ps[5]->name, "layers.0.mlp.gate_up.weight");
+  testing::check_gradients(blk, Shape{2, 5, 12},
+                           [s](const Vec& x, const Params& p) {
+                             return ref_llama_block(x, 2, 5, 12, s, p);
+                           },
+                           91);
+  LlamaBlock r("layers.1", 12, s, 2);
+  testing::check_recompute(r, Shape{2, 6, 12}, 92);
+  LlamaBlockShape m = s;
+  m.attention = llama_shape(8, 2, 16, false);
+  m.inner = 256;
+  for (DType dt : kDTypes) {
+    LlamaBlock big("layers.0", 128, m, 4);
+    testing::check_memory_of(big, dt, Shape{2, 64, 128});
+  }
 }
 
 }  // namespace
