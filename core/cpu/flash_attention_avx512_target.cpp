@@ -5,7 +5,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define MEMFIT_FLASH_NS flash_avx512
 // clang-format off: _Pragma takes one string literal, which must not be split.
-#define MEMFIT_FLASH_BEGIN_TARGET _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,fma,f16c\")")
+#define MEMFIT_FLASH_BEGIN_TARGET            \
+  _Pragma("GCC push_options") _Pragma("GCC " \
+                                      "target(\"avx512f,avx512bw,avx512vl,avx512dq,fma,f16c\")")
 // clang-format on
 #include "core/cpu/flash_attention_kernel.h"
 #endif  // x86

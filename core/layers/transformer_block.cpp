@@ -102,8 +102,7 @@ void PreNormBlock<Norm, Ffn>::release_saved() noexcept {
 
 template <class Norm, class Ffn>
 Act PreNormBlock<Norm, Ffn>::forward(LayerContext& ctx, const Act& x, bool save) {
-  MEMFIT_CHECK(!has_saved()) << "block '" << name()
-                             << "': forward while holding saved state";
+  MEMFIT_CHECK(!has_saved()) << "block '" << name() << "': forward while holding saved state";
   try {
     Act a = ln1_.forward(ctx, x, save);
     Act x1 = attn_.forward(ctx, a, save);
@@ -122,8 +121,7 @@ Act PreNormBlock<Norm, Ffn>::forward(LayerContext& ctx, const Act& x, bool save)
 
 template <class Norm, class Ffn>
 Act PreNormBlock<Norm, Ffn>::backward(LayerContext& ctx, const Act& dy) {
-  MEMFIT_CHECK(has_saved()) << "block '" << name()
-                            << "': backward without a saved forward";
+  MEMFIT_CHECK(has_saved()) << "block '" << name() << "': backward without a saved forward";
   layers::check_grad("block", name(), dy, dy ? dy->view().shape() : Shape{}, ctx);
   // dres carries the residual stream's gradient; the LayerNorms add their dx into it.
   Act dres = copy_of(ctx, dy, name());

@@ -308,8 +308,8 @@ Vec ref_llama_block(const Vec& x, i64 b, i64 t, i64 c, const LlamaBlockShape& s,
   const Params mlp(p.begin() + 2 + static_cast<std::ptrdiff_t>(na), p.end());
   const Vec x1 = testing::add(
       x, ref_llama_attention(ref_rmsnorm(x, c, p[0], s.rms_eps), b, t, c, s.attention, attn));
-  return testing::add(x1, ref_gated_mlp(ref_rmsnorm(x1, c, p[1 + na], s.rms_eps), c, s.inner, mlp,
-                                        s.mlp_bias));
+  return testing::add(
+      x1, ref_gated_mlp(ref_rmsnorm(x1, c, p[1 + na], s.rms_eps), c, s.inner, mlp, s.mlp_bias));
 }
 
 TEST(LlamaBlockTest, MatchesTheReferenceRecomputesAndCountsItsMemory) {
@@ -324,11 +324,9 @@ TEST(LlamaBlockTest, MatchesTheReferenceRecomputesAndCountsItsMemory) {
   EXPECT_EQ(ps[1]->name, "layers.0.self_attn.qkv.weight");
   EXPECT_EQ(ps[4]->name, "layers.0.post_attention_layernorm.weight");
   EXPECT_EQ(ps[5]->name, "layers.0.mlp.gate_up.weight");
-  testing::check_gradients(blk, Shape{2, 5, 12},
-                           [s](const Vec& x, const Params& p) {
-                             return ref_llama_block(x, 2, 5, 12, s, p);
-                           },
-                           91);
+  testing::check_gradients(
+      blk, Shape{2, 5, 12},
+      [s](const Vec& x, const Params& p) { return ref_llama_block(x, 2, 5, 12, s, p); }, 91);
   LlamaBlock r("layers.1", 12, s, 2);
   testing::check_recompute(r, Shape{2, 6, 12}, 92);
   LlamaBlockShape m = s;
