@@ -4,10 +4,6 @@
 // flash_attention.cpp calls it only when the CPU has it.
 #if defined(__x86_64__) || defined(__i386__)
 #define MEMFIT_FLASH_NS flash_avx512
-// clang-format off: _Pragma takes one string literal, which must not be split.
-#define MEMFIT_FLASH_BEGIN_TARGET            \
-  _Pragma("GCC push_options") _Pragma("GCC " \
-                                      "target(\"avx512f,avx512bw,avx512vl,avx512dq,fma,f16c\")")
-// clang-format on
+#define MEMFIT_FLASH_ISA_AVX512  // flash_attention_kernel.h's #pragma GCC target
 #include "core/cpu/flash_attention_kernel.h"
 #endif  // x86

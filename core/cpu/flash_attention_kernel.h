@@ -3,8 +3,8 @@
 // flash_attention_avx2_target.cpp (AVX2 + FMA) and flash_attention_avx512_target.cpp
 // (AVX-512), each including this file inside its own namespace (MEMFIT_FLASH_NS).
 // flash_attention.cpp picks one at run time. The ISA files are compiled with the baseline
-// flags; only the code below the includes gets the wider ISA (MEMFIT_FLASH_BEGIN_TARGET, a
-// `#pragma GCC target`), and all of it is internal to its file, so no inline function the
+// flags; only the code below the includes gets the wider ISA (a `#pragma GCC target` chosen by
+// MEMFIT_FLASH_ISA_AVX2 / _AVX512), and all of it is internal to its file, so no inline function the
 // library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack. Internal
 // to libmemfit; the contract is Backend::flash_attention_forward/backward (core/backend.h).
 //
@@ -51,8 +51,12 @@
 // (-Wpsabi); every such function here is internal to its translation unit.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#ifdef MEMFIT_FLASH_BEGIN_TARGET
-MEMFIT_FLASH_BEGIN_TARGET
+#if defined(MEMFIT_FLASH_ISA_AVX512)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+#elif defined(MEMFIT_FLASH_ISA_AVX2)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 namespace memfit::cpu::MEMFIT_FLASH_NS {
@@ -438,6 +442,6 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
 
 }  // namespace memfit::cpu::MEMFIT_FLASH_NS
 
-#ifdef MEMFIT_FLASH_BEGIN_TARGET
+#if defined(MEMFIT_FLASH_ISA_AVX512) || defined(MEMFIT_FLASH_ISA_AVX2)
 #pragma GCC pop_options
 #endif
