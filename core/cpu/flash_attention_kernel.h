@@ -4,9 +4,10 @@
 // (AVX-512), each including this file inside its own namespace (MEMFIT_FLASH_NS).
 // flash_attention.cpp picks one at run time. The ISA files are compiled with the baseline
 // flags; only the code below the includes gets the wider ISA (a `#pragma GCC target` chosen by
-// MEMFIT_FLASH_ISA_AVX2 / _AVX512), and all of it is internal to its file, so no inline function the
-// library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack. Internal
-// to libmemfit; the contract is Backend::flash_attention_forward/backward (core/backend.h).
+// MEMFIT_FLASH_ISA_AVX2 / _AVX512), and all of it is internal to its file, so no inline function
+// the library shares (std::, widen, ...) is ever emitted with instructions the CPU may lack.
+// Internal to libmemfit; the contract is Backend::flash_attention_forward/backward
+// (core/backend.h).
 //
 // Algorithm. Tiles of kTile = 64 queries against tiles of 64 keys. Per query row the forward
 // keeps a running max m and sum l: for each key tile, s = scale * q.k, m' = max(m, max s),
