@@ -325,7 +325,9 @@ class Backend {
   //   e[i] = x cos a - y sin a,  e[i + hs/2] = y cos a + x sin a.
   // inverse: the transposed rotation (angle -a), which is the backward: applied to dqkv it
   // turns the gradient of the rotated q, k into that of the unrotated ones.
-  // hs must be even and f.half == hs / 2 (RopeFreqs from core/rope.h).
+  // hs must be even and f.half == hs / 2 (RopeFreqs from core/rope.h). FP32 with one rounding
+  // per element; HuggingFace rounds cos, sin and the two products to the activation dtype
+  // first (a few roundings apart in bf16).
   void rope(StreamId stream, const Tensor& qkv, std::int64_t heads, std::int64_t kv_heads,
             const RopeFreqs& f, bool inverse);
   // gate_up (N,2F): each row's gate g (first F) and up u (last F) -> out (N,F) = silu(g) * u,
@@ -333,6 +335,7 @@ class Backend {
   void swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out);
   // dout (N,F), gate_up (N,2F) -> dgate_up (N,2F), written: with s = sigmoid(g),
   //   dg = dout * u * s * (1 + g * (1 - s)),  du = dout * silu(g).
+  // In place allowed (dgate_up = gate_up): the gradient takes the saved input's memory.
   void swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                        const Tensor& dgate_up);
   // ---- end Llama-family ops ----

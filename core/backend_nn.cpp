@@ -576,7 +576,7 @@ void Backend::swiglu_backward(StreamId stream, const Tensor& dout, const Tensor&
   }
   need_numel(w, "dout", dout, gate_up.numel() / 2, "(N, F), half of gate_up");
   need_numel(w, "dgate_up", dgate_up, gate_up.numel(), "as many as gate_up");
-  check_disjoint(w, {rd("dout", dout), rd("gate_up", gate_up), wr("dgate_up", dgate_up)});
+  check_disjoint(w, {rd("dout", dout), rd("gate_up", gate_up), wr("dgate_up", dgate_up, 2u)});
   if (dout.numel() == 0) return;
   do_swiglu_backward(stream, dout, gate_up, dgate_up);
 }

@@ -410,16 +410,14 @@ void Trainer::load(const std::string& path) {
   // The same model: the same spec, whichever attention algorithm computes it (flash and
   // materialized attention have the same parameters; specs saved before the `attention` key
   // existed read as flash).
-  const auto same_model = [&] {
-    try {
-      ModelSpec saved = ModelSpec::from_yaml_string(m.model_spec, path);
-      saved.attention = model_.spec().attention;
-      return saved.to_yaml() == model_.spec().to_yaml();
-    } catch (const ConfigError&) {
-      return false;
-    }
-  };
-  if (!same_model()) {
+  ModelSpec saved;
+  try {
+    saved = ModelSpec::from_yaml_string(m.model_spec, path);
+  } catch (const ConfigError& e) {
+    refuse(std::string("its model spec does not parse: ") + e.what());
+  }
+  saved.attention = model_.spec().attention;
+  if (saved.to_yaml() != model_.spec().to_yaml()) {
     refuse("saved from a different model:\n" + m.model_spec + "this trainer's model is:\n" +
            model_.spec().to_yaml());
   }

@@ -1,8 +1,8 @@
 // CPU reference of the attention primitives (causal softmax, head permutes, rotary embedding)
-// and of the fused
-// softmax cross-entropy (core/backend.h). FP32 arithmetic on widened rows, double accumulators
-// for the row sums, OpenMP over rows; each row is read whole before it is written, which is
-// what makes the in-place forms (att = preatt, dpreatt = datt, dlogits = logits) safe.
+// and of the fused softmax cross-entropy (core/backend.h). FP32 arithmetic on widened rows,
+// double accumulators for the row sums, OpenMP over rows; each row is read whole before it is
+// written, which is what makes the in-place forms (att = preatt, dpreatt = datt, dlogits =
+// logits, rope's qkv) safe.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

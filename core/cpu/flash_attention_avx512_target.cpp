@@ -1,6 +1,5 @@
-// The tiled causal attention of flash_attention_kernel.h for AVX-512 F/BW/VL/DQ + FMA + F16C,
-// enabled by a
-// `#pragma GCC target` below the kernel's includes (not by file-wide -m flags: see there);
+// The tiled causal attention of flash_attention_kernel.h for AVX-512 F/BW/VL/DQ + FMA + F16C:
+// that header's `#pragma GCC target` below its includes enables the ISA (not file-wide -m flags).
 // flash_attention.cpp calls it only when the CPU has it.
 #if defined(__x86_64__) || defined(__i386__)
 #define MEMFIT_FLASH_NS flash_avx512

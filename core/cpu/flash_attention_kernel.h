@@ -253,8 +253,8 @@ class Scratch {
     for (std::size_t n : sizes_) per_ += n;
     buf_.resize(per_ * static_cast<std::size_t>(team));
   }
-  Span span(int thread, std::size_t k) const {
-    float* p = const_cast<float*>(buf_.data()) + per_ * static_cast<std::size_t>(thread);
+  Span span(int thread, std::size_t k) {
+    float* p = buf_.data() + per_ * static_cast<std::size_t>(thread);
     for (std::size_t i = 0; i < k; ++i) p += sizes_[i];
     return {p, sizes_[k]};
   }
@@ -275,7 +275,7 @@ void flash_forward(const Tensor& qkv, const AttentionDims& dims, const Tensor& o
   const int team = team_for(tasks, L);
   float* lse_f = f32(lse);
   const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
-  const Scratch scratch(team,
+  Scratch scratch(team,
                         {head, head, static_cast<std::size_t>(hsp), tile, tile, kTile * kTile});
 #pragma omp parallel num_threads(team)
   {
@@ -368,7 +368,7 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
   const int team = team_for(tasks, L);
   const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
   const std::size_t sq = kTile * kTile;
-  const Scratch scratch(team, {head, head, head, head, head, static_cast<std::size_t>(hsp), tile,
+  Scratch scratch(team, {head, head, head, head, head, static_cast<std::size_t>(hsp), tile,
                                tile, tile, sq, sq, sq});
 #pragma omp parallel num_threads(team)
   {

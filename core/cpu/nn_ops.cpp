@@ -204,9 +204,9 @@ void CpuBackend::run_rmsnorm_backward(const Tensor& dout, const Tensor& inp, con
   add_into(dweight, sums);
 }
 
-// gate_up (N,2F) -> out (N,F) = silu(g) * u.
+// gate_up (N,2F) -> out (N,F) = silu(g) * u. (F >= 1: the base class returns on no work.)
 void CpuBackend::run_swiglu_forward(const Tensor& gate_up, const Tensor& out) {
-  const std::int64_t f = out.size(out.ndim() - 1) == 0 ? 0 : gate_up.size(gate_up.ndim() - 1) / 2;
+  const std::int64_t f = gate_up.size(gate_up.ndim() - 1) / 2;
   const std::int64_t n = out.numel() / f;
 #pragma omp parallel if (out.numel() >= kNnParallelMin)
   {
@@ -221,7 +221,8 @@ void CpuBackend::run_swiglu_forward(const Tensor& gate_up, const Tensor& out) {
   }
 }
 
-// s = sigmoid(g): dg = dout * u * s * (1 + g (1 - s)), du = dout * g * s.
+// s = sigmoid(g): dg = dout * u * s * (1 + g (1 - s)), du = dout * g * s. Each row is read
+// whole before it is written, so dgate_up may be gate_up.
 void CpuBackend::run_swiglu_backward(const Tensor& dout, const Tensor& gate_up,
                                      const Tensor& dgate_up) {
   const std::int64_t f = gate_up.size(gate_up.ndim() - 1) / 2;

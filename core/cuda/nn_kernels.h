@@ -82,6 +82,7 @@ cudaError_t launch_rope(void* qkv, int qkv_dt, const float* inv_freq, std::int64
 cudaError_t launch_swiglu_forward(const void* gate_up, int gu_dt, void* out, int out_dt,
                                   std::int64_t n, std::int64_t f, cudaStream_t stream);
 // dout (N,F), gate_up (N,2F) -> dgate_up (N,2F), written (no accumulation). F >= 1.
+// dgate_up may be gate_up (same dtype): each thread reads its g and u before writing them.
 cudaError_t launch_swiglu_backward(const void* dout, int dout_dt, const void* gate_up, int gu_dt,
                                    void* dgate_up, int dgu_dt, std::int64_t n, std::int64_t f,
                                    cudaStream_t stream);

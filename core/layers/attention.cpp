@@ -43,6 +43,10 @@ AttentionShape checked_shape(const std::string& name, std::int64_t hidden, Atten
                        " (more heads, or attention: materialized)"
                  : std::string(": >= 1")));
   }
+  if (s.rope && s.head_dim > Backend::kMaxAttentionHeadSize) {
+    bad(name, "rotary embedding with head size " + std::to_string(s.head_dim) +
+                  "; valid: at most " + std::to_string(Backend::kMaxAttentionHeadSize));
+  }
   if (s.rope && (s.head_dim % 2 != 0 || s.freqs.half != s.head_dim / 2)) {
     bad(name, "rotary embedding with head size " + std::to_string(s.head_dim) + " and " +
                   std::to_string(s.freqs.half) +
@@ -75,9 +79,10 @@ CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden,
       hidden_(hidden),
       shape_(checked_shape(name, hidden, shape, impl)),
       impl_(impl),
-      qkv_(name + ".qkv", hidden, (shape_.heads + 2 * shape_.kv_heads) * shape_.head_dim,
+      qkv_(name + ".qkv", hidden, mul(shape_.heads + 2 * shape_.kv_heads, shape_.head_dim),
            shape_.qkv_bias, layers::kInitStd),
-      proj_(name + ".proj", shape_.heads * shape_.head_dim, hidden, shape_.proj_bias, proj_std) {}
+      proj_(name + ".proj", mul(shape_.heads, shape_.head_dim), hidden, shape_.proj_bias,
+            proj_std) {}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
   std::vector<Parameter*> ps{&qkv_.weight()};
@@ -196,8 +201,8 @@ Act CausalSelfAttention::backward(LayerContext& ctx, const Act& dy) {
 
 PeakExcess CausalSelfAttention::peaks(std::int64_t seq_len, DType dtype) const {
   const std::int64_t c = nbytes(mul(seq_len, hidden_), dtype);
-  const std::int64_t mq = nbytes(mul(seq_len, shape_.heads * shape_.head_dim), dtype);
-  const std::int64_t mk = nbytes(mul(seq_len, shape_.kv_heads * shape_.head_dim), dtype);
+  const std::int64_t mq = nbytes(mul(seq_len, mul(shape_.heads, shape_.head_dim)), dtype);
+  const std::int64_t mk = nbytes(mul(seq_len, mul(shape_.kv_heads, shape_.head_dim)), dtype);
   PeakExcess p;
   if (impl_ == AttentionImpl::kFlash) {
     const std::int64_t s = nbytes(mul(shape_.heads, seq_len), DType::kF32);
@@ -215,7 +220,8 @@ PeakExcess CausalSelfAttention::peaks(std::int64_t seq_len, DType dtype) const {
 }
 
 LayerCost CausalSelfAttention::cost(std::int64_t seq_len, DType dtype) const {
-  const std::int64_t qw = shape_.heads * shape_.head_dim, kw = shape_.kv_heads * shape_.head_dim;
+  const std::int64_t qw = mul(shape_.heads, shape_.head_dim);
+  const std::int64_t kw = mul(shape_.kv_heads, shape_.head_dim);
   const std::int64_t mq = nbytes(mul(seq_len, qw), dtype), mk = nbytes(mul(seq_len, kw), dtype);
   const std::int64_t tc = mul(seq_len, hidden_);
   const std::int64_t projections = mul(2, mul(tc, qw + 2 * kw)) + mul(2, mul(tc, qw));

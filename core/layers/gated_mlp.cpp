@@ -41,11 +41,8 @@ Act GatedMLP::forward(LayerContext& ctx, const Act& x, bool save) {
   MEMFIT_CHECK(!has_saved()) << "GatedMLP '" << name() << "': forward while holding saved state";
   try {
     Act gu = gate_up_.forward(ctx, x, save);  // (..., 2F)
-    const Shape& gs = gu->view().shape();
-    std::int64_t dims[kMaxDims];
-    for (int i = 0; i < gs.ndim(); ++i) dims[i] = gs[i];
-    dims[gs.ndim() - 1] = inner_;
-    Act h = ctx.make(Shape::of(dims, gs.ndim()), ctx.dtype, Category::kActivation, name());
+    Act h = ctx.make(layers::with_last(gu->view().shape(), inner_), ctx.dtype,
+                     Category::kActivation, name());
     ctx.backend.swiglu_forward(ctx.stream, gu->view(), h->view());
     if (!save) gu.reset();
     Act y = down_.forward(ctx, h, save);
@@ -60,10 +57,10 @@ Act GatedMLP::forward(LayerContext& ctx, const Act& x, bool save) {
 Act GatedMLP::backward(LayerContext& ctx, const Act& dy) {
   MEMFIT_CHECK(has_saved()) << "GatedMLP '" << name() << "': backward without a saved forward";
   Act dh = down_.backward(ctx, dy);  // down drops its handle on SwiGLU's output
-  Act dgu = ctx.make(gu_->view().shape(), ctx.dtype, Category::kTemporary, name());
-  ctx.backend.swiglu_backward(ctx.stream, dh->view(), gu_->view(), dgu->view());
+  // dgate_up in place over the saved gate_up, which nothing reads after this.
+  Act dgu = std::move(gu_);
+  ctx.backend.swiglu_backward(ctx.stream, dh->view(), dgu->view(), dgu->view());
   dh.reset();
-  gu_.reset();
   return gate_up_.backward(ctx, dgu);
 }
 
@@ -72,9 +69,9 @@ PeakExcess GatedMLP::peaks(std::int64_t seq_len, DType dtype) const {
   const std::int64_t f = nbytes(mul(seq_len, inner_), dtype);
   PeakExcess p;
   p.forward = 0;
-  // dgate_up (2f) with dh (f) and the saved gate_up output (2f): 5f against base (3f saved)
-  // + dx (c). Down's own backward (its dx f beside all 3f saved) is lower: f - c.
-  p.backward = 2 * f - c;
+  // down's dx (dh, f) beside all 3f saved, against base (3f saved) + dx (c); dgate_up then
+  // takes the saved gate_up's memory, and gate_up's dx comes with only dgate_up (2f) left.
+  p.backward = f - c;
   return p;
 }
 

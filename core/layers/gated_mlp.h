@@ -12,8 +12,8 @@
 //   saved      gate_up's output (2f, SwiGLU's input) and SwiGLU's output (f, down's input);
 //              x is held by gate_up (saves_input)
 //   output     c
-//   workspace  backward: dgate_up (2f) beside down's dx (f) and gate_up's saved output:
-//              2f - c beyond dx; forward: none
+//   workspace  backward: down's dx (f) beside the saved state: f - c beyond dx (dgate_up is
+//              written in place over the saved gate_up output); forward: none
 //   flops      forward 6*T*C*F (gate_up 4TCF, down 2TCF); backward twice that.
 #pragma once
 

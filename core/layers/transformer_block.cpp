@@ -72,11 +72,11 @@ PreNormBlock<RMSNorm, GatedMLP>::PreNormBlock(std::string name, std::int64_t hid
     : Layer(name),
       hidden_(hidden),
       ln1_(name + ".input_layernorm", hidden, shape.rms_eps),
-      attn_(name + ".self_attn", hidden, shape.attention, layers::residual_init_std(n_layers),
-            attention),
+      attn_(name + ".self_attn", hidden, shape.attention, layers::kInitStd, attention),
       ln2_(name + ".post_attention_layernorm", hidden, shape.rms_eps),
-      mlp_(name + ".mlp", hidden, shape.inner, shape.mlp_bias,
-           layers::residual_init_std(n_layers)) {}
+      mlp_(name + ".mlp", hidden, shape.inner, shape.mlp_bias, layers::kInitStd) {
+  (void)n_layers;  // HF's Llama does not scale the residual projections' init by depth
+}
 
 template <class Norm, class Ffn>
 std::vector<Parameter*> PreNormBlock<Norm, Ffn>::parameters() {

@@ -43,11 +43,17 @@ namespace memfit {
 // The Llama family's block: the same pre-norm residual structure with RMSNorm, grouped-query
 // rotary attention and a SwiGLU MLP (LlamaBlock below). Sublayers are named as HuggingFace
 // names them: "<name>.input_layernorm", ".self_attn", ".post_attention_layernorm", ".mlp".
+// Every weight is initialized N(0, 0.02) (HF's initializer_range; no GPT-2 residual scaling).
+// Per sample (mq, mk as in attention.h, f = T*F): saved_bytes = 4T (input_layernorm's rstd)
+// + c (its output) + the attention's mq + 2mk + mq + 4*H*T + c (x1) + 4T + c + 3f (GatedMLP),
+// the input excluded; workspace from the sublayers' peaks as for GPT-2.
+// Llama's defaults: no biases, a rotary embedding (set attention.freqs with
+// rope_frequencies), eps 1e-6 (HF's LlamaConfig).
 struct LlamaBlockShape {
-  AttentionShape attention;  // heads, kv_heads, head_dim, biases, rope
-  std::int64_t inner = 0;    // the MLP's intermediate size F
+  AttentionShape attention{.qkv_bias = false, .proj_bias = false, .rope = true, .freqs = {}};
+  std::int64_t inner = 0;  // the MLP's intermediate size F
   bool mlp_bias = false;
-  float rms_eps = 1e-5f;
+  float rms_eps = 1e-6f;
 };
 
 // x + attn(norm1(x)) then x + mlp(norm2(x)), for Norm = LayerNorm or RMSNorm and Ffn = MLP

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/meta/meta_backend.h"
 #include "core/layers/attention.h"
 #include "core/layers/gated_mlp.h"
 #include "core/layers/rmsnorm.h"
@@ -213,6 +214,62 @@ TEST(LlamaOps, RmsNormAndSwiGluMatchTheReferenceInEveryDtype) {
   }
 }
 
+TEST(LlamaOps, ChecksNameWhatIsWrongAndSwiGluRunsInPlace) {
+  CpuBackend be;
+  const StreamId s0 = kDefaultStream;
+  testing::HT x({4, 8}, DType::kF32), w({8}, DType::kF32), y({4, 8}, DType::kF32),
+      rstd({4}, DType::kF32), rstd16({4}, DType::kBF16), dw({8}, DType::kF32);
+  x.fill(1.0f);
+  w.fill(1.0f);
+  testing::expect_invalid([&] { be.rmsnorm_forward(s0, x, w, 1e-5f, y, rstd16); }, {"rstd", "f32"});
+  testing::expect_invalid([&] { be.rmsnorm_forward(s0, x, w, 0.0f, y, rstd); }, {"eps"});
+  testing::HT empty({4, 0}, DType::kF32);
+  testing::expect_invalid([&] { be.rmsnorm_forward(s0, empty, w, 1e-5f, empty, rstd); }, {"C"});
+  testing::expect_invalid([&] { be.rmsnorm_backward(s0, x, x, w, rstd, x, dw); }, {"overlap"});
+  testing::HT odd({4, 7}, DType::kF32), h({4, 3}, DType::kF32);
+  testing::expect_invalid([&] { be.swiglu_forward(s0, odd, h); }, {"gate_up", "even"});
+  testing::HT gu({4, 8}, DType::kBF16), dh({4, 4}, DType::kBF16), dgu({4, 8}, DType::kBF16),
+      small({4, 6}, DType::kBF16);
+  std::mt19937 rng(9);
+  gu.rand(rng, -2, 2);
+  dh.rand(rng);
+  testing::expect_invalid([&] { be.swiglu_backward(s0, dh, gu, small); }, {"dgate_up"});
+  be.swiglu_backward(s0, dh, gu, dgu);
+  be.swiglu_backward(s0, dh, gu, gu);  // in place: the same bits as out of place
+  for (std::int64_t i = 0; i < gu.n(); ++i) ASSERT_EQ(gu.get(i), dgu.get(i)) << i;
+}
+
+TEST(LlamaOps, MetaCountsBytesAndFlops) {
+  MetaBackend meta;
+  auto on_meta = [](const testing::HT& t) {
+    const Tensor v = t.t();
+    return Tensor(v.raw(), v.shape(), v.dtype(), Device::kMeta);
+  };
+  const i64 n = 6, c = 16, b = 2, t = 3, h = 4, g = 2, hs = 8;
+  testing::HT x({n, c}, DType::kBF16), y({n, c}, DType::kBF16), w({c}, DType::kF32),
+      rstd({n}, DType::kF32);
+  meta.rmsnorm_forward(kDefaultStream, on_meta(x), on_meta(w), 1e-5f, on_meta(y), on_meta(rstd));
+  MetaStats st = meta.stats();
+  EXPECT_EQ(st.calls(MetaOp::kRmsNormForward), 1);
+  EXPECT_EQ(st.bytes_read, n * c * 2 + c * 4);
+  EXPECT_EQ(st.bytes_written, n * c * 2 + n * 4);
+  EXPECT_EQ(st.other_flops, MetaFlops::kRmsNormForward * n * c);
+  meta.reset_stats();
+  testing::HT qkv({b, t, (h + 2 * g) * hs}, DType::kBF16);
+  meta.rope(kDefaultStream, on_meta(qkv), h, g, rope_frequencies(hs, 1e4f), false);
+  st = meta.stats();
+  EXPECT_EQ(st.bytes_read, b * t * (h + g) * hs * 2);  // q and k only
+  EXPECT_EQ(st.bytes_written, st.bytes_read);
+  meta.reset_stats();
+  testing::HT gu({n, 2 * c}, DType::kBF16), o({n, c}, DType::kBF16);
+  meta.swiglu_forward(kDefaultStream, on_meta(gu), on_meta(o));
+  st = meta.stats();
+  EXPECT_EQ(st.bytes_read, n * 2 * c * 2);
+  EXPECT_EQ(st.bytes_written, n * c * 2);
+  EXPECT_EQ(st.other_flops, MetaFlops::kSwiGluForward * n * c);
+  EXPECT_EQ(st.gemm_flops, 0);
+}
+
 TEST(RMSNormTest, GradientsLowPrecisionRecomputeMemory) {
   RMSNorm n("norm", 8, 1e-5f);
   testing::check_gradients(
@@ -280,6 +337,24 @@ TEST(LlamaAttentionTest, GroupedRotaryBiasedHeadsMatchTheReference) {
         [s](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 6, 16, s, p); }, 6.0,
         82);
   }
+  // Llama's attention_bias: q/k/v and o biases, with the rotary embedding.
+  AttentionShape all_bias = llama_shape(4, 2, 4, true);
+  all_bias.proj_bias = true;
+  CausalSelfAttention ab("self_attn", 12, all_bias);
+  EXPECT_EQ(ab.parameters().size(), 4u);
+  testing::check_gradients(ab, Shape{2, 5, 12},
+                           [all_bias](const Vec& x, const Params& p) {
+                             return ref_llama_attention(x, 2, 5, 12, all_bias, p);
+                           },
+                           84);
+  // The rotary embedding under the materialized attention (multi-head only).
+  const AttentionShape mha = llama_shape(2, 2, 4, false);
+  CausalSelfAttention mat("self_attn", 8, mha, 0.02f, AttentionImpl::kMaterialized);
+  testing::check_gradients(mat, Shape{2, 5, 8},
+                           [mha](const Vec& x, const Params& p) {
+                             return ref_llama_attention(x, 2, 5, 8, mha, p);
+                           },
+                           85);
   CausalSelfAttention r("attn", 32, llama_shape(8, 2, 8, false));
   testing::check_recompute(r, Shape{2, 8, 32}, 83);
   for (DType dt : kDTypes) {
