@@ -275,8 +275,7 @@ void flash_forward(const Tensor& qkv, const AttentionDims& dims, const Tensor& o
   const int team = team_for(tasks, L);
   float* lse_f = f32(lse);
   const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
-  Scratch scratch(team,
-                        {head, head, static_cast<std::size_t>(hsp), tile, tile, kTile * kTile});
+  Scratch scratch(team, {head, head, static_cast<std::size_t>(hsp), tile, tile, kTile * kTile});
 #pragma omp parallel num_threads(team)
   {
     const int me = omp_get_thread_num();
@@ -368,8 +367,8 @@ void flash_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, co
   const int team = team_for(tasks, L);
   const std::size_t head = static_cast<std::size_t>(tp * hsp), tile = kTile * hsp;
   const std::size_t sq = kTile * kTile;
-  Scratch scratch(team, {head, head, head, head, head, static_cast<std::size_t>(hsp), tile,
-                               tile, tile, sq, sq, sq});
+  Scratch scratch(team, {head, head, head, head, head, static_cast<std::size_t>(hsp), tile, tile,
+                         tile, sq, sq, sq});
 #pragma omp parallel num_threads(team)
   {
     const int me = omp_get_thread_num();

@@ -12,11 +12,11 @@
 #include <string>
 
 #include "core/cpu/cpu_backend.h"
-#include "core/meta/meta_backend.h"
 #include "core/layers/attention.h"
 #include "core/layers/gated_mlp.h"
 #include "core/layers/rmsnorm.h"
 #include "core/layers/transformer_block.h"
+#include "core/meta/meta_backend.h"
 #include "core/rope.h"
 #include "memory/error.h"
 #include "tests/core/layer_testutil.h"
@@ -342,19 +342,18 @@ TEST(LlamaAttentionTest, GroupedRotaryBiasedHeadsMatchTheReference) {
   all_bias.proj_bias = true;
   CausalSelfAttention ab("self_attn", 12, all_bias);
   EXPECT_EQ(ab.parameters().size(), 4u);
-  testing::check_gradients(ab, Shape{2, 5, 12},
-                           [all_bias](const Vec& x, const Params& p) {
-                             return ref_llama_attention(x, 2, 5, 12, all_bias, p);
-                           },
-                           84);
+  testing::check_gradients(
+      ab, Shape{2, 5, 12},
+      [all_bias](const Vec& x, const Params& p) {
+        return ref_llama_attention(x, 2, 5, 12, all_bias, p);
+      },
+      84);
   // The rotary embedding under the materialized attention (multi-head only).
   const AttentionShape mha = llama_shape(2, 2, 4, false);
   CausalSelfAttention mat("self_attn", 8, mha, 0.02f, AttentionImpl::kMaterialized);
-  testing::check_gradients(mat, Shape{2, 5, 8},
-                           [mha](const Vec& x, const Params& p) {
-                             return ref_llama_attention(x, 2, 5, 8, mha, p);
-                           },
-                           85);
+  testing::check_gradients(
+      mat, Shape{2, 5, 8},
+      [mha](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 5, 8, mha, p); }, 85);
   CausalSelfAttention r("attn", 32, llama_shape(8, 2, 8, false));
   testing::check_recompute(r, Shape{2, 8, 32}, 83);
   for (DType dt : kDTypes) {
