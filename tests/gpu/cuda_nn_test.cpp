@@ -32,6 +32,7 @@
 #include "memory/cuda/cuda_provider.h"
 #include "memory/error.h"
 #include "tests/core/backend_testutil.h"
+#include "tests/gpu/gpu_mirror.h"
 #include "tests/gpu/gpu_testutil.h"
 
 namespace memfit {
@@ -44,58 +45,10 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 double eps_of(DType t) { return t == DType::kF32 ? 1e-5 : t == DType::kF16 ? 1e-3 : 1e-2; }
 
-// The GPU under test and the CPU reference. With workspace = false the backend has no
-// workspace allocator, so its reductions take scratch from cudaMallocAsync instead.
-struct Gpu {
-  explicit Gpu(bool workspace = true) : alloc(provider, AllocatorConfig{}, &be.stream_sync()) {
-    if (workspace) be.set_workspace_allocator(&alloc);
-  }
-  CudaBackend be;
-  CudaProvider provider{0};
-  CachingAllocator alloc;
-  CpuBackend cpu;
-  void sync() { be.synchronize(kDefaultStream); }
-};
+using Gpu = testing::GpuRig;
+using Buf = testing::Mirror;
 
-// A tensor on both sides: host values (the CPU reference computes on them in place) and a
-// device copy.
-class Buf {
- public:
-  Buf(Gpu& g, Shape s, DType dt)
-      : shape_(s),
-        host_(dt, s.numel()),
-        block_(g.alloc.allocate(std::max<std::size_t>(bytes(), 4), Category::kActivation,
-                                kDefaultStream, "cuda_nn_test")) {}
-  std::size_t bytes() const { return static_cast<std::size_t>(shape_.numel()) * dtype_size(dt()); }
-  DType dt() const { return host_.dtype(); }
-  Tensor cpu() const { return host_.t(shape_); }
-  Tensor gpu() const { return Tensor(block_.data(), shape_, dt(), Device::kCuda); }
-  HostBuf& host() { return host_; }
-  Buf& rand(std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-    host_.randomize(rng, lo, hi);
-    return *this;
-  }
-  Buf& fill(float v) {
-    host_.fill(v);
-    return *this;
-  }
-  void upload() const {
-    MEMFIT_CUDA_CHECK(cudaMemcpy(block_.data(), host_.t().raw(), bytes(), cudaMemcpyHostToDevice));
-  }
-  HostBuf download() const {
-    HostBuf h(dt(), shape_.numel());
-    MEMFIT_CUDA_CHECK(cudaMemcpy(h.t().raw(), block_.data(), bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  Shape shape_;
-  HostBuf host_;
-  Block block_;
-};
-
-// Copies every buffer's host values to the device; the device is idle afterwards, so the
-// backend's non-blocking stream sees them (pageable cudaMemcpy may return before its DMA ends).
+// Copies every buffer's host values to the device (Mirror::upload leaves the device idle).
 void upload(std::initializer_list<const Buf*> bufs) {
   for (const Buf* b : bufs) b->upload();
   MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
@@ -141,12 +94,7 @@ void expect_near(const HostBuf& got, const HostBuf& ref, const std::string& what
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " elements off";
 }
 
-void expect_bits(const HostBuf& a, const HostBuf& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  const std::size_t n = static_cast<std::size_t>(a.size()) * dtype_size(a.dtype());
-  EXPECT_EQ(std::memcmp(a.t().raw(), b.t().raw(), n), 0) << what << ": bits differ";
-}
+using testing::expect_bits;
 
 // Every K-tuple of dtypes.
 template <int K>

@@ -44,6 +44,7 @@
 #include "memory/cuda/cuda_check.h"
 #include "memory/cuda/cuda_provider.h"
 #include "tests/core/backend_testutil.h"
+#include "tests/gpu/gpu_mirror.h"
 #include "tests/gpu/gpu_testutil.h"
 
 namespace memfit {
@@ -53,97 +54,14 @@ using testing::HostBuf;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-struct Gpu {
-  Gpu() : alloc(provider, AllocatorConfig{}, &be.stream_sync()) {
-    be.set_workspace_allocator(&alloc);
-  }
-  CudaBackend be;
-  CudaProvider provider{0};
-  CachingAllocator alloc;
-  CpuBackend cpu;
-  void sync() { be.synchronize(kDefaultStream); }
-};
-
-// A tensor on both sides: host values (the CPU computes on them in place) and a device copy.
-class Buf {
- public:
-  Buf(Gpu& g, Shape s, DType dt)
-      : shape_(s),
-        host_(dt, s.numel()),
-        block_(g.alloc.allocate(std::max<std::size_t>(bytes(), 4), Category::kActivation,
-                                kDefaultStream, "flash_attention_gpu_test")) {}
-  std::size_t bytes() const { return static_cast<std::size_t>(shape_.numel()) * dtype_size(dt()); }
-  DType dt() const { return host_.dtype(); }
-  Tensor cpu() const { return host_.t(shape_); }
-  Tensor gpu() const { return Tensor(block_.data(), shape_, dt(), Device::kCuda); }
-  HostBuf& host() { return host_; }
-  const HostBuf& host() const { return host_; }
-  Buf& rand(std::mt19937& rng, float lo, float hi) {
-    host_.randomize(rng, lo, hi);
-    return *this;
-  }
-  Buf& fill(float v) {
-    host_.fill(v);
-    return *this;
-  }
-  // Host values -> device; the device is idle afterwards (pageable cudaMemcpy).
-  void upload() const {
-    MEMFIT_CUDA_CHECK(cudaMemcpy(block_.data(), host_.t().raw(), bytes(), cudaMemcpyHostToDevice));
-    MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  HostBuf download() const {
-    HostBuf h(dt(), shape_.numel());
-    MEMFIT_CUDA_CHECK(cudaMemcpy(h.t().raw(), block_.data(), bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  Shape shape_;
-  HostBuf host_;
-  Block block_;
-};
-
-double unit_roundoff(DType t) {
-  return t == DType::kF32   ? std::ldexp(1.0, -24)
-         : t == DType::kF16 ? std::ldexp(1.0, -11)
-                            : std::ldexp(1.0, -8);
-}
-
-// Largest |gpu - reference| per output and dtype over a test's cases: its figure line.
-using Worst = std::map<std::string, double>;
-
-// a per unit of (1 + max |ref|), for sums over up to T terms (see the header).
-double fp32_tol(std::int64_t t) { return 1e-6 * (4 + std::sqrt(static_cast<double>(t))); }
-
-// |got - ref| <= 2u|ref| + a_unit * (1 + max|ref|) elementwise; NaN never passes.
-void expect_close(const HostBuf& got, const HostBuf& ref, const std::string& what, double a_unit,
-                  Worst& worst) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double m = 0;
-  for (std::int64_t i = 0; i < ref.size(); ++i) m = std::max(m, std::fabs(double{ref.get(i)}));
-  const double u = unit_roundoff(ref.dtype()), a = a_unit * (1 + m);
-  double max_err = 0;
-  int bad = 0;
-  for (std::int64_t i = 0; i < ref.size(); ++i) {
-    const double g = got.get(i), r = ref.get(i), err = std::fabs(g - r);
-    if (std::isfinite(g)) max_err = std::max(max_err, err);
-    if (!std::isfinite(g) || !(err <= 2 * u * std::fabs(r) + a)) {
-      if (++bad <= 5) {
-        ADD_FAILURE() << what << " (" << dtype_name(ref.dtype()) << ") [" << i << "]: gpu " << g
-                      << ", reference " << r << ", tolerance " << 2 * u * std::fabs(r) + a;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " elements off";
-  double& w = worst[what + " " + dtype_name(ref.dtype())];
-  w = std::max(w, max_err);
-}
-
-void expect_bits(const HostBuf& a, const HostBuf& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  const std::size_t n = static_cast<std::size_t>(a.size()) * dtype_size(a.dtype());
-  EXPECT_EQ(std::memcmp(a.t().raw(), b.t().raw(), n), 0) << what << ": bits differ";
-}
+using Gpu = testing::GpuRig;
+using Buf = testing::Mirror;
+using testing::expect_bits;
+using testing::expect_close;
+using testing::fp32_tol;
+using testing::print_worst;
+using testing::unit_roundoff;
+using testing::Worst;
 
 struct Case {
   std::int64_t b, t, heads, kv_heads, hs;
@@ -199,16 +117,6 @@ void check_against_cpu(Gpu& g, const Case& c, std::uint32_t seed, Worst& worst) 
   expect_close(x.dqkv.download(), x.dqkv.host(), "dqkv", tol, worst);
 }
 
-void print_worst(const std::string& name, const Worst& worst) {
-  std::string s;
-  for (const auto& [k, v] : worst) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s %.2e", s.empty() ? "" : ", ", k.c_str(), v);
-    s += buf;
-  }
-  testing::print_figure(name, s);
-}
-
 TEST(FlashAttentionGpu, ForwardAndBackwardMatchTheCpu) {
   MEMFIT_REQUIRE_GPU();
   Gpu g;
@@ -234,7 +142,7 @@ TEST(FlashAttentionGpu, ForwardAndBackwardMatchTheCpu) {
   // clang-format on
   std::uint32_t seed = 100;
   for (const Case& c : cases) check_against_cpu(g, c, seed++, worst);
-  print_worst("flash attention max |gpu - cpu|", worst);
+  print_worst("flash attention max |gpu - cpu| / tolerance", worst);
 }
 
 // Runs the GPU's forward, then its backward from that forward's out and lse; returns out, lse,
@@ -321,7 +229,7 @@ TEST(FlashAttentionGpu, MatchesTheMaterializedPath) {
     expect_close(x.out.download(), mout.download(), "out", 4 * fp32_tol(t), worst);
     expect_close(x.dqkv.download(), mdqkv.download(), "dqkv", 4 * fp32_tol(t), worst);
   }
-  print_worst("flash attention max |flash - materialized| (f32)", worst);
+  print_worst("flash attention max |flash - materialized| / tolerance (f32)", worst);
 }
 
 // Two runs on the same inputs give the same bits: forward and backward, GQA, bf16, T = 1000

@@ -49,6 +49,7 @@
 #include "memory/cuda/cuda_check.h"
 #include "memory/cuda/cuda_provider.h"
 #include "tests/core/backend_testutil.h"
+#include "tests/gpu/gpu_mirror.h"
 #include "tests/gpu/gpu_testutil.h"
 
 namespace memfit {
@@ -59,114 +60,17 @@ using testing::HostBuf;
 constexpr DType kDts[] = {DType::kF32, DType::kF16, DType::kBF16};
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// The GPU under test and the CPU reference. With workspace = false the backend has no
-// workspace allocator, so RMSNorm's reduction takes scratch from cudaMallocAsync instead.
-struct Gpu {
-  explicit Gpu(bool workspace = true) : alloc(provider, AllocatorConfig{}, &be.stream_sync()) {
-    if (workspace) be.set_workspace_allocator(&alloc);
-  }
-  CudaBackend be;
-  CudaProvider provider{0};
-  CachingAllocator alloc;
-  CpuBackend cpu;
-  void sync() { be.synchronize(kDefaultStream); }
-};
+using Gpu = testing::GpuRig;
+using Buf = testing::Mirror;
+using testing::expect_bits;
+using testing::expect_close;
+using testing::fp32_tol;
+using testing::print_worst;
+using testing::unit_roundoff;
+using testing::Worst;
 
-// A tensor on both sides: host values (the CPU computes on them in place) and a device copy.
-class Buf {
- public:
-  Buf(Gpu& g, Shape s, DType dt)
-      : shape_(s),
-        host_(dt, s.numel()),
-        block_(g.alloc.allocate(std::max<std::size_t>(bytes(), 4), Category::kActivation,
-                                kDefaultStream, "llama_ops_gpu_test")) {}
-  std::size_t bytes() const { return static_cast<std::size_t>(shape_.numel()) * dtype_size(dt()); }
-  DType dt() const { return host_.dtype(); }
-  Tensor cpu() const { return host_.t(shape_); }
-  Tensor gpu() const { return Tensor(block_.data(), shape_, dt(), Device::kCuda); }
-  HostBuf& host() { return host_; }
-  const HostBuf& host() const { return host_; }
-  Buf& rand(std::mt19937& rng, float lo, float hi) {
-    host_.randomize(rng, lo, hi);
-    return *this;
-  }
-  Buf& fill(float v) {
-    host_.fill(v);
-    return *this;
-  }
-  // Host values -> device; the device is idle afterwards (pageable cudaMemcpy may return before
-  // its DMA ends), so the backend's non-blocking stream sees them.
-  void upload() const {
-    MEMFIT_CUDA_CHECK(cudaMemcpy(block_.data(), host_.t().raw(), bytes(), cudaMemcpyHostToDevice));
-    MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  HostBuf download() const {
-    HostBuf h(dt(), shape_.numel());
-    MEMFIT_CUDA_CHECK(cudaMemcpy(h.t().raw(), block_.data(), bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  Shape shape_;
-  HostBuf host_;
-  Block block_;
-};
-
-double unit_roundoff(DType t) {
-  return t == DType::kF32   ? std::ldexp(1.0, -24)
-         : t == DType::kF16 ? std::ldexp(1.0, -11)
-                            : std::ldexp(1.0, -8);
-}
-
-// a for sums of `terms` FP32 values (see the header); kNoSums for RoPE and SwiGLU.
-double fp32_tol(std::int64_t terms) { return 1e-6 * (4 + std::sqrt(static_cast<double>(terms))); }
+// a for elementwise ops without sums (RoPE, SwiGLU): libm-vs-CUDA transcendentals, FMA.
 constexpr double kNoSums = 1e-6;
-
-// Largest |gpu - cpu| / tolerance per output and dtype over a test's cases: its figure line,
-// which shows how much room the tolerances leave.
-using Worst = std::map<std::string, double>;
-
-// |got - ref| <= 2u|ref| + a_unit * (1 + max|ref|) elementwise; NaN never passes.
-void expect_close(const HostBuf& got, const HostBuf& ref, const std::string& what, double a_unit,
-                  Worst& worst) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double m = 0;
-  for (std::int64_t i = 0; i < ref.size(); ++i) m = std::max(m, std::fabs(double{ref.get(i)}));
-  const double u = unit_roundoff(ref.dtype()), a = a_unit * (1 + m);
-  double ratio = 0;
-  int bad = 0;
-  for (std::int64_t i = 0; i < ref.size(); ++i) {
-    const double g = got.get(i), r = ref.get(i), err = std::fabs(g - r);
-    const double tol = 2 * u * std::fabs(r) + a;
-    if (std::isfinite(g)) ratio = std::max(ratio, err / tol);
-    if (!std::isfinite(g) || !(err <= tol)) {
-      if (++bad <= 5) {
-        ADD_FAILURE() << what << " (" << dtype_name(ref.dtype()) << ") [" << i << "]: gpu " << g
-                      << ", cpu " << r << ", tolerance " << tol;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size() << " elements off";
-  double& w = worst[what + " " + dtype_name(ref.dtype())];
-  w = std::max(w, ratio);
-}
-
-void expect_bits(const HostBuf& a, const HostBuf& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  const std::size_t n = static_cast<std::size_t>(a.size()) * dtype_size(a.dtype());
-  EXPECT_EQ(std::memcmp(a.t().raw(), b.t().raw(), n), 0) << what << ": bits differ";
-}
-
-void print_worst(const std::string& name, const Worst& worst) {
-  std::string s;
-  for (const auto& [k, v] : worst) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s %.2f", s.empty() ? "" : ", ", k.c_str(), v);
-    s += buf;
-  }
-  testing::print_figure(name, s);
-}
 
 // Every K-tuple of dtypes.
 template <int K>
