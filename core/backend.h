@@ -350,6 +350,12 @@ class Backend {
   // Repeated tokens add in (b,t) order on every backend: bitwise deterministic.
   void embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
                           const Tensor& dwte, const Tensor& dwpe);
+  // The same without a position table (the Llama family's embedding: positions come from the
+  // rotary embedding): out = wte[tok]; backward dwte += only.
+  void embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                         const Tensor& out);
+  void embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                          const Tensor& dwte);
 
   // Softmax cross-entropy over a padded vocabulary: logits (N,Vp), targets (N) int32 in [0, V),
   // V <= Vp (llm.c pads 50257 to 50304 so GEMMs tile; columns >= V are ignored)
@@ -459,10 +465,11 @@ class Backend {
   virtual void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) = 0;
   virtual void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                                   const Tensor& dgate_up) = 0;
+  // wpe / dwpe null: no position table.
   virtual void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
-                                    const Tensor& wpe, const Tensor& out) = 0;
+                                    const Tensor* wpe, const Tensor& out) = 0;
   virtual void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
-                                     const Tensor& dwte, const Tensor& dwpe) = 0;
+                                     const Tensor& dwte, const Tensor* dwpe) = 0;
   virtual void do_crossentropy_forward(StreamId stream, const Tensor& logits,
                                        const IndexTensor& targets, std::int64_t vocab,
                                        const Tensor& losses, const Tensor& lse) = 0;
@@ -500,6 +507,10 @@ class Backend {
   };
 
   void check_stream(StreamId stream, const char* op) const;
+  void embedding_forward_checked(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                                 const Tensor* wpe, const Tensor& out);
+  void embedding_backward_checked(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                                  const Tensor& dwte, const Tensor* dwpe);
   void check_event(EventHandle event, const char* op) const;
   std::string where(const char* op) const;
 

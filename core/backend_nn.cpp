@@ -583,51 +583,85 @@ void Backend::swiglu_backward(StreamId stream, const Tensor& dout, const Tensor&
 
 void Backend::embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
                                 const Tensor& wpe, const Tensor& out) {
+  embedding_forward_checked(stream, tokens, wte, &wpe, out);
+}
+
+void Backend::embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
+                                const Tensor& out) {
+  embedding_forward_checked(stream, tokens, wte, nullptr, out);
+}
+
+void Backend::embedding_forward_checked(StreamId stream, const IndexTensor& tokens,
+                                        const Tensor& wte, const Tensor* wpe, const Tensor& out) {
   const Where w{name(), "embedding_forward"};
   check_stream(stream, w.op);
   check_index(w, "tokens", tokens, device());
   check_operand(w, "wte", wte, device(), false);
-  check_operand(w, "wpe", wpe, device(), false);
+  if (wpe != nullptr) check_operand(w, "wpe", *wpe, device(), false);
   check_operand(w, "out", out, device(), false);
   if (tokens.shape.ndim() != 2) {
     throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() + "; valid: shaped (B, T)");
   }
   need_ndim(w, "wte", wte, 2, 2, "(V, C)");
-  need_ndim(w, "wpe", wpe, 2, 2, "(maxT, C)");
   const std::int64_t t = tokens.shape[1], c = wte.size(1);
-  if (wpe.size(1) != c || wpe.size(0) < t) {
-    throw InvalidArgument(w + ": wpe is " + tensor_desc(wpe) + " with wte " + tensor_desc(wte) +
-                          " and T = " + num(t) + "; valid: (maxT, C) with C = " + num(c) +
-                          " and maxT >= T");
+  if (wpe != nullptr) {
+    need_ndim(w, "wpe", *wpe, 2, 2, "(maxT, C)");
+    if (wpe->size(1) != c || wpe->size(0) < t) {
+      throw InvalidArgument(w + ": wpe is " + tensor_desc(*wpe) + " with wte " + tensor_desc(wte) +
+                            " and T = " + num(t) + "; valid: (maxT, C) with C = " + num(c) +
+                            " and maxT >= T");
+    }
   }
   need_numel(w, "out", out, mul_or_neg(tokens.numel(), c), "(B, T, C)");
-  check_disjoint(w, {rd("tokens", tokens), rd("wte", wte), rd("wpe", wpe), wr("out", out)});
+  if (wpe != nullptr) {
+    check_disjoint(w, {rd("tokens", tokens), rd("wte", wte), rd("wpe", *wpe), wr("out", out)});
+  } else {
+    check_disjoint(w, {rd("tokens", tokens), rd("wte", wte), wr("out", out)});
+  }
   do_embedding_forward(stream, tokens, wte, wpe, out);
 }
 
 void Backend::embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
                                  const Tensor& dwte, const Tensor& dwpe) {
+  embedding_backward_checked(stream, dout, tokens, dwte, &dwpe);
+}
+
+void Backend::embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
+                                 const Tensor& dwte) {
+  embedding_backward_checked(stream, dout, tokens, dwte, nullptr);
+}
+
+void Backend::embedding_backward_checked(StreamId stream, const Tensor& dout,
+                                         const IndexTensor& tokens, const Tensor& dwte,
+                                         const Tensor* dwpe) {
   const Where w{name(), "embedding_backward"};
   check_stream(stream, w.op);
   check_operand(w, "dout", dout, device(), false);
   check_index(w, "tokens", tokens, device());
   check_operand(w, "dwte", dwte, device(), false);
-  check_operand(w, "dwpe", dwpe, device(), false);
+  if (dwpe != nullptr) check_operand(w, "dwpe", *dwpe, device(), false);
   if (tokens.shape.ndim() != 2) {
     throw InvalidArgument(w + ": tokens is int32 " + tokens.shape.str() + "; valid: shaped (B, T)");
   }
   need_ndim(w, "dwte", dwte, 2, 2, "(V, C)");
-  need_ndim(w, "dwpe", dwpe, 2, 2, "(maxT, C)");
   need_f32(w, "dwte", dwte);
-  need_f32(w, "dwpe", dwpe);
   const std::int64_t t = tokens.shape[1], c = dwte.size(1);
-  if (dwpe.size(1) != c || dwpe.size(0) < t) {
-    throw InvalidArgument(w + ": dwpe is " + tensor_desc(dwpe) + " with dwte " + tensor_desc(dwte) +
-                          " and T = " + num(t) + "; valid: (maxT, C) with C = " + num(c) +
-                          " and maxT >= T");
+  if (dwpe != nullptr) {
+    need_ndim(w, "dwpe", *dwpe, 2, 2, "(maxT, C)");
+    need_f32(w, "dwpe", *dwpe);
+    if (dwpe->size(1) != c || dwpe->size(0) < t) {
+      throw InvalidArgument(w + ": dwpe is " + tensor_desc(*dwpe) + " with dwte " +
+                            tensor_desc(dwte) + " and T = " + num(t) + "; valid: (maxT, C) with C = " +
+                            num(c) + " and maxT >= T");
+    }
   }
   need_numel(w, "dout", dout, mul_or_neg(tokens.numel(), c), "(B, T, C)");
-  check_disjoint(w, {rd("dout", dout), rd("tokens", tokens), wr("dwte", dwte), wr("dwpe", dwpe)});
+  if (dwpe != nullptr) {
+    check_disjoint(w,
+                   {rd("dout", dout), rd("tokens", tokens), wr("dwte", dwte), wr("dwpe", *dwpe)});
+  } else {
+    check_disjoint(w, {rd("dout", dout), rd("tokens", tokens), wr("dwte", dwte)});
+  }
   do_embedding_backward(stream, dout, tokens, dwte, dwpe);
 }
 

@@ -279,14 +279,22 @@ void CpuBackend::do_swiglu_backward(StreamId s, const Tensor& dout, const Tensor
                                     const Tensor& dgate_up) {
   submit(s, [this, dout, gate_up, dgate_up] { run_swiglu_backward(dout, gate_up, dgate_up); });
 }
+// The optional position table travels by value (the caller's Tensor may be gone when a worker
+// stream runs the op), with `has` saying whether there is one.
 void CpuBackend::do_embedding_forward(StreamId s, const IndexTensor& tokens, const Tensor& wte,
-                                      const Tensor& wpe, const Tensor& out) {
-  submit(s, [this, s, tokens, wte, wpe, out] { run_embedding_forward(s, tokens, wte, wpe, out); });
+                                      const Tensor* wpe, const Tensor& out) {
+  const bool has = wpe != nullptr;
+  const Tensor p = has ? *wpe : wte;
+  submit(s, [this, s, tokens, wte, has, p, out] {
+    run_embedding_forward(s, tokens, wte, has ? &p : nullptr, out);
+  });
 }
 void CpuBackend::do_embedding_backward(StreamId s, const Tensor& dout, const IndexTensor& tokens,
-                                       const Tensor& dwte, const Tensor& dwpe) {
-  submit(s, [this, s, dout, tokens, dwte, dwpe] {
-    run_embedding_backward(s, dout, tokens, dwte, dwpe);
+                                       const Tensor& dwte, const Tensor* dwpe) {
+  const bool has = dwpe != nullptr;
+  const Tensor p = has ? *dwpe : dwte;
+  submit(s, [this, s, dout, tokens, dwte, has, p] {
+    run_embedding_backward(s, dout, tokens, dwte, has ? &p : nullptr);
   });
 }
 void CpuBackend::do_crossentropy_forward(StreamId s, const Tensor& logits,

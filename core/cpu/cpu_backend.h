@@ -139,9 +139,9 @@ class CpuBackend final : public Backend {
   void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                           const Tensor& dgate_up) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
-                            const Tensor& wpe, const Tensor& out) override;
+                            const Tensor* wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
-                             const Tensor& dwte, const Tensor& dwpe) override;
+                             const Tensor& dwte, const Tensor* dwpe) override;
   void do_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
                                std::int64_t vocab, const Tensor& losses,
                                const Tensor& lse) override;
@@ -206,9 +206,9 @@ class CpuBackend final : public Backend {
   void run_swiglu_forward(const Tensor& gate_up, const Tensor& out);
   void run_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up);
   void run_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
-                             const Tensor& wpe, const Tensor& out);
+                             const Tensor* wpe, const Tensor& out);
   void run_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
-                              const Tensor& dwte, const Tensor& dwpe);
+                              const Tensor& dwte, const Tensor* dwpe);
   void run_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
                                 std::int64_t vocab, const Tensor& losses, const Tensor& lse);
   void run_crossentropy_backward(StreamId stream, const Tensor& logits, const Tensor& lse,

@@ -335,7 +335,7 @@ void check_ids(const char* op, const IndexTensor& ids, std::int64_t limit, const
 
 // tokens (B,T), wte (V,C), wpe (maxT,C) -> out (B,T,C) = wte[token] + wpe[t]
 void CpuBackend::run_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,
-                                       const Tensor& wpe, const Tensor& out) {
+                                       const Tensor* wpe, const Tensor& out) {
   check_ids("embedding_forward", tokens, wte.size(0), "tokens");
   const std::int64_t bt = tokens.numel(), t = tokens.shape[1], c = wte.size(1);
 #pragma omp parallel if (bt * c >= kNnParallelMin)
@@ -344,22 +344,24 @@ void CpuBackend::run_embedding_forward(StreamId, const IndexTensor& tokens, cons
 #pragma omp for schedule(static)
     for (std::int64_t i = 0; i < bt; ++i) {
       widen(wte, tokens.data[i] * c, c, e.data());
-      widen(wpe, (i % t) * c, c, p.data());
-      for (std::size_t j = 0; j < e.size(); ++j) e[j] += p[j];
+      if (wpe != nullptr) {
+        widen(*wpe, (i % t) * c, c, p.data());
+        for (std::size_t j = 0; j < e.size(); ++j) e[j] += p[j];
+      }
       narrow(e.data(), out, i * c, c);
     }
   }
 }
 
-// dout (B,T,C), tokens (B,T) -> dwte (V,C) +=, dwpe (maxT,C) +=
+// dout (B,T,C), tokens (B,T) -> dwte (V,C) +=, dwpe (maxT,C) += (when there is one)
 // Column blocks in parallel; within a block, tokens in (b,t) order, so a repeated token's
 // gradients add in the same order on every run and thread count.
 void CpuBackend::run_embedding_backward(StreamId, const Tensor& dout, const IndexTensor& tokens,
-                                        const Tensor& dwte, const Tensor& dwpe) {
+                                        const Tensor& dwte, const Tensor* dwpe) {
   check_ids("embedding_backward", tokens, dwte.size(0), "tokens");
   const std::int64_t bt = tokens.numel(), t = tokens.shape[1], c = dwte.size(1);
   float* gte = f32(dwte);
-  float* gpe = f32(dwpe);
+  float* gpe = dwpe != nullptr ? f32(*dwpe) : nullptr;
   const std::int64_t blocks = (c + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static) if (bt * c >= kNnParallelMin && blocks > 1)
   for (std::int64_t blk = 0; blk < blocks; ++blk) {
@@ -368,11 +370,10 @@ void CpuBackend::run_embedding_backward(StreamId, const Tensor& dout, const Inde
     for (std::int64_t i = 0; i < bt; ++i) {
       widen(dout, i * c + c0, m, d);
       float* we = gte + tokens.data[i] * c + c0;
+      for (std::int64_t j = 0; j < m; ++j) we[j] += d[j];
+      if (gpe == nullptr) continue;
       float* pe = gpe + (i % t) * c + c0;
-      for (std::int64_t j = 0; j < m; ++j) {
-        we[j] += d[j];
-        pe[j] += d[j];
-      }
+      for (std::int64_t j = 0; j < m; ++j) pe[j] += d[j];
     }
   }
 }

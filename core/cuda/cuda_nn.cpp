@@ -188,16 +188,17 @@ void CudaBackend::do_flash_attention_backward(StreamId stream, const Tensor& dou
 }
 
 void CudaBackend::do_embedding_forward(StreamId stream, const IndexTensor& tokens,
-                                       const Tensor& wte, const Tensor& wpe, const Tensor& out) {
+                                       const Tensor& wte, const Tensor* wpe, const Tensor& out) {
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_embedding_forward(
-      tokens.data, wte.raw(), code(wte), wpe.raw(), code(wpe), out.raw(), code(out),
+      tokens.data, wte.raw(), code(wte), wpe != nullptr ? wpe->raw() : nullptr,
+      wpe != nullptr ? code(*wpe) : code(wte), out.raw(), code(out),
       tokens.shape[0], tokens.shape[1], wte.size(1), wte.size(0), cuda_stream(stream)));
 }
 
 void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
                                         const IndexTensor& tokens, const Tensor& dwte,
-                                        const Tensor& dwpe) {
+                                        const Tensor* dwpe) {
   const std::int64_t b = tokens.shape[0], t = tokens.shape[1], c = dwte.size(1),
                      vocab = dwte.size(0);
   if (b * t == 0 || c == 0) return;
@@ -212,7 +213,8 @@ void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
   MEMFIT_CUDA_CHECK(cuda::embedding_backward_scratch_bytes(b * t, vocab, &bytes));
   CudaScratch sort(*this, stream, bytes, "cuda.embedding_backward.sort");
   MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(dout.raw(), code(dout), tokens.data, f32(dwte),
-                                                    f32(dwpe), b, t, c, vocab, sort.data(),
+                                                    dwpe != nullptr ? f32(*dwpe) : nullptr, b, t,
+                                                    c, vocab, sort.data(),
                                                     sort.size(), cuda_stream(stream)));
 }
 

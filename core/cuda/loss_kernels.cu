@@ -14,7 +14,8 @@ namespace {
 
 // ---- embeddings ----------------------------------------------------------------------------
 
-// One block per position i of (B,T): out[i,:] = wte[tokens[i],:] + wpe[i % T,:].
+// One block per position i of (B,T): out[i,:] = wte[tokens[i],:] + wpe[i % T,:] (no wpe term
+// when wpe.p is null).
 template <typename T>
 __global__ void embedding_forward_kernel(const std::int32_t* tokens, In<T> wte, In<T> wpe,
                                          Out<T> out, i64 bt, i64 t, i64 c, i64 vocab) {
@@ -22,7 +23,11 @@ __global__ void embedding_forward_kernel(const std::int32_t* tokens, In<T> wte, 
     const std::int32_t tok = tokens[i];
     if (tok < 0 || tok >= vocab) __trap();  // ids are data: see core/backend.h
     const i64 we = static_cast<i64>(tok) * c, pe = (i % t) * c;
-    for (i64 j = threadIdx.x; j < c; j += blockDim.x) out(i * c + j, wte(we + j) + wpe(pe + j));
+    if (wpe.p == nullptr) {
+      for (i64 j = threadIdx.x; j < c; j += blockDim.x) out(i * c + j, wte(we + j));
+    } else {
+      for (i64 j = threadIdx.x; j < c; j += blockDim.x) out(i * c + j, wte(we + j) + wpe(pe + j));
+    }
   }
 }
 
@@ -273,6 +278,7 @@ cudaError_t launch_embedding_backward(const void* dout, int dout_dt, const std::
     embedding_dwte_kernel<T>
         <<<grid, threads, 0, stream>>>(In<T>::make(dout, dout_dt), keys, pos_out, dwte, n, c);
     MEMFIT_RETURN_IF_LAUNCH_FAILED();
+    if (dwpe == nullptr) return cudaSuccess;  // no position table
     embedding_dwpe_kernel<T><<<grid_for(t * c, kThreads), kThreads, 0, stream>>>(
         In<T>::make(dout, dout_dt), dwpe, b, t, c);
     return cudaGetLastError();

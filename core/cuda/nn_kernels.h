@@ -121,7 +121,8 @@ cudaError_t launch_permute_heads(const void* src, int src_dt, void* dst, int dst
                                  std::int64_t t, std::int64_t parts, std::int64_t heads,
                                  std::int64_t hs, bool split, cudaStream_t stream);
 
-// tokens (B,T) int32 in [0, V) (else the kernel traps), wte (V,C), wpe (>=T,C) -> out (B,T,C).
+// tokens (B,T) int32 in [0, V) (else the kernel traps), wte (V,C), wpe (>=T,C) -> out (B,T,C);
+// wpe null: no position term (wpe_dt then ignored).
 cudaError_t launch_embedding_forward(const std::int32_t* tokens, const void* wte, int wte_dt,
                                      const void* wpe, int wpe_dt, void* out, int out_dt,
                                      std::int64_t b, std::int64_t t, std::int64_t c,
@@ -131,7 +132,7 @@ cudaError_t launch_embedding_forward(const std::int32_t* tokens, const void* wte
 // the error of CUB's size query (which launches nothing).
 cudaError_t embedding_backward_scratch_bytes(std::int64_t n, std::int64_t vocab,
                                              std::size_t* bytes);
-// dout (B,T,C), tokens (B,T) -> dwte (V,C) f32 +=, dwpe (>=T,C) f32 +=, each element's terms
+// dout (B,T,C), tokens (B,T) -> dwte (V,C) f32 +=, dwpe (>=T,C) f32 += (dwpe may be null), each element's terms
 // added into it one by one in (b,t) order (bit-identical to the CPU backend's loop).
 cudaError_t launch_embedding_backward(const void* dout, int dout_dt, const std::int32_t* tokens,
                                       float* dwte, float* dwpe, std::int64_t b, std::int64_t t,

@@ -181,9 +181,9 @@ class MetaBackend final : public cpu::InlineBackend {
   void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                           const Tensor& dgate_up) override;
   void do_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,
-                            const Tensor& wpe, const Tensor& out) override;
+                            const Tensor* wpe, const Tensor& out) override;
   void do_embedding_backward(StreamId stream, const Tensor& dout, const IndexTensor& tokens,
-                             const Tensor& dwte, const Tensor& dwpe) override;
+                             const Tensor& dwte, const Tensor* dwpe) override;
   void do_crossentropy_forward(StreamId stream, const Tensor& logits, const IndexTensor& targets,
                                std::int64_t vocab, const Tensor& losses,
                                const Tensor& lse) override;

@@ -147,20 +147,21 @@ void MetaBackend::do_swiglu_backward(StreamId, const Tensor& dout, const Tensor&
 }
 
 void MetaBackend::do_embedding_forward(StreamId, const IndexTensor& tokens, const Tensor& wte,
-                                       const Tensor& wpe, const Tensor& out) {
-  // One row of wte and one of wpe gathered per token.
+                                       const Tensor* wpe, const Tensor& out) {
+  // One row of wte (and one of wpe, when there is one) gathered per token.
   const std::int64_t n = out.numel();
-  const std::int64_t read =
-      sat_add(bytes(tokens), sat_add(sat_mul(n, dtype_size(wte.dtype())), sat_mul(n, dtype_size(wpe.dtype()))));
-  count(MetaOp::kEmbeddingForward, read, bytes(out), n);
+  std::int64_t read = sat_add(bytes(tokens), sat_mul(n, dtype_size(wte.dtype())));
+  if (wpe != nullptr) read = sat_add(read, sat_mul(n, dtype_size(wpe->dtype())));
+  count(MetaOp::kEmbeddingForward, read, bytes(out), wpe != nullptr ? n : 0);
 }
 
 void MetaBackend::do_embedding_backward(StreamId, const Tensor& dout, const IndexTensor& tokens,
-                                        const Tensor&, const Tensor&) {
-  // Per token, one f32 row of dwte and one of dwpe read and written.
-  const std::int64_t rows = sat_mul(dout.numel(), 2 * 4);
+                                        const Tensor&, const Tensor* dwpe) {
+  // Per token, one f32 row of dwte (and of dwpe) read and written.
+  const std::int64_t tables = dwpe != nullptr ? 2 : 1;
+  const std::int64_t rows = sat_mul(dout.numel(), tables * 4);
   count(MetaOp::kEmbeddingBackward, sat_add(bytes(dout), sat_add(bytes(tokens), rows)), rows,
-        sat_mul(2, dout.numel()));
+        sat_mul(tables, dout.numel()));
 }
 
 void MetaBackend::do_crossentropy_forward(StreamId, const Tensor& logits,

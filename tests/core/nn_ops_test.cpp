@@ -262,6 +262,36 @@ TEST(NnOps, EmbeddingForwardBackward) {
   }
 }
 
+TEST(NnOps, EmbeddingWithoutPositionTable) {
+  // The Llama family's embedding: out = wte[tok] exactly (a copy, rounded to out's dtype);
+  // the backward adds into dwte alone.
+  CpuBackend be;
+  std::mt19937 rng(6);
+  const std::int64_t B = 2, T = 4, V = 9, C = 40;
+  std::vector<std::int32_t> tok(B * T);
+  for (auto& t : tok) t = static_cast<std::int32_t>(rng() % V);
+  tok[1] = tok[6] = 3;
+  Ids ids({B, T}, tok);
+  HT wte({V, C}, DType::kBF16), out({B, T, C}, DType::kBF16);
+  wte.rand(rng);
+  out.poison();
+  be.embedding_forward(s0, ids.view(), wte, out);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    for (std::int64_t c = 0; c < C; ++c) ASSERT_EQ(out.get(i * C + c), wte.get(tok[i] * C + c));
+  }
+  HT dout({B, T, C}, DType::kF32), dwte({V, C}, DType::kF32);
+  dout.rand(rng);
+  dwte.fill(0.5f);
+  std::vector<float> want(V * C, 0.5f);
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    for (std::int64_t c = 0; c < C; ++c) want[tok[i] * C + c] += dout.get(i * C + c);
+  }
+  be.embedding_backward(s0, dout, ids.view(), dwte);
+  for (std::int64_t i = 0; i < V * C; ++i) ASSERT_EQ(dwte.get(i), want[i]) << i;
+  HT dwte16({V, C}, DType::kBF16);
+  expect_invalid([&] { be.embedding_backward(s0, dout, ids.view(), dwte16); }, {"dwte", "f32"});
+}
+
 TEST(NnOps, EmbeddingBackwardDeterministicWithRepeatedTokens) {
   // Large enough for the parallel path; every token the same id, so all B*T rows add into
   // one row of dwte: the result must equal the sequential f32 sum bit for bit, every run.

@@ -476,6 +476,32 @@ TEST(CudaNn, EmbeddingForwardEveryDTypeCombinationBitForBit) {
   }
 }
 
+// Without a position table (the Llama family's): out = wte[tok], dwte += alone; bit for bit.
+TEST(CudaNn, EmbeddingWithoutPositionTableMatchesTheCpuBitForBit) {
+  MEMFIT_REQUIRE_GPU();
+  Gpu g;
+  std::mt19937 rng(13);
+  const std::int64_t b = 2, t = 21, c = 300, v = 37;
+  DevIds tokens(g, {b, t}, crowded_ids(rng, b * t, v));
+  for (DType dt : kDts) {
+    SCOPED_TRACE(dtype_name(dt));
+    Buf wte(g, {v, c}, dt), out(g, {b, t, c}, dt), dout(g, {b, t, c}, dt),
+        dwte(g, {v, c}, DType::kF32);
+    wte.rand(rng);
+    out.fill(kNaN);
+    dout.rand(rng);
+    dwte.rand(rng);
+    upload({&wte, &out, &dout, &dwte});
+    g.be.embedding_forward(kDefaultStream, tokens.gpu(), wte.gpu(), out.gpu());
+    g.cpu.embedding_forward(kDefaultStream, tokens.cpu(), wte.cpu(), out.cpu());
+    g.be.embedding_backward(kDefaultStream, dout.gpu(), tokens.gpu(), dwte.gpu());
+    g.cpu.embedding_backward(kDefaultStream, dout.cpu(), tokens.cpu(), dwte.cpu());
+    g.sync();
+    expect_bits(out.download(), out.host(), "embedding out");
+    expect_bits(dwte.download(), dwte.host(), "dwte");
+  }
+}
+
 // dwte/dwpe += in (b,t) order, as the CPU loop: the bits equal the CPU's, on both scratch
 // paths, run after run. C = 300 spans two column tiles.
 TEST(CudaNn, EmbeddingBackwardMatchesTheCpuBitForBitAndIsDeterministic) {

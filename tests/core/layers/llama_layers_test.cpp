@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/layers/attention.h"
@@ -268,6 +269,15 @@ TEST(LlamaOps, MetaCountsBytesAndFlops) {
   EXPECT_EQ(st.bytes_written, n * c * 2);
   EXPECT_EQ(st.other_flops, MetaFlops::kSwiGluForward * n * c);
   EXPECT_EQ(st.gemm_flops, 0);
+  // An embedding without a position table reads one wte row per token.
+  meta.reset_stats();
+  const std::vector<std::int32_t> ids(b * t, 0);
+  const IndexTensor tok{ids.data(), Shape{b, t}, Device::kMeta};
+  testing::HT wte({5, c}, DType::kBF16), emb({b, t, c}, DType::kBF16);
+  meta.embedding_forward(kDefaultStream, tok, on_meta(wte), on_meta(emb));
+  st = meta.stats();
+  EXPECT_EQ(st.bytes_read, b * t * 4 + b * t * c * 2);
+  EXPECT_EQ(st.bytes_written, b * t * c * 2);
 }
 
 TEST(RMSNormTest, GradientsLowPrecisionRecomputeMemory) {
