@@ -651,8 +651,8 @@ void Backend::embedding_backward_checked(StreamId stream, const Tensor& dout,
     need_f32(w, "dwpe", *dwpe);
     if (dwpe->size(1) != c || dwpe->size(0) < t) {
       throw InvalidArgument(w + ": dwpe is " + tensor_desc(*dwpe) + " with dwte " +
-                            tensor_desc(dwte) + " and T = " + num(t) + "; valid: (maxT, C) with C = " +
-                            num(c) + " and maxT >= T");
+                            tensor_desc(dwte) + " and T = " + num(t) +
+                            "; valid: (maxT, C) with C = " + num(c) + " and maxT >= T");
     }
   }
   need_numel(w, "dout", dout, mul_or_neg(tokens.numel(), c), "(B, T, C)");

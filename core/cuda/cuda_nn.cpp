@@ -192,8 +192,8 @@ void CudaBackend::do_embedding_forward(StreamId stream, const IndexTensor& token
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_embedding_forward(
       tokens.data, wte.raw(), code(wte), wpe != nullptr ? wpe->raw() : nullptr,
-      wpe != nullptr ? code(*wpe) : code(wte), out.raw(), code(out),
-      tokens.shape[0], tokens.shape[1], wte.size(1), wte.size(0), cuda_stream(stream)));
+      wpe != nullptr ? code(*wpe) : code(wte), out.raw(), code(out), tokens.shape[0],
+      tokens.shape[1], wte.size(1), wte.size(0), cuda_stream(stream)));
 }
 
 void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
@@ -212,10 +212,9 @@ void CudaBackend::do_embedding_backward(StreamId stream, const Tensor& dout,
   std::size_t bytes = 0;
   MEMFIT_CUDA_CHECK(cuda::embedding_backward_scratch_bytes(b * t, vocab, &bytes));
   CudaScratch sort(*this, stream, bytes, "cuda.embedding_backward.sort");
-  MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(dout.raw(), code(dout), tokens.data, f32(dwte),
-                                                    dwpe != nullptr ? f32(*dwpe) : nullptr, b, t,
-                                                    c, vocab, sort.data(),
-                                                    sort.size(), cuda_stream(stream)));
+  MEMFIT_CUDA_CHECK(cuda::launch_embedding_backward(
+      dout.raw(), code(dout), tokens.data, f32(dwte), dwpe != nullptr ? f32(*dwpe) : nullptr, b, t,
+      c, vocab, sort.data(), sort.size(), cuda_stream(stream)));
 }
 
 void CudaBackend::do_crossentropy_forward(StreamId stream, const Tensor& logits,

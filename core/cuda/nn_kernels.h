@@ -132,8 +132,9 @@ cudaError_t launch_embedding_forward(const std::int32_t* tokens, const void* wte
 // the error of CUB's size query (which launches nothing).
 cudaError_t embedding_backward_scratch_bytes(std::int64_t n, std::int64_t vocab,
                                              std::size_t* bytes);
-// dout (B,T,C), tokens (B,T) -> dwte (V,C) f32 +=, dwpe (>=T,C) f32 += (dwpe may be null), each element's terms
-// added into it one by one in (b,t) order (bit-identical to the CPU backend's loop).
+// dout (B,T,C), tokens (B,T) -> dwte (V,C) f32 +=, dwpe (>=T,C) f32 += (dwpe may be null), each
+// element's terms added into it one by one in (b,t) order (bit-identical to the CPU backend's
+// loop).
 cudaError_t launch_embedding_backward(const void* dout, int dout_dt, const std::int32_t* tokens,
                                       float* dwte, float* dwpe, std::int64_t b, std::int64_t t,
                                       std::int64_t c, std::int64_t vocab, void* scratch,
