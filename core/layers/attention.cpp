@@ -21,6 +21,9 @@ AttentionShape checked_shape(const std::string& name, std::int64_t hidden, Atten
                              AttentionImpl impl) {
   layers::check_dim("CausalSelfAttention", name, "hidden", hidden);
   layers::check_dim("CausalSelfAttention", name, "heads", s.heads);
+  if (s.heads > (std::int64_t{1} << 31)) {
+    bad(name, "heads = " + std::to_string(s.heads) + "; valid: at most 2^31");
+  }
   if (s.kv_heads == 0) s.kv_heads = s.heads;
   if (s.kv_heads < 1 || s.heads % s.kv_heads != 0) {
     bad(name, "kv_heads = " + std::to_string(s.kv_heads) + " with heads = " +
