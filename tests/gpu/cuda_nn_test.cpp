@@ -47,6 +47,8 @@ double eps_of(DType t) { return t == DType::kF32 ? 1e-5 : t == DType::kF16 ? 1e-
 
 using Gpu = testing::GpuRig;
 using Buf = testing::Mirror;
+using testing::combos;
+using testing::names;
 
 // Copies every buffer's host values to the device (Mirror::upload leaves the device idle).
 void upload(std::initializer_list<const Buf*> bufs) {
@@ -95,28 +97,6 @@ void expect_near(const HostBuf& got, const HostBuf& ref, const std::string& what
 }
 
 using testing::expect_bits;
-
-// Every K-tuple of dtypes.
-template <int K>
-std::vector<std::array<DType, K>> combos() {
-  std::vector<std::array<DType, K>> out;
-  int total = 1;
-  for (int i = 0; i < K; ++i) total *= 3;
-  for (int code = 0; code < total; ++code) {
-    std::array<DType, K> d{};
-    int c = code;
-    for (int i = 0; i < K; ++i, c /= 3) d[static_cast<std::size_t>(i)] = kDts[c % 3];
-    out.push_back(d);
-  }
-  return out;
-}
-
-template <std::size_t K>
-std::string names(const std::array<DType, K>& d) {
-  std::string s;
-  for (DType t : d) s += std::string(s.empty() ? "" : ",") + dtype_name(t);
-  return s;
-}
 
 // ---- layernorm -----------------------------------------------------------------------------
 

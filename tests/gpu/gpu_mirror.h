@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <array>
 #include <map>
+#include <vector>
 #include <random>
 #include <string>
 
@@ -84,6 +86,29 @@ class Mirror {
   HostBuf host_;
   Block block_;
 };
+
+// Every K-tuple of the three dtypes (3^K), for ops whose operands' dtypes may each differ.
+template <int K>
+std::vector<std::array<DType, K>> combos() {
+  constexpr DType kAll[] = {DType::kF32, DType::kF16, DType::kBF16};
+  std::vector<std::array<DType, K>> out;
+  int total = 1;
+  for (int i = 0; i < K; ++i) total *= 3;
+  for (int code = 0; code < total; ++code) {
+    std::array<DType, K> d{};
+    int c = code;
+    for (int i = 0; i < K; ++i, c /= 3) d[static_cast<std::size_t>(i)] = kAll[c % 3];
+    out.push_back(d);
+  }
+  return out;
+}
+
+template <std::size_t K>
+std::string names(const std::array<DType, K>& d) {  // "f32,bf16,f16"
+  std::string s;
+  for (DType t : d) s += std::string(s.empty() ? "" : ",") + dtype_name(t);
+  return s;
+}
 
 inline double unit_roundoff(DType t) {
   return t == DType::kF32   ? std::ldexp(1.0, -24)

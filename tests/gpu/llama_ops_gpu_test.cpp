@@ -62,6 +62,8 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 using Gpu = testing::GpuRig;
 using Buf = testing::Mirror;
+using testing::combos;
+using testing::names;
 using testing::expect_bits;
 using testing::expect_close;
 using testing::fp32_tol;
@@ -71,21 +73,6 @@ using testing::Worst;
 
 // a for elementwise ops without sums (RoPE, SwiGLU): libm-vs-CUDA transcendentals, FMA.
 constexpr double kNoSums = 1e-6;
-
-// Every K-tuple of dtypes.
-template <int K>
-std::vector<std::array<DType, K>> combos() {
-  std::vector<std::array<DType, K>> out;
-  int total = 1;
-  for (int i = 0; i < K; ++i) total *= 3;
-  for (int code = 0; code < total; ++code) {
-    std::array<DType, K> d{};
-    int c = code;
-    for (int i = 0; i < K; ++i, c /= 3) d[static_cast<std::size_t>(i)] = kDts[c % 3];
-    out.push_back(d);
-  }
-  return out;
-}
 
 // The uniform K-tuples only: for the large shapes, where every combination would be slow on
 // the CPU and adds nothing the small shapes do not check.
@@ -98,13 +85,6 @@ std::vector<std::array<DType, K>> uniform() {
     out.push_back(d);
   }
   return out;
-}
-
-template <std::size_t K>
-std::string names(const std::array<DType, K>& d) {
-  std::string s;
-  for (DType t : d) s += std::string(s.empty() ? "" : ",") + dtype_name(t);
-  return s;
 }
 
 std::string nc(std::int64_t n, std::int64_t c) {
