@@ -13,15 +13,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <array>
 #include <map>
-#include <vector>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/cuda/cuda_backend.h"
