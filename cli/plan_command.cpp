@@ -37,6 +37,7 @@ struct PlanArgs {
   std::int64_t top = 0;
   std::string alloc_conf;
   bool measure_context = false;
+  std::string loss = "chunked";
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -142,7 +143,7 @@ void print_table(const PlanResult& r, std::int64_t top) {
 void validate(const PlanArgs& a) {
   if (a.model.empty()) {
     throw InvalidArgument("--model is required: a preset (" + join(ModelSpec::preset_names()) +
-                          ") or a YAML spec file");
+                          ") or a YAML spec file or a HuggingFace config.json");
   }
   if (a.device.empty()) {
     throw InvalidArgument("--device is required: a preset (" + join(DeviceSpec::preset_names()) +
@@ -189,7 +190,8 @@ std::size_t measure_context(DeviceSpec& device) {
 
 PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nullptr) {
   PlannerOptions o;
-  o.spec = ModelSpec::load(a.model);
+  o.spec = load_model(a.model);
+  o.loss = parse_loss_flag(a.loss);
   o.device = DeviceSpec::load(a.device);
   if (a.measure_context) {
     const std::size_t was = measure_context(o.device);
@@ -296,8 +298,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       "plan",
       "Find the dtype, checkpointing, micro-batch, accumulation and offload that fit a budget");
   cmd->add_option("--model", a->model,
-                  "a built-in model (gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt-tiny, ...) or a "
-                  "YAML spec file (required)");
+                  "a built-in model (gpt2, gpt2-xl, llama-3.1-8b, mistral-7b, qwen2.5-7b, ...), "
+                  "a YAML spec file or a HuggingFace config.json (required)");
   cmd->add_option("--device", a->device,
                   "a device preset (h100-80g, a100-40g, cpu, ...; `memfit devices` lists them) "
                   "or a YAML device file (required)");
@@ -307,6 +309,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "pinned host memory a plan may take (offload); default: no limit, the host "
                   "bytes of each plan are printed");
   cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
+  cmd->add_option("--loss", a->loss,
+                  "chunked (the loss's logits in chunks of rows: never more memory) | whole")
+      ->capture_default_str();
   cmd->add_option("--global-batch", a->global_batch,
                   "throughput mode: the fastest plan for this many sequences per step");
   cmd->add_option("--ranks", a->ranks, "data-parallel ranks (per-rank bytes)")

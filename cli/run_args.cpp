@@ -32,8 +32,8 @@ const char* const kPolicyFlags[] = {"--dtype", "--checkpoint", "--micro-batch", 
 
 void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--model", a.model,
-                  "a built-in model (gpt-tiny, gpt-micro, gpt2, ...) or a YAML spec file "
-                  "(required unless --plan)");
+                  "a built-in model (gpt-tiny, llama-micro, gpt2, llama-3.1-8b, ...), a YAML "
+                  "spec file or a HuggingFace config.json (required unless --plan)");
   cmd->add_option("--batch", a.batch, "global batch (sequences per step)")->capture_default_str();
   cmd->add_option("--micro-batch", a.micro_batch, "sequences per micro-batch (accumulated)");
   cmd->add_option("--accum", a.accum, "or: split the batch into this many micro-batches");
@@ -41,6 +41,10 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--dtype", a.dtype, "weights in use and activations: f32 | f16 | bf16")
       ->capture_default_str();
   cmd->add_option("--checkpoint", a.checkpoint, "none | all | sqrt | every:K")
+      ->capture_default_str();
+  cmd->add_option("--loss", a.loss,
+                  "chunked (the loss's logits in chunks of rows, recomputed in the backward: "
+                  "never more memory) | whole (all saved; one GEMM less)")
       ->capture_default_str();
   cmd->add_option("--offload", a.offload,
                   "to pinned host memory: optimizer (FP32 masters and Adam moments, CPU AdamW; "
@@ -158,11 +162,34 @@ void require_text_vocab(const ModelSpec& spec, const std::string& where) {
   }
 }
 
+}  // namespace
+
+ModelSpec load_model(const std::string& name) {
+  std::vector<std::string> notes;
+  ModelSpec spec = ModelSpec::load(name, &notes);
+  for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  return spec;
+}
+
+LossMode parse_loss_flag(const std::string& text) {
+  LossMode m = LossMode::kChunked;
+  if (!parse_loss_mode(text, &m)) {
+    throw InvalidArgument("--loss " + text +
+                          ": valid: chunked (the logits in chunks of rows, recomputed in the "
+                          "backward) or whole (all of them saved)");
+  }
+  return m;
+}
+
+namespace {
+
 ModelSpec load_text_model(const std::string& name) {
   if (name.empty()) {
-    throw InvalidArgument("--model is required (a built-in name or a YAML spec), or --plan FILE");
+    throw InvalidArgument(
+        "--model is required (a built-in name, a YAML spec or a HuggingFace config.json), or "
+        "--plan FILE");
   }
-  ModelSpec spec = ModelSpec::load(name);
+  ModelSpec spec = load_model(name);
   require_text_vocab(spec, "--model " + name);
   return spec;
 }
@@ -195,6 +222,7 @@ RunSpec run_from_flags(const TrainArgs& a) {
   }
   p.micro_batch = std::min(a.micro_batch, a.batch);
   p.accum = a.accum;
+  p.loss = parse_loss_flag(a.loss);
   if (given(a, "--offload")) {
     p.offload = OffloadSwitches::parse(a.offload.empty() ? "optimizer" : a.offload);
   }
@@ -217,6 +245,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.budget = parse_budget(a.budget);
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
+  o.loss = parse_loss_flag(a.loss);
   o.host_budget = host_budget_of(a, o.budget);    // this machine's host memory
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
@@ -247,7 +276,7 @@ Source choose(const TrainArgs& a) {
   Source s;
   if (!a.plan_file.empty()) {
     for (const char* f : {"--model", "--seq-len", "--batch", "--device", "--dtype", "--checkpoint",
-                          "--micro-batch", "--accum", "--offload"}) {
+                          "--micro-batch", "--accum", "--offload", "--loss"}) {
       if (given(a, f)) {
         throw InvalidArgument(std::string(f) + " with --plan " + a.plan_file +
                               ": the plan fixes the model, seq_len, batch and policies; drop " + f +

@@ -45,6 +45,7 @@ struct TrainArgs {
   std::int64_t seq_len = 0;  // 0: the model's
   std::string dtype = "f32";
   std::string checkpoint = "none";
+  std::string loss = "chunked";
   std::string offload;  // --offload's list (empty: given bare, or not given)
   std::string budget;
   std::string host_budget;  // "": this machine's default (default_host_budget)
@@ -72,6 +73,10 @@ void collect_given(CLI::App* cmd, TrainArgs& a);
 
 // --seq-len: ModelSpec::resolve_seq_len (the one check), its error in the flag's name.
 std::int64_t seq_len_flag(const ModelSpec& spec, std::int64_t requested);
+// --model: ModelSpec::load, its notes (a config.json's ignored keys, ...) printed to stderr.
+ModelSpec load_model(const std::string& name);
+// --loss: chunked | whole; InvalidArgument naming the flag otherwise.
+LossMode parse_loss_flag(const std::string& text);
 // The one reading of a budget flag: a positive size with units ("64MiB"); InvalidArgument
 // naming `flag` otherwise.
 std::size_t parse_budget(const std::string& text, const char* flag = "--budget");

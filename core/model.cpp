@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/layers/transformer_block.h"
 #include "core/rng.h"
+#include "core/rope.h"
 #include "memory/error.h"
 
 namespace memfit {
@@ -37,9 +38,29 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
   spec_.validate();
   const int n = static_cast<int>(spec_.layers);
   blocks_.reserve(static_cast<std::size_t>(n));
+  const bool llama = spec_.kind == ModelSpec::Kind::kLlama;
+  LlamaBlockShape shape;
+  if (llama) {
+    const std::int64_t hs = spec_.resolved_head_dim();
+    shape.attention = AttentionShape{.heads = spec_.heads,
+                                     .kv_heads = spec_.resolved_kv_heads(),
+                                     .head_dim = hs,
+                                     .qkv_bias = spec_.qkv_bias,
+                                     .proj_bias = spec_.proj_bias,
+                                     .rope = true,
+                                     .freqs = rope_frequencies(hs, spec_.rope_theta,
+                                                               spec_.rope_scaling)};
+    shape.inner = spec_.intermediate;
+    shape.mlp_bias = spec_.mlp_bias;
+    shape.rms_eps = spec_.ln_eps;
+  }
   for (int i = 0; i < n; ++i) {
-    const std::string name = "h." + std::to_string(i);
-    if (spec_.kind == ModelSpec::Kind::kGpt) {
+    // HuggingFace's names: GPT-2's blocks are h.<i>, the Llama family's layers.<i>.
+    const std::string name = (llama ? "layers." : "h.") + std::to_string(i);
+    if (llama) {
+      blocks_.push_back(std::make_unique<LlamaBlock>(name, spec_.hidden, shape, spec_.layers,
+                                                     spec_.attention));
+    } else if (spec_.kind == ModelSpec::Kind::kGpt) {
       blocks_.push_back(std::make_unique<TransformerBlock>(name, spec_.hidden, spec_.heads,
                                                            spec_.mlp_ratio, spec_.layers,
                                                            spec_.ln_eps, spec_.attention));
@@ -73,9 +94,12 @@ Model::Model(const ModelSpec& spec, std::vector<std::unique_ptr<Layer>> blocks, 
 }
 
 void Model::build(LayerContext& ctx) {
-  embedding_ = std::make_unique<TokenEmbedding>("emb", spec_.vocab, spec_.seq_len, spec_.hidden);
+  const bool llama = spec_.kind == ModelSpec::Kind::kLlama;
+  embedding_ = std::make_unique<TokenEmbedding>("emb", spec_.vocab, spec_.seq_len, spec_.hidden,
+                                                /*positions=*/!llama);
   head_ = std::make_unique<LmHead>("head", spec_.vocab, spec_.hidden,
-                                   spec_.tied_head ? &embedding_->wte() : nullptr, spec_.ln_eps);
+                                   spec_.tied_head ? &embedding_->wte() : nullptr,
+                                   llama ? HeadNorm::kRMSNorm : HeadNorm::kLayerNorm, spec_.ln_eps);
   // Names must be unique: optimizers and training-state files key on them. Checked before any
   // allocation so a bad user chain costs nothing.
   std::set<std::string> names;

@@ -40,7 +40,9 @@ namespace memfit {
 
 class Model {
  public:
-  // kind gpt: TransformerBlock x layers; kind mlp: MLPBlock x layers. Blocks are named "h.<i>".
+  // kind gpt: TransformerBlock x layers, named "h.<i>"; kind llama: LlamaBlock x layers,
+  // named "layers.<i>" (HuggingFace's names), with an RMSNorm head and no position table;
+  // kind mlp: MLPBlock x layers, "h.<i>".
   Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement = {});
   // A user's chain; spec.kind and spec.heads/layers/mlp_ratio are ignored (layers is set to
   // blocks.size()). InvalidArgument for an empty chain or a null block.

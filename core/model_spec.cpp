@@ -29,7 +29,20 @@ constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMaxVocab = std::numeric_limits<std::int32_t>::max();
 
 constexpr const char* kValidKeys =
-    "kind, name, vocab, seq_len, layers, hidden, heads, mlp_ratio, tied_head, ln_eps, attention";
+    "kind, name, vocab, seq_len, layers, hidden, heads, mlp_ratio, tied_head, ln_eps, attention, "
+    "and for kind llama intermediate, kv_heads, head_dim, rope_theta, rope_scaling, qkv_bias, "
+    "proj_bias, mlp_bias";
+constexpr std::array<const char*, 19> kKeys = {
+    "kind",      "name",       "vocab",        "seq_len",  "layers",    "hidden",   "heads",
+    "mlp_ratio", "tied_head",  "ln_eps",       "attention", "intermediate", "kv_heads",
+    "head_dim",  "rope_theta", "rope_scaling", "qkv_bias", "proj_bias", "mlp_bias"};
+// Keys only kind llama reads (the rest of kKeys from "intermediate" on).
+bool llama_only_key(const std::string& key) {
+  for (std::size_t i = 11; i < kKeys.size(); ++i) {
+    if (key == kKeys[i]) return true;
+  }
+  return false;
+}
 
 // Where a message points: "file:line:col: " when the YAML gave a position, else "source: ".
 struct Where {
@@ -68,43 +81,106 @@ std::optional<std::int64_t> product(std::initializer_list<std::int64_t> xs) {
   return r;
 }
 
+// Sums of products of sizes, checked: nullopt on int64 overflow.
+std::optional<std::int64_t> sum(std::initializer_list<std::optional<std::int64_t>> xs) {
+  std::int64_t r = 0;
+  for (const auto& x : xs) {
+    if (!x || !add_ok(r, *x, r)) return std::nullopt;
+  }
+  return r;
+}
+
 // Parameters of one block; nullopt on overflow. Sizes are validated >= 1 before this.
 std::optional<std::int64_t> block_params(const ModelSpec& s) {
   const std::int64_t c = s.hidden;
+  if (s.kind == ModelSpec::Kind::kLlama) {
+    // Two RMSNorms (2C); qkv (q+2k, C) [+ q+2k]; proj (C, q) [+ C]; gate_up (2F, C) [+ 2F];
+    // down (C, F) [+ C].
+    const auto q = product({s.heads, s.resolved_head_dim()});
+    const auto k = product({s.resolved_kv_heads(), s.resolved_head_dim()});
+    if (!q || !k) return std::nullopt;
+    const auto qkv_rows = sum({q, product({2, *k})});
+    if (!qkv_rows) return std::nullopt;
+    const std::int64_t f = s.intermediate;
+    return sum({product({2, c}), product({*qkv_rows, c}), s.qkv_bias ? qkv_rows : 0,
+                product({c, *q}), s.proj_bias ? c : 0, product({3, f, c}),
+                s.mlp_bias ? sum({product({2, f}), c}) : 0});
+  }
+  // mlp: fc (F,C)+F, proj (C,F)+C.
   const auto f = product({s.mlp_ratio, c});
   if (!f) return std::nullopt;
-  // mlp: fc (F,C)+F, proj (C,F)+C.
-  const auto fc = product({*f, c});
-  if (!fc) return std::nullopt;
-  std::int64_t mlp = 0;
-  if (!add_ok(*fc, *fc, mlp) || !add_ok(mlp, *f, mlp) || !add_ok(mlp, c, mlp)) {
-    return std::nullopt;
-  }
-  std::int64_t total = mlp;
+  const auto mlp = sum({product({2, *f, c}), f, c});
   if (s.kind == ModelSpec::Kind::kGpt) {
     // ln1 + ln2 (4C), qkv (3C,C)+3C, proj (C,C)+C.
-    const auto cc = product({c, c, 4});
-    if (!cc || !add_ok(total, *cc, total) || !add_ok(total, 8 * c, total)) return std::nullopt;
-  } else {
-    if (!add_ok(total, 2 * c, total)) return std::nullopt;  // one LayerNorm
+    return sum({mlp, product({4, c, c}), product({8, c})});
   }
-  return total;
+  return sum({mlp, product({2, c})});  // one LayerNorm
 }
 
 std::optional<std::int64_t> count_params(const ModelSpec& s) {
   const std::int64_t c = s.hidden;
   const auto wte = product({s.vocab, c});
-  const auto wpe = product({s.seq_len, c});
+  // GPT-2's learned position table; Llama's positions are rotary (no parameters).
+  const auto wpe = s.kind == ModelSpec::Kind::kLlama ? 0 : product({s.seq_len, c});
   const auto blk = block_params(s);
-  if (!wte || !wpe || !blk) return std::nullopt;
-  const auto blocks = product({*blk, s.layers});
-  if (!blocks) return std::nullopt;
-  std::int64_t n = 0;
-  if (!add_ok(*wte, *wpe, n) || !add_ok(n, *blocks, n) || !add_ok(n, 2 * c, n)) {
-    return std::nullopt;
+  if (!blk) return std::nullopt;
+  // The final norm: LayerNorm (2C) or RMSNorm (C).
+  const std::int64_t final_norm = s.kind == ModelSpec::Kind::kLlama ? c : 2 * c;
+  return sum({wte, wpe, product({*blk, s.layers}), final_norm,
+              s.tied_head ? std::optional<std::int64_t>(0) : wte});
+}
+
+// kind llama's own keys; the shared ones are checked by validate_spec.
+void validate_llama(const ModelSpec& s, const Where& w) {
+  const auto at_least_1 = [&](const char* key, std::int64_t v) {
+    if (v < 1) fail_key(w, key, "must be an integer >= 1, got " + std::to_string(v));
+  };
+  at_least_1("heads", s.heads);
+  at_least_1("intermediate", s.intermediate);
+  if (s.kv_heads < 0) {
+    fail_key(w, "kv_heads", "must be an integer >= 1 (or absent: heads), got " +
+                                std::to_string(s.kv_heads));
   }
-  if (!s.tied_head && !add_ok(n, *wte, n)) return std::nullopt;
-  return n;
+  if (s.head_dim < 0) {
+    fail_key(w, "head_dim", "must be an integer >= 1 (or absent: hidden / heads), got " +
+                                std::to_string(s.head_dim));
+  }
+  // Each query head's q and each kv head's k, v are one packed row block: at most 2^31 heads
+  // keeps the (heads + 2 kv_heads) * head_dim arithmetic in range (CausalSelfAttention's rule).
+  if (s.heads > (std::int64_t{1} << 31)) {
+    fail_key(w, "heads", std::to_string(s.heads) + " exceeds 2^31 heads");
+  }
+  const std::int64_t g = s.resolved_kv_heads();
+  if (g > s.heads || s.heads % g != 0) {
+    fail_key(w, "kv_heads",
+             std::to_string(g) + " does not divide heads " + std::to_string(s.heads) +
+                 "; valid: a divisor of heads (grouped-query attention: each kv head serves "
+                 "heads / kv_heads query heads)");
+  }
+  if (s.head_dim == 0 && s.hidden % s.heads != 0) return;  // validate_spec names it
+  const std::int64_t hs = s.resolved_head_dim();
+  if (hs % 2 != 0 || hs > Backend::kMaxAttentionHeadSize) {
+    fail_key(w, s.head_dim > 0 ? "head_dim" : "heads",
+             "a head size of " + std::to_string(hs) +
+                 (s.head_dim > 0 ? "" : " (hidden / heads)") +
+                 "; valid: even (the rotary embedding rotates pairs) and at most " +
+                 std::to_string(Backend::kMaxAttentionHeadSize) + " (flash attention's limit)");
+  }
+  if (s.attention == AttentionImpl::kMaterialized && g != s.heads) {
+    fail_key(w, "attention",
+             "materialized attention is multi-head only (kv_heads " + std::to_string(g) +
+                 " < heads " + std::to_string(s.heads) + "); valid: flash");
+  }
+  if (!std::isfinite(s.rope_theta) || !(s.rope_theta > 1.0f)) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", static_cast<double>(s.rope_theta));
+    fail_key(w, "rope_theta", std::string("must be a finite number > 1, got ") + buf);
+  }
+  try {
+    (void)rope_frequencies(hs, s.rope_theta, s.rope_scaling);
+  } catch (const InvalidArgument& e) {
+    fail_key(w, "rope_scaling", e.what());
+  }
 }
 
 void validate_spec(const ModelSpec& s, const Where& w) {
@@ -126,7 +202,9 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   if (s.layers > std::numeric_limits<int>::max()) {
     fail_key(w, "layers", std::to_string(s.layers) + " exceeds 2147483647 blocks");
   }
-  if (s.kind == ModelSpec::Kind::kGpt && s.hidden % s.heads != 0) {
+  const bool llama = s.kind == ModelSpec::Kind::kLlama;
+  if (llama) validate_llama(s, w);
+  if ((s.kind == ModelSpec::Kind::kGpt || (llama && s.head_dim == 0)) && s.hidden % s.heads != 0) {
     std::string divisors;
     int shown = 0;
     for (std::int64_t d = 1; d <= s.hidden && shown < 8; ++d) {
@@ -134,7 +212,8 @@ void validate_spec(const ModelSpec& s, const Where& w) {
     }
     fail_key(w, "heads",
              std::to_string(s.heads) + " does not divide hidden " + std::to_string(s.hidden) +
-                 "; valid: a divisor of hidden (" + divisors + (shown == 8 ? ", ...)" : ")"));
+                 "; valid: a divisor of hidden (" + divisors + (shown == 8 ? ", ...)" : ")") +
+                 (llama ? ", or an explicit head_dim" : ""));
   }
   if (!std::isfinite(s.ln_eps) || !(s.ln_eps > 0.0f) || s.ln_eps > 1.0f) {
     char buf[64];
@@ -156,6 +235,12 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   if (!product({s.hidden, s.hidden, 12})) {
     fail_key(w, "hidden", "3 * hidden * hidden * 4 bytes overflows int64 (the QKV weight)");
   }
+  if (llama && (!product({s.intermediate, s.hidden, 8}) ||
+                !product({s.heads + 2 * s.resolved_kv_heads(), s.resolved_head_dim(), s.hidden, 4}))) {
+    fail_key(w, "intermediate",
+             "the MLP's (2 * intermediate, hidden) or the attention's (heads + 2 * kv_heads) * "
+             "head_dim x hidden f32 weight overflows int64");
+  }
   if (!count_params(s)) {
     fail_key(w, "layers",
              "the parameter count overflows int64 (vocab " + std::to_string(s.vocab) +
@@ -163,6 +248,7 @@ void validate_spec(const ModelSpec& s, const Where& w) {
                  ", hidden " + std::to_string(s.hidden) + ", mlp_ratio " +
                  std::to_string(s.mlp_ratio) + ")");
   }
+  if (llama) return;  // validate_llama checked the head size
   if (s.kind == ModelSpec::Kind::kGpt && s.attention == AttentionImpl::kFlash &&
       s.hidden / s.heads > Backend::kMaxAttentionHeadSize) {
     fail_key(w, "heads",
@@ -223,6 +309,62 @@ float read_float(const Where& w, const std::string& key, const YAML::Node& n) {
   return static_cast<float>(v);
 }
 
+// A finite number (range checks are validate's); `valid` says what would be.
+float read_number(const Where& w, const std::string& key, const YAML::Node& n, const char* valid) {
+  const std::string t = scalar_text(n);
+  char* end = nullptr;
+  const double v = n.IsScalar() && !t.empty() ? std::strtod(t.c_str(), &end) : 0.0;
+  if (!n.IsScalar() || t.empty() || end != t.c_str() + t.size() || !std::isfinite(v) ||
+      std::fabs(v) > 3.0e38) {
+    fail_key(w, key, std::string("must be ") + valid + ", got " + node_kind(n));
+  }
+  return static_cast<float>(v);
+}
+
+// rope_scaling: null / {type: none} or {type: llama3, factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings} (each optional, RopeScaling's defaults).
+RopeScaling read_rope_scaling(const Where& w, const YAML::Node& n) {
+  RopeScaling r;
+  if (n.IsNull()) return r;
+  if (!n.IsMap()) {
+    fail_key(w, "rope_scaling", "must be a map {type: none or llama3, ...}, got " + node_kind(n));
+  }
+  bool typed = false;
+  std::string type;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const std::string k = scalar_text(it->first);
+    const YAML::Node& v = it->second;
+    const std::string key = "rope_scaling." + k;
+    if (k == "type" || k == "rope_type") {
+      type = scalar_text(v);
+      typed = true;
+    } else if (k == "factor") {
+      r.factor = read_number(w, key, v, "a number > 0");
+    } else if (k == "low_freq_factor") {
+      r.low_freq_factor = read_number(w, key, v, "a number > 0");
+    } else if (k == "high_freq_factor") {
+      r.high_freq_factor = read_number(w, key, v, "a number > low_freq_factor");
+    } else if (k == "original_max_position_embeddings") {
+      r.original_max_position_embeddings = read_int(w, key, v);
+    } else {
+      fail_key(w, "rope_scaling",
+               "unknown key '" + k +
+                   "'; valid: type, factor, low_freq_factor, high_freq_factor, "
+                   "original_max_position_embeddings");
+    }
+  }
+  if (!typed) fail_key(w, "rope_scaling", "type: missing; valid: none or llama3");
+  if (type == "llama3") {
+    r.kind = RopeScaling::Kind::kLlama3;
+  } else if (type != "none" && type != "default") {
+    fail_key(w, "rope_scaling",
+             "type '" + type +
+                 "' is not supported; valid: none or llama3 (linear, dynamic, yarn, longrope "
+                 "are not implemented)");
+  }
+  return r;
+}
+
 ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   ModelSpec s;
   std::map<std::string, YAML::Node> values;
@@ -232,9 +374,6 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
       throw ConfigError(w.at(it->first.Mark()) +
                         "model: keys must be names; valid keys: " + kValidKeys);
     }
-    static const std::array<const char*, 11> kKeys = {
-        "kind",  "name",      "vocab",     "seq_len", "layers",   "hidden",
-        "heads", "mlp_ratio", "tied_head", "ln_eps",  "attention"};
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
     if (!known) {
@@ -252,7 +391,7 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
     if (it == values.end()) {
       throw ConfigError(w.at(m.Mark()) + "model." + key +
                         ": missing; required keys: kind, vocab, seq_len, layers, hidden (and "
-                        "heads for kind gpt)");
+                        "heads for kinds gpt and llama, intermediate for llama)");
     }
     return it->second;
   };
@@ -262,8 +401,19 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
     s.kind = ModelSpec::Kind::kGpt;
   } else if (kind.IsScalar() && k == "mlp") {
     s.kind = ModelSpec::Kind::kMlp;
+  } else if (kind.IsScalar() && k == "llama") {
+    s.kind = ModelSpec::Kind::kLlama;
+    s.tied_head = false;  // Llama's default (LlamaConfig.tie_word_embeddings)
+    s.ln_eps = 1e-6f;     // LlamaConfig.rms_norm_eps
   } else {
-    fail_key(w, "kind", "must be gpt or mlp, got " + node_kind(kind));
+    fail_key(w, "kind", "must be gpt, llama or mlp, got " + node_kind(kind));
+  }
+  const bool llama = s.kind == ModelSpec::Kind::kLlama;
+  for (const auto& [key, node] : values) {
+    if (!llama && llama_only_key(key)) {
+      fail_key(w, key, std::string("is a kind llama key; kind ") + model_kind_name(s.kind) +
+                           " has no such setting");
+    }
   }
   if (values.count("name")) {
     const YAML::Node& n = values["name"];
@@ -274,7 +424,7 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   s.seq_len = read_int(w, "seq_len", need("seq_len"));
   s.layers = read_int(w, "layers", need("layers"));
   s.hidden = read_int(w, "hidden", need("hidden"));
-  if (s.kind == ModelSpec::Kind::kGpt) {
+  if (s.kind != ModelSpec::Kind::kMlp) {
     s.heads = read_int(w, "heads", need("heads"));
   } else if (values.count("heads")) {
     s.heads = read_int(w, "heads", values["heads"]);  // accepted (round trip), unused
@@ -282,6 +432,22 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   if (values.count("mlp_ratio")) s.mlp_ratio = read_int(w, "mlp_ratio", values["mlp_ratio"]);
   if (values.count("tied_head")) s.tied_head = read_bool(w, "tied_head", values["tied_head"]);
   if (values.count("ln_eps")) s.ln_eps = read_float(w, "ln_eps", values["ln_eps"]);
+  if (llama) {
+    s.intermediate = read_int(w, "intermediate", need("intermediate"));
+    if (values.count("kv_heads")) s.kv_heads = read_int(w, "kv_heads", values["kv_heads"]);
+    if (values.count("head_dim")) s.head_dim = read_int(w, "head_dim", values["head_dim"]);
+    if (values.count("rope_theta")) {
+      s.rope_theta = read_number(w, "rope_theta", values["rope_theta"], "a number > 1");
+    }
+    if (values.count("rope_scaling")) s.rope_scaling = read_rope_scaling(w, values["rope_scaling"]);
+    for (const char* b : {"qkv_bias", "proj_bias", "mlp_bias"}) {
+      if (!values.count(b)) continue;
+      bool& field = std::string(b) == "qkv_bias"    ? s.qkv_bias
+                    : std::string(b) == "proj_bias" ? s.proj_bias
+                                                    : s.mlp_bias;
+      field = read_bool(w, b, values[b]);
+    }
+  }
   if (values.count("attention")) {
     const YAML::Node& a = values["attention"];
     const std::string v = a.IsScalar() ? a.Scalar() : "";
@@ -298,7 +464,15 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
 }  // namespace
 
 const char* model_kind_name(ModelSpec::Kind k) {
-  return k == ModelSpec::Kind::kGpt ? "gpt" : "mlp";
+  switch (k) {
+    case ModelSpec::Kind::kGpt:
+      return "gpt";
+    case ModelSpec::Kind::kMlp:
+      return "mlp";
+    case ModelSpec::Kind::kLlama:
+      return "llama";
+  }
+  return "?";
 }
 
 ModelSpec ModelSpec::from_yaml_string(std::string_view text, std::string_view source) {
@@ -347,66 +521,12 @@ ModelSpec ModelSpec::from_yaml_file(const std::string& path) {
   return from_yaml_string(ss.str(), path);
 }
 
-namespace {
-
-struct Preset {
-  const char* name;
-  ModelSpec::Kind kind;
-  std::int64_t vocab, seq_len, layers, hidden, heads, mlp_ratio;
-};
-
-// GPT-2 sizes from the GPT-2 paper (Radford et al. 2019, table 2) and the released configs
-// (n_ctx 1024, vocab 50257). gpt3-6.7b: Brown et al. 2020 ("Language Models are Few-Shot
-// Learners"), table 2.1: 32 layers, d_model 4096, 32 heads, context 2048, GPT-2's vocabulary
-// and architecture (6.66e9 parameters here with the head tied to the embedding). gpt3-13b: the
-// same table's 13B row (40 layers, 40 heads of d_head 128, context 2048) with d_model
-// 40 x 128 = 5120, as implementations of that size use (OPT-13B, Zhang et al. 2022, table 1;
-// the table's printed 5140 is not a multiple of its 40 heads): 12.85e9 parameters here.
-constexpr Preset kPresets[] = {
-    {"gpt-tiny", ModelSpec::Kind::kGpt, 256, 128, 6, 256, 8, 4},
-    {"gpt-micro", ModelSpec::Kind::kGpt, 64, 16, 2, 32, 4, 4},
-    {"gpt2", ModelSpec::Kind::kGpt, 50257, 1024, 12, 768, 12, 4},
-    {"gpt2-medium", ModelSpec::Kind::kGpt, 50257, 1024, 24, 1024, 16, 4},
-    {"gpt2-large", ModelSpec::Kind::kGpt, 50257, 1024, 36, 1280, 20, 4},
-    {"gpt2-xl", ModelSpec::Kind::kGpt, 50257, 1024, 48, 1600, 25, 4},
-    {"gpt3-6.7b", ModelSpec::Kind::kGpt, 50257, 2048, 32, 4096, 32, 4},
-    {"gpt3-13b", ModelSpec::Kind::kGpt, 50257, 2048, 40, 5120, 40, 4},
-    {"mlp-tiny", ModelSpec::Kind::kMlp, 256, 128, 6, 256, 8, 4},
-};
-
-}  // namespace
-
-ModelSpec ModelSpec::preset(std::string_view name) {
-  for (const Preset& p : kPresets) {
-    if (name != p.name) continue;
-    ModelSpec s;
-    s.kind = p.kind;
-    s.name = p.name;
-    s.vocab = p.vocab;
-    s.seq_len = p.seq_len;
-    s.layers = p.layers;
-    s.hidden = p.hidden;
-    s.heads = p.heads;
-    s.mlp_ratio = p.mlp_ratio;
-    s.tied_head = true;
-    s.validate();
-    return s;
+ModelSpec ModelSpec::load(const std::string& name_or_path, std::vector<std::string>* notes) {
+  for (const std::string& p : preset_names()) {
+    if (name_or_path == p) return preset(name_or_path);
   }
-  std::string names;
-  for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-  throw ConfigError("model preset '" + std::string(name) + "': unknown; valid: " + names);
-}
-
-std::vector<std::string> ModelSpec::preset_names() {
-  std::vector<std::string> out;
-  for (const Preset& p : kPresets) out.emplace_back(p.name);
-  return out;
-}
-
-ModelSpec ModelSpec::load(const std::string& name_or_path) {
-  for (const Preset& p : kPresets) {
-    if (name_or_path == p.name) return preset(name_or_path);
-  }
+  const std::string_view v(name_or_path);
+  if (v.size() >= 5 && v.substr(v.size() - 5) == ".json") return from_hf_config_file(name_or_path, notes);
   return from_yaml_file(name_or_path);
 }
 
@@ -428,11 +548,37 @@ std::string ModelSpec::to_yaml() const {
   out << YAML::Key << "layers" << YAML::Value << layers;
   out << YAML::Key << "hidden" << YAML::Value << hidden;
   out << YAML::Key << "heads" << YAML::Value << heads;
-  out << YAML::Key << "mlp_ratio" << YAML::Value << mlp_ratio;
+  const auto exact = [](float v) {  // %.9g is exact for a float
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+    return std::string(buf);
+  };
+  if (kind == Kind::kLlama) {
+    out << YAML::Key << "kv_heads" << YAML::Value << resolved_kv_heads();
+    out << YAML::Key << "head_dim" << YAML::Value << resolved_head_dim();
+    out << YAML::Key << "intermediate" << YAML::Value << intermediate;
+    out << YAML::Key << "rope_theta" << YAML::Value << exact(rope_theta);
+    out << YAML::Key << "rope_scaling" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+      out << YAML::Key << "type" << YAML::Value << "llama3";
+      out << YAML::Key << "factor" << YAML::Value << exact(rope_scaling.factor);
+      out << YAML::Key << "low_freq_factor" << YAML::Value << exact(rope_scaling.low_freq_factor);
+      out << YAML::Key << "high_freq_factor" << YAML::Value
+          << exact(rope_scaling.high_freq_factor);
+      out << YAML::Key << "original_max_position_embeddings" << YAML::Value
+          << rope_scaling.original_max_position_embeddings;
+    } else {
+      out << YAML::Key << "type" << YAML::Value << "none";
+    }
+    out << YAML::EndMap;
+    out << YAML::Key << "qkv_bias" << YAML::Value << (qkv_bias ? "true" : "false");
+    out << YAML::Key << "proj_bias" << YAML::Value << (proj_bias ? "true" : "false");
+    out << YAML::Key << "mlp_bias" << YAML::Value << (mlp_bias ? "true" : "false");
+  } else {
+    out << YAML::Key << "mlp_ratio" << YAML::Value << mlp_ratio;
+  }
   out << YAML::Key << "tied_head" << YAML::Value << (tied_head ? "true" : "false");
-  char eps[32];
-  std::snprintf(eps, sizeof eps, "%.9g", static_cast<double>(ln_eps));  // exact for a float
-  out << YAML::Key << "ln_eps" << YAML::Value << eps;
+  out << YAML::Key << "ln_eps" << YAML::Value << exact(ln_eps);
   out << YAML::Key << "attention" << YAML::Value << attention_impl_name(attention);
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -7,22 +7,37 @@
 //
 // YAML (one top-level `model:` map; unknown keys are errors):
 //   model:
-//     kind: gpt          # gpt: GPT-2 (pre-LN transformer blocks); mlp: the same with MLP-only
-//     name: gpt-tiny     # optional; blocks (no attention), for models without attention
-//     vocab: 256         # token ids in [0, vocab)
-//     seq_len: 128       # maximum sequence length (the position table's size)
-//     layers: 6
+//     kind: gpt          # gpt: GPT-2 (pre-LN transformer blocks); llama: the Llama family
+//     name: gpt-tiny     # (RMSNorm, grouped-query rotary attention, SwiGLU; Mistral and
+//     vocab: 256         # Qwen2 too); mlp: GPT-2 blocks without attention. name is optional.
+//     seq_len: 128       # maximum sequence length (gpt: the position table's size)
+//     layers: 6          # token ids are in [0, vocab)
 //     hidden: 256
-//     heads: 8           # gpt only; must divide hidden
-//     mlp_ratio: 4       # the MLP's inner width is mlp_ratio * hidden
-//     tied_head: true    # the output projection shares the token embedding (GPT-2)
-//     ln_eps: 1e-5       # optional
-//     attention: flash   # optional, gpt: flash (the default: tiled, O(T) memory, head size at
-//                        # most 256) or materialized (the (T, T) probabilities saved, as memfit
-//                        # computed attention before flash; reproduces older plans)
+//     heads: 8           # gpt and llama; gpt: must divide hidden
+//     mlp_ratio: 4       # gpt and mlp: the MLP's inner width is mlp_ratio * hidden
+//     tied_head: true    # the output projection shares the token embedding (default: true for
+//                        # gpt and mlp, false for llama)
+//     ln_eps: 1e-5       # optional; the norms' epsilon (default 1e-5; llama's RMSNorm: 1e-6)
+//     attention: flash   # optional, gpt and llama: flash (the default: tiled, O(T) memory, head
+//                        # size at most 256) or materialized (the (T, T) probabilities saved,
+//                        # as memfit computed attention before flash; reproduces older plans;
+//                        # multi-head only)
+//   kind llama only (HuggingFace's LlamaConfig names in brackets):
+//     intermediate: 14336   # required: the SwiGLU MLP's inner width [intermediate_size]
+//     kv_heads: 8           # optional, divides heads [num_key_value_heads]; default heads
+//     head_dim: 128         # optional, even, 1 to 256; default hidden / heads (which must
+//                           # then divide)
+//     rope_theta: 500000    # optional, > 1; default 10000
+//     rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4,
+//                    original_max_position_embeddings: 8192}   # optional; type none or llama3
+//     qkv_bias: false       # optional [attention_bias, or Qwen2's always-on q/k/v biases]
+//     proj_bias: false      # optional [attention_bias covers both in Llama]
+//     mlp_bias: false       # optional [mlp_bias]
 // Errors are ConfigError naming the file, the line and the key, and what would be valid:
 // missing keys, wrong types, sizes < 1, heads not dividing hidden, products (parameter count,
 // bytes of any one tensor) that overflow int64.
+// A HuggingFace config.json describes the same models (core/hf_config.h; load() reads a path
+// ending in .json that way).
 #pragma once
 
 #include <cstdint>
@@ -31,11 +46,12 @@
 #include <vector>
 
 #include "core/layers/attention_impl.h"
+#include "core/rope.h"
 
 namespace memfit {
 
 struct ModelSpec {
-  enum class Kind : std::uint8_t { kGpt, kMlp };
+  enum class Kind : std::uint8_t { kGpt, kMlp, kLlama };
   Kind kind = Kind::kGpt;
   std::string name = "custom";
   std::int64_t vocab = 256;
@@ -47,16 +63,44 @@ struct ModelSpec {
   bool tied_head = true;
   float ln_eps = 1e-5f;
   AttentionImpl attention = AttentionImpl::kFlash;
+  // kind llama (0 for kv_heads and head_dim: heads and hidden / heads).
+  std::int64_t intermediate = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t head_dim = 0;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  bool qkv_bias = false;
+  bool proj_bias = false;
+  bool mlp_bias = false;
 
   static ModelSpec from_yaml_string(std::string_view text, std::string_view source = "<string>");
   static ModelSpec from_yaml_file(const std::string& path);
-  // Built-in shapes: "gpt-tiny" (the benchmarks' 6 x 256), "gpt-micro" (tests), "gpt2",
-  // "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-6.7b", "gpt3-13b", "mlp-tiny". ConfigError
+  // A HuggingFace config.json (core/hf_config.cpp): model_type llama, mistral or qwen2 (kind
+  // llama), its `architectures` checked against model_type. Read: vocab_size, hidden_size,
+  // intermediate_size, num_hidden_layers, num_attention_heads (required), num_key_value_heads
+  // (absent: heads), head_dim, rms_norm_eps, rope_theta, rope_scaling (null or llama3),
+  // tie_word_embeddings, attention_bias, mlp_bias, hidden_act (silu only),
+  // max_position_embeddings (seq_len; Mistral's sliding_window, when smaller, caps it so the
+  // model memfit computes is the one trained), torch_dtype / dtype (only named in `notes`),
+  // name_or_path / _name_or_path (the name; else the file's stem). Keys memfit does not use
+  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any other model_type (mixtral and other mixtures of experts, gemma, qwen3 with
+  // its q/k norms, ...) or a missing required key is ConfigError naming it and what is
+  // supported.
+  static ModelSpec from_hf_config_string(std::string_view text, std::string_view source,
+                                         std::vector<std::string>* notes = nullptr);
+  static ModelSpec from_hf_config_file(const std::string& path,
+                                       std::vector<std::string>* notes = nullptr);
+  // Built-in shapes (core/model_presets.cpp): "gpt-tiny" (the benchmarks' 6 x 256),
+  // "gpt-micro" (tests), "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-6.7b",
+  // "gpt3-13b", "mlp-tiny", "llama-micro" (tests), "llama-3.2-1b", "llama-3.2-3b",
+  // "llama-3.1-8b", "llama-2-7b", "llama-2-13b", "mistral-7b", "qwen2.5-7b". ConfigError
   // listing them otherwise.
   static ModelSpec preset(std::string_view name);
   static std::vector<std::string> preset_names();
-  // A preset name, or else a YAML file path.
-  static ModelSpec load(const std::string& name_or_path);
+  // A preset name, else a path: *.json a HuggingFace config.json (core/hf_config.h), anything
+  // else memfit's YAML.
+  static ModelSpec load(const std::string& name_or_path,
+                        std::vector<std::string>* notes = nullptr);
 
   // ConfigError (source "<spec>") as for the YAML; from_yaml_* and preset call it.
   void validate() const;
@@ -65,9 +109,13 @@ struct ModelSpec {
   // 0: that)". Returns the length to use.
   std::int64_t resolve_seq_len(std::int64_t requested) const;
   std::int64_t parameter_count() const;  // unique parameters (a tied head counted once)
+  // The attention's shape as the layers take it: kv heads and head size resolved (gpt: G = H,
+  // hs = hidden / heads). Valid only for a validated spec of kind gpt or llama.
+  std::int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  std::int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden / heads; }
   std::string to_yaml() const;           // round-trips through from_yaml_string
 };
 
-const char* model_kind_name(ModelSpec::Kind k);  // "gpt", "mlp"
+const char* model_kind_name(ModelSpec::Kind k);  // "gpt", "mlp", "llama"
 
 }  // namespace memfit

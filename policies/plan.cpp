@@ -23,7 +23,7 @@ namespace {
 
 constexpr const char* kValidKeys =
     "model, device, device_kind, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
-    "activation_dtype, checkpoint, schedule, offload, ranks, zero_stage, predicted, why";
+    "activation_dtype, loss, checkpoint, schedule, offload, ranks, zero_stage, predicted, why";
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
     "category_peaks, host_pinned_bytes, host_pinned_by_category, step_seconds, tokens_per_second";
@@ -199,6 +199,11 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       if (s != "f32" && s != "f16" && s != "bf16")
         fail(src, v, key, "'" + s + "'; valid: f32, f16, bf16");
       p.policy.dtype = parse_dtype(s);
+    } else if (key == "loss") {
+      const std::string s = scalar(src, v, key);
+      if (!parse_loss_mode(s, &p.policy.loss)) {
+        fail(src, v, key, "'" + s + "'; valid: chunked, whole");
+      }
     } else if (key == "checkpoint") {
       checkpoint_name = scalar(src, v, key);
       checkpoint_node = v;
@@ -369,19 +374,29 @@ nlohmann::ordered_json peaks_value(const PeakFigures& pk) {
 nlohmann::ordered_json to_json_value(const Plan& p) {
   nlohmann::ordered_json j;
   const YAML::Node m = YAML::Load(p.model.to_yaml())["model"];
-  nlohmann::ordered_json model;
-  for (const auto& kv : m) {
-    const std::string k = kv.first.as<std::string>();
-    if (k == "kind" || k == "name" || k == "attention") {
-      model[k] = kv.second.as<std::string>();
-    } else if (k == "tied_head") {
-      model[k] = kv.second.as<bool>();
-    } else if (k == "ln_eps") {
-      model[k] = kv.second.as<double>();
-    } else {
-      model[k] = kv.second.as<std::int64_t>();
-    }
-  }
+  // ModelSpec::to_yaml's scalars by their key: names as strings, switches as booleans,
+  // epsilons and rope factors as numbers, sizes as integers; rope_scaling a map of them.
+  std::function<nlohmann::ordered_json(const YAML::Node&)> convert =
+      [&](const YAML::Node& node) {
+        nlohmann::ordered_json out = nlohmann::ordered_json::object();
+        for (const auto& kv : node) {
+          const std::string k = kv.first.as<std::string>();
+          const YAML::Node& v = kv.second;
+          if (v.IsMap()) {
+            out[k] = convert(v);
+          } else if (k == "kind" || k == "name" || k == "attention" || k == "type") {
+            out[k] = v.as<std::string>();
+          } else if (k == "tied_head" || k.ends_with("_bias")) {
+            out[k] = v.as<bool>();
+          } else if (k == "ln_eps" || k == "rope_theta" || k.ends_with("factor")) {
+            out[k] = v.as<double>();
+          } else {
+            out[k] = v.as<std::int64_t>();
+          }
+        }
+        return out;
+      };
+  const nlohmann::ordered_json model = convert(m);
   j["model"] = model;
   j["device"] = p.device;
   j["device_kind"] = device_kind_name(p.device_kind);
@@ -391,6 +406,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   j["micro_batch"] = p.policy.micro_batch;
   j["accum_steps"] = p.accum_steps;
   j["activation_dtype"] = dtype_name(p.policy.dtype);
+  j["loss"] = loss_mode_name(p.policy.loss);
   j["checkpoint"] = p.policy.checkpoint.name();
   if (p.policy.checkpoint.has_ops()) j["schedule"] = p.policy.checkpoint.ops_text();
   j["offload"] = {{"optimizer", p.policy.offload.optimizer},

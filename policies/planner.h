@@ -64,6 +64,7 @@ struct PlannerOptions {
       OffloadSwitches{.optimizer = true, .gradients = true, .weights = true},
       OffloadSwitches{.optimizer = true, .gradients = true, .weights = true, .activations = true}};
   std::int64_t max_micro_batch = 1 << 16;
+  LossMode loss = LossMode::kChunked;  // every candidate's (MemoryPolicy::loss)
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)
   int threads = 0;                 // combinations searched in parallel; 0: the CPU count

@@ -201,6 +201,7 @@ std::string MemoryPolicy::describe() const {
                   ", offload " + offload.describe();
   if (micro_batch > 0) s += ", micro-batch " + std::to_string(micro_batch);
   if (accum > 0) s += ", accum " + std::to_string(accum);
+  if (loss == LossMode::kWhole) s += ", whole logits";
   return s;
 }
 

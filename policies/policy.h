@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/layers/lm_head.h"  // LossMode
 #include "core/schedule.h"
 
 namespace memfit {
@@ -108,13 +109,18 @@ struct MemoryPolicy {
   OffloadSwitches offload;
   std::int64_t micro_batch = 0;  // samples per micro-batch; 0: the whole batch at once
   std::int64_t accum = 0;        // or: this many micro-batches (split_batch); 0: unused
+  // The loss's logits (core/layers/lm_head.h): chunked (the default; never more memory than
+  // whole, and the same when the vocabulary is no wider than the model) or whole (saved, as
+  // memfit before chunking; one GEMM less per step).
+  LossMode loss = LossMode::kChunked;
 
   // InvalidArgument: a negative micro-batch or accumulation count, both given, delayed update,
   // gradient or weight offload without optimizer offload, weight offload with delayed update.
   void validate() const;
   // The micro-batch sizes of one step of `batch` samples (policies/accumulation.h's splits).
   std::vector<std::int64_t> micro_batches(std::int64_t batch) const;
-  // One line: "bf16, checkpoint every:2, offload optimizer, micro-batch 4".
+  // One line: "bf16, checkpoint every:2, offload optimizer, micro-batch 4" (", whole logits"
+  // when loss is kWhole).
   std::string describe() const;
   bool operator==(const MemoryPolicy&) const = default;
 };

@@ -81,6 +81,7 @@ std::string options_json(const TrainerOptions& o, const Schedule& s) {
   j["offload_weights"] = o.policy.offload.weights;
   j["offload_activations"] = o.policy.offload.activations;
   j["delayed_update"] = o.policy.offload.delayed_update;
+  j["loss"] = loss_mode_name(o.policy.loss);
   j["adamw"] = {{"lr", o.adamw.lr},
                 {"beta1", o.adamw.beta1},
                 {"beta2", o.adamw.beta2},
@@ -120,6 +121,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
                           " differs from the context's " + dtype_name(ctx_.dtype) +
                           "; valid: the dtype the model was built with");
   }
+  model_.head().set_loss(options_.policy.loss);
   // The optimizer first: an offloading one binds host masters that init() then fills.
   const OffloadSwitches& off = options_.policy.offload;
   const bool stash = off.activations && !checkpoint_reads(schedule_, model_.num_blocks()).empty();

@@ -8,14 +8,33 @@
 namespace memfit {
 
 TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t max_seq_len,
-                               std::int64_t hidden)
-    : name_(std::move(name)), vocab_(vocab), max_seq_len_(max_seq_len), hidden_(hidden) {
+                               std::int64_t hidden, bool positions)
+    : name_(std::move(name)),
+      vocab_(vocab),
+      max_seq_len_(max_seq_len),
+      hidden_(hidden),
+      positions_(positions) {
   layers::check_dim("TokenEmbedding", name_, "vocab", vocab);
   layers::check_dim("TokenEmbedding", name_, "max_seq_len", max_seq_len);
   layers::check_dim("TokenEmbedding", name_, "hidden", hidden);
   layers::init_param(wte_, "wte", Shape{vocab, hidden}, ParamInit::Kind::kNormal, layers::kInitStd);
-  layers::init_param(wpe_, "wpe", Shape{max_seq_len, hidden}, ParamInit::Kind::kNormal,
-                     layers::kInitStd);
+  if (positions_) {
+    layers::init_param(wpe_, "wpe", Shape{max_seq_len, hidden}, ParamInit::Kind::kNormal,
+                       layers::kInitStd);
+  }
+}
+
+Parameter& TokenEmbedding::wpe() {
+  if (!positions_) {
+    throw InvalidArgument("TokenEmbedding '" + name_ +
+                          "': no position table (positions = false: rotary positions)");
+  }
+  return wpe_;
+}
+
+std::vector<Parameter*> TokenEmbedding::parameters() {
+  if (!positions_) return {&wte_};
+  return {&wte_, &wpe_};
 }
 
 namespace {
@@ -40,8 +59,12 @@ Act TokenEmbedding::forward(LayerContext& ctx, const IndexTensor& tokens) {
   check_tokens(name_, tokens, max_seq_len_, ctx);
   Act out = ctx.make(Shape{tokens.shape[0], tokens.shape[1], hidden_}, ctx.dtype,
                      Category::kActivation, name_);
-  ctx.backend.embedding_forward(ctx.stream, tokens, wte_.weight.view(), wpe_.weight.view(),
-                                out->view());
+  if (positions_) {
+    ctx.backend.embedding_forward(ctx.stream, tokens, wte_.weight.view(), wpe_.weight.view(),
+                                  out->view());
+  } else {
+    ctx.backend.embedding_forward(ctx.stream, tokens, wte_.weight.view(), out->view());
+  }
   return out;
 }
 
@@ -49,8 +72,12 @@ void TokenEmbedding::backward(LayerContext& ctx, const IndexTensor& tokens, cons
   check_tokens(name_, tokens, max_seq_len_, ctx);
   layers::check_grad("TokenEmbedding", name_, dx, Shape{tokens.shape[0], tokens.shape[1], hidden_},
                      ctx);
-  ctx.backend.embedding_backward(ctx.stream, dx->view(), tokens, wte_.grad.view(),
-                                 wpe_.grad.view());
+  if (positions_) {
+    ctx.backend.embedding_backward(ctx.stream, dx->view(), tokens, wte_.grad.view(),
+                                   wpe_.grad.view());
+  } else {
+    ctx.backend.embedding_backward(ctx.stream, dx->view(), tokens, wte_.grad.view());
+  }
 }
 
 void TokenEmbedding::allocate(const ParamAlloc& a) {

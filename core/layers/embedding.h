@@ -1,6 +1,8 @@
-// TokenEmbedding: GPT-2's input stage, token embedding plus learned position embedding.
+// TokenEmbedding: the input stage: the token embedding plus, for GPT-2, a learned position
+// embedding (the Llama family has none: its positions are rotary, inside the attention).
 //
 //   TokenEmbedding emb("emb", vocab, max_seq_len, hidden);   // parameters "wte", "wpe"
+//   TokenEmbedding llama("emb", vocab, max_seq_len, hidden, /*positions=*/false);  // "wte"
 //   Act x0 = emb.forward(ctx, tokens);    // tokens (B,T) int32 -> x0 (B,T,C), kActivation
 //   emb.backward(ctx, tokens, dx0);       // wte.grad, wpe.grad += (no input gradient)
 //
@@ -20,7 +22,7 @@ namespace memfit {
 class TokenEmbedding {
  public:
   TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t max_seq_len,
-                 std::int64_t hidden);
+                 std::int64_t hidden, bool positions = true);
   TokenEmbedding(const TokenEmbedding&) = delete;
   TokenEmbedding& operator=(const TokenEmbedding&) = delete;
 
@@ -29,8 +31,9 @@ class TokenEmbedding {
   void backward(LayerContext& ctx, const IndexTensor& tokens, const Act& dx);
 
   Parameter& wte() { return wte_; }
-  Parameter& wpe() { return wpe_; }
-  std::vector<Parameter*> parameters() { return {&wte_, &wpe_}; }
+  bool has_positions() const { return positions_; }
+  Parameter& wpe();  // InvalidArgument without a position table
+  std::vector<Parameter*> parameters();
   void allocate(const ParamAlloc& a);
   LayerCost cost(std::int64_t seq_len, DType dtype) const;  // per sample
 
@@ -41,6 +44,7 @@ class TokenEmbedding {
  private:
   std::string name_;
   std::int64_t vocab_, max_seq_len_, hidden_;
+  bool positions_;
   Parameter wte_, wpe_;
 };
 

@@ -247,7 +247,7 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
       {"--model gpt5 --device h100-80g", {"gpt5", "gpt2-medium", "gpt2-xl"}},
       {"--model gpt2 --device " + bad_yaml, {bad_yaml + ":4:", "context", "lots"}},
       {"--model " + bad_model + " --device h100-80g", {bad_model, "heads"}},
-      {"--model gpt2-xl --device t4-16g --budget 1GiB", {"1.00 GiB"}},
+      {"--model gpt2-xl --device t4-16g --budget 900MiB", {"900.00 MiB"}},
       {"--model gpt2 --device h100-80g --seq-len 2048", {"2048", "1024"}},
       {"--model gpt2 --device h100-80g --budget 81GiB", {"81GiB", "80.00 GiB"}},
       {"--model gpt2 --device h100-80g --budget 12XB", {"12XB"}},

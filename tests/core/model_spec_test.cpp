@@ -110,7 +110,7 @@ TEST(ModelSpec, ParameterCounts) {
 }
 
 TEST(ModelSpec, PresetsAndLoad) {
-  EXPECT_EQ(ModelSpec::preset_names().size(), 9u);
+  EXPECT_EQ(ModelSpec::preset_names().size(), 17u);
   EXPECT_EQ(ModelSpec::load("gpt-micro").hidden, 32);
   // GPT-3 13B (Brown et al. 2020, table 2.1; d_model 40 heads x 128): 40 blocks of 5120,
   // GPT-2's vocabulary and a 2048 context, tied: 12.85e9 parameters.
@@ -203,7 +203,7 @@ TEST(ModelSpec, UnknownKeysAndTypes) {
   expect_error(with("vocab", "vocab: lots"), {"spec.yaml:4:", "model.vocab", "integer", "lots"});
   expect_error(with("vocab", "vocab: 2.5"), {"model.vocab", "integer"});
   expect_error(with("vocab", "vocab: [1, 2]"), {"model.vocab", "a list"});
-  expect_error(with("kind", "kind: rnn"), {"spec.yaml:2:", "model.kind", "gpt or mlp", "rnn"});
+  expect_error(with("kind", "kind: rnn"), {"spec.yaml:2:", "model.kind", "gpt, llama or mlp", "rnn"});
   expect_error(with("tied_head", "tied_head: maybe"), {"model.tied_head", "true or false"});
   expect_error(std::string(kTiny) + "  ln_eps: 0\n", {"model.ln_eps", "(0, 1]"});
   expect_error(std::string(kTiny) + "  ln_eps: abc\n", {"model.ln_eps", "number"});
@@ -231,7 +231,7 @@ TEST(ModelSpec, AttentionIsFlashUnlessTheSpecSaysMaterialized) {
 
 TEST(ModelSpec, MissingKeysAndShape) {
   expect_error(with("vocab", ""), {"spec.yaml:2:", "model.vocab: missing", "required keys"});
-  expect_error(with("heads", ""), {"model.heads: missing", "heads for kind gpt"});
+  expect_error(with("heads", ""), {"model.heads: missing", "heads for kinds gpt and llama"});
   expect_error(with("kind", ""), {"model.kind: missing"});
   expect_error("", {"spec.yaml", "expected a map"});
   expect_error("- a\n- b\n", {"spec.yaml:1:1", "expected a map", "a list"});

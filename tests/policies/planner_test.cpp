@@ -108,9 +108,14 @@ TEST(Planner, TheRecommendedPlanTrainsForRealAtThePredictedPeak) {
       b.tokens.push_back(static_cast<std::int32_t>(i % 509));
       b.targets.push_back(static_cast<std::int32_t>((i * 3) % 509));
     }
-    const StepResult s = run.step(b);
-    EXPECT_LE(s.peaks.reserved, budget);
-    EXPECT_EQ(s.peaks, p.predicted.peaks);
+    // The prediction is the larger of the first two steps' figures (policies/dry_run.h): the
+    // second starts from the first's cache, and on a tie of reserved peaks its breakdown can
+    // differ (measured: bf16, checkpoint all, weight offload, where step 1's cached bytes at
+    // the peak exceed step 2's by one (B,T,C) activation).
+    PeakFigures measured = run.step(b).peaks;
+    measured.take_max(run.step(b).peaks);
+    EXPECT_LE(measured.reserved, budget);
+    EXPECT_EQ(measured, p.predicted.peaks);
   }
 }
 
@@ -231,7 +236,14 @@ TEST(Planner, BadRequestsAreClearErrors) {
   o.spec.seq_len = 1024;
   o.spec.vocab = 50257;
   o.budget = std::size_t{100} << 20;  // weights ~60 MiB; one sample's logits ~200 MiB
+  o.loss = LossMode::kWhole;
   expect_error(o, "nothing fits");
+  // The chunked loss holds one chunk of the logits, ceil(50257 / 64) times fewer: it fits.
+  o.loss = LossMode::kChunked;
+  const PlanResult chunked = plan(o);
+  ASSERT_FALSE(chunked.candidates.empty());
+  EXPECT_EQ(chunked.recommended.policy.loss, LossMode::kChunked);
+  EXPECT_LE(chunked.recommended.predicted.peaks.reserved, o.budget);
 }
 
 }  // namespace
