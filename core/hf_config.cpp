@@ -69,11 +69,14 @@ std::string kind_of(const Json& v) {
 
 class Reader {
  public:
-  Reader(const Json& j, std::string source) : j_(j), src_(std::move(source)) {}
+  // `prefix` names a nested object's keys ("rope_scaling.").
+  Reader(const Json& j, std::string source, std::string prefix = "")
+      : j_(j), src_(std::move(source)), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw ConfigError(src_ + ": " + key + ": " + what);
+    throw ConfigError(src_ + ": " + prefix_ + key + ": " + what);
   }
+  const std::string& source() const { return src_; }
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
   const Json& at(const char* key) const { return j_.at(key); }
 
@@ -115,6 +118,7 @@ class Reader {
  private:
   const Json& j_;
   std::string src_;
+  std::string prefix_;
 };
 
 float to_float(const Reader& r, const char* key, double v) {
@@ -144,7 +148,7 @@ RopeScaling read_rope_scaling(const Reader& r, const Json& j) {
                "longrope and su are not implemented)");
   }
   s.kind = RopeScaling::Kind::kLlama3;
-  const Reader sub(j, "rope_scaling");
+  const Reader sub(j, r.source(), "rope_scaling.");
   s.factor = to_float(r, "rope_scaling.factor", sub.number("factor", s.factor));
   s.low_freq_factor =
       to_float(r, "rope_scaling.low_freq_factor", sub.number("low_freq_factor", s.low_freq_factor));
@@ -235,10 +239,11 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   s.kind = Kind::kLlama;
   s.name = default_name(source);
   for (const char* k : {"_name_or_path", "name_or_path"}) {
-    const std::string n = r.string(k, "");
-    if (!n.empty()) s.name = n.substr(n.find_last_of('/') == std::string::npos
-                                          ? 0
-                                          : n.find_last_of('/') + 1);
+    std::string n = r.string(k, "");
+    while (!n.empty() && n.back() == '/') n.pop_back();
+    const auto slash = n.find_last_of('/');
+    if (slash != std::string::npos) n = n.substr(slash + 1);
+    if (!n.empty()) s.name = n;
   }
   s.vocab = r.integer("vocab_size", true, 0);
   s.hidden = r.integer("hidden_size", true, 0);
@@ -264,9 +269,13 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   std::vector<std::string> said;
   // A sliding window narrower than the context: memfit's attention is full causal, which is
   // the same function for sequences up to the window, so the window is the longest sequence.
-  const bool sliding = type != "qwen2" || r.boolean("use_sliding_window", false);
-  if (sliding && r.has("sliding_window")) {
-    const std::int64_t w = r.integer("sliding_window", false, 0);
+  // Mistral's window (MistralConfig's default 4096 when the key is absent; null: none) and
+  // Qwen2's when use_sliding_window; Llama has none.
+  const bool sliding =
+      type == "mistral" || (type == "qwen2" && r.boolean("use_sliding_window", false));
+  const bool absent = !j.contains("sliding_window");
+  if (sliding && (r.has("sliding_window") || (type == "mistral" && absent))) {
+    const std::int64_t w = absent ? 4096 : r.integer("sliding_window", false, 0);
     if (w < s.seq_len) {
       said.push_back("sliding_window " + std::to_string(w) + " < max_position_embeddings " +
                      std::to_string(s.seq_len) + ": seq_len is " + std::to_string(w) +
@@ -291,7 +300,8 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
     // validate names memfit's keys (model.heads ...); say which file they came from.
     throw ConfigError(src + ": " + e.what() +
                       " (memfit's names: hidden = hidden_size, heads = num_attention_heads, "
-                      "kv_heads = num_key_value_heads, intermediate = intermediate_size)");
+                      "kv_heads = num_key_value_heads, intermediate = intermediate_size, ln_eps "
+                      "= rms_norm_eps, seq_len = max_position_embeddings)");
   }
   if (notes != nullptr) {
     for (std::string& n : said) notes->push_back(src + ": " + n);

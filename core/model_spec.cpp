@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -331,8 +332,13 @@ RopeScaling read_rope_scaling(const Where& w, const YAML::Node& n) {
   }
   bool typed = false;
   std::string type;
+  std::vector<std::string> seen;
   for (auto it = n.begin(); it != n.end(); ++it) {
     const std::string k = scalar_text(it->first);
+    if (std::find(seen.begin(), seen.end(), k) != seen.end()) {
+      fail_key(w, "rope_scaling", "duplicate key '" + k + "'");
+    }
+    seen.push_back(k);
     const YAML::Node& v = it->second;
     const std::string key = "rope_scaling." + k;
     if (k == "type" || k == "rope_type") {
@@ -409,6 +415,9 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
     fail_key(w, "kind", "must be gpt, llama or mlp, got " + node_kind(kind));
   }
   const bool llama = s.kind == ModelSpec::Kind::kLlama;
+  if (llama && values.count("mlp_ratio")) {
+    fail_key(w, "mlp_ratio", "is not a kind llama key; llama's MLP width is intermediate");
+  }
   for (const auto& [key, node] : values) {
     if (!llama && llama_only_key(key)) {
       fail_key(w, key, std::string("is a kind llama key; kind ") + model_kind_name(s.kind) +
@@ -434,8 +443,13 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   if (values.count("ln_eps")) s.ln_eps = read_float(w, "ln_eps", values["ln_eps"]);
   if (llama) {
     s.intermediate = read_int(w, "intermediate", need("intermediate"));
-    if (values.count("kv_heads")) s.kv_heads = read_int(w, "kv_heads", values["kv_heads"]);
-    if (values.count("head_dim")) s.head_dim = read_int(w, "head_dim", values["head_dim"]);
+    // 0 in the struct means "absent"; written out, a size must be >= 1.
+    for (const char* key : {"kv_heads", "head_dim"}) {
+      if (!values.count(key)) continue;
+      const std::int64_t v = read_int(w, key, values[key]);
+      if (v < 1) fail_key(w, key, "must be an integer >= 1 (or absent), got " + std::to_string(v));
+      (std::string(key) == "kv_heads" ? s.kv_heads : s.head_dim) = v;
+    }
     if (values.count("rope_theta")) {
       s.rope_theta = read_number(w, "rope_theta", values["rope_theta"], "a number > 1");
     }

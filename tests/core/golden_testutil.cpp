@@ -2,10 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
+
+#include "core/model.h"
 
 namespace memfit::testing {
 
@@ -80,6 +86,51 @@ std::map<std::string, GoldenEntry> read_golden(const std::string& path) {
     return {};
   }
   return out;
+}
+
+GoldenErrors golden_compare(const std::vector<float>& a, const std::vector<float>& b, double atol,
+                            double rtol, const std::string& what) {
+  GoldenErrors e;
+  EXPECT_EQ(a.size(), b.size()) << what;
+  if (a.size() != b.size()) return e;
+  int reported = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    const double d = std::fabs(double{a[k]} - double{b[k]});
+    const double tol = atol + rtol * std::fabs(double{b[k]});
+    e.max_abs = std::max(e.max_abs, d);
+    e.worst_ratio = std::max(e.worst_ratio, d / tol);
+    if (!(d <= tol) && reported++ < 3) {
+      ADD_FAILURE() << what << "[" << k << "]: memfit " << a[k] << ", torch " << b[k] << ", |diff| "
+                    << d << " > " << tol;
+    }
+  }
+  return e;
+}
+
+double golden_double(float v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf - 1, v);
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
+
+void load_golden_params(const std::map<std::string, GoldenEntry>& g, Model& m, LayerContext& ctx) {
+  std::set<std::string> in_file;
+  for (const auto& [name, e] : g) {
+    if (name.rfind("param/", 0) == 0) in_file.insert(name.substr(6));
+  }
+  std::set<std::string> in_model;
+  for (Parameter* p : m.parameters()) {
+    in_model.insert(p->name);
+    const auto it = g.find("param/" + p->name);
+    ASSERT_NE(it, g.end()) << p->name << " not in the golden file";
+    const GoldenEntry& e = it->second;
+    ASSERT_EQ(Shape::of(e.dims.data(), static_cast<int>(e.dims.size())), p->shape) << p->name;
+    const Tensor src(const_cast<float*>(e.f.data()), p->shape, DType::kF32, Device::kCpu);
+    ctx.backend.copy(ctx.stream, src, p->master_view());
+  }
+  EXPECT_EQ(in_file, in_model);
+  ctx.backend.synchronize(ctx.stream);
 }
 
 }  // namespace memfit::testing

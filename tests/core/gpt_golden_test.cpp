@@ -48,30 +48,7 @@ using testing::to_host;
 
 using testing::GoldenEntry;
 
-struct Errors {
-  double worst_ratio = 0;  // max over elements of |a-b| / tolerance
-  double max_abs = 0;
-};
-
-// Compares a to b with |a-b| <= atol + rtol |b|; returns the worst ratio to the tolerance.
-Errors compare(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol,
-               const std::string& what) {
-  Errors e;
-  EXPECT_EQ(a.size(), b.size()) << what;
-  if (a.size() != b.size()) return e;
-  int reported = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    const double d = std::fabs(double{a[k]} - double{b[k]});
-    const double tol = atol + rtol * std::fabs(double{b[k]});
-    e.max_abs = std::max(e.max_abs, d);
-    e.worst_ratio = std::max(e.worst_ratio, d / tol);
-    if (!(d <= tol) && reported++ < 3) {
-      ADD_FAILURE() << what << "[" << k << "]: memfit " << a[k] << ", torch " << b[k] << ", |diff| "
-                    << d << " > " << tol;
-    }
-  }
-  return e;
-}
+using Errors = testing::GoldenErrors;
 
 class GptGolden : public ::testing::Test {
  protected:
@@ -96,43 +73,16 @@ class GptGolden : public ::testing::Test {
     steps_ = c[9];
     const std::vector<float>& o = g_["adamw"].f;
     ASSERT_EQ(o.size(), 5u);
-    // The file holds the options as f32; torch ran with the Python doubles they came from
-    // (1e-3, 0.9, ...), which are the shortest decimals of those floats.
-    const auto as_double = [](float v) {
-      char buf[64];
-      const auto r = std::to_chars(buf, buf + sizeof buf - 1, v);
-      *r.ptr = '\0';
-      return std::strtod(buf, nullptr);
-    };
-    adamw_.lr = as_double(o[0]);
-    adamw_.beta1 = as_double(o[1]);
-    adamw_.beta2 = as_double(o[2]);
-    adamw_.eps = as_double(o[3]);
-    adamw_.weight_decay = as_double(o[4]);
+    adamw_.lr = testing::golden_double(o[0]);
+    adamw_.beta1 = testing::golden_double(o[1]);
+    adamw_.beta2 = testing::golden_double(o[2]);
+    adamw_.eps = testing::golden_double(o[3]);
+    adamw_.weight_decay = testing::golden_double(o[4]);
     EXPECT_EQ(adamw_.lr, 1e-3);  // the spec's values (/work/golden_spec.md)
     EXPECT_EQ(adamw_.beta2, 0.999);
   }
 
-  // Loads every param/<name> into the model's weights; the file must hold exactly the model's
-  // parameters with the model's shapes.
-  void load_params(Model& m, LayerContext& ctx) {
-    std::set<std::string> in_file;
-    for (const auto& [name, e] : g_) {
-      if (name.rfind("param/", 0) == 0) in_file.insert(name.substr(6));
-    }
-    std::set<std::string> in_model;
-    for (Parameter* p : m.parameters()) {
-      in_model.insert(p->name);
-      const auto it = g_.find("param/" + p->name);
-      ASSERT_NE(it, g_.end()) << p->name << " not in the golden file";
-      const GoldenEntry& e = it->second;
-      ASSERT_EQ(Shape::of(e.dims.data(), static_cast<int>(e.dims.size())), p->shape) << p->name;
-      const Tensor src(const_cast<float*>(e.f.data()), p->shape, DType::kF32, Device::kCpu);
-      ctx.backend.copy(ctx.stream, src, p->master_view());
-    }
-    EXPECT_EQ(in_file, in_model);
-    ctx.backend.synchronize(ctx.stream);
-  }
+  void load_params(Model& m, LayerContext& ctx) { testing::load_golden_params(g_, m, ctx); }
 
   std::map<std::string, GoldenEntry> g_;
   ModelSpec spec_;
@@ -155,7 +105,7 @@ TEST_F(GptGolden, LogitsLossAndGradients) {
     Act losses = m.head().forward(ctx, x, batch.mb.targets);
     ASSERT_NE(m.head().logits(), nullptr);
     const Errors e =
-        compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6, 1e-5, "logits");
+        testing::golden_compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6, 1e-5, "logits");
     std::printf("logits: max |diff| %.3g, worst / tolerance %.3f\n", e.max_abs, e.worst_ratio);
     m.head().release_saved();
   }
@@ -179,7 +129,7 @@ TEST_F(GptGolden, LogitsLossAndGradients) {
     double scale = 0;
     for (float v : ref) scale = std::max(scale, double{std::fabs(v)});
     ASSERT_GT(scale, 0.0) << p->name << ": an all-zero reference gradient tests nothing";
-    const Errors e = compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
+    const Errors e = testing::golden_compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
     if (e.worst_ratio > worst) {
       worst = e.worst_ratio;
       worst_name = p->name;
