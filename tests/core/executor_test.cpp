@@ -27,9 +27,11 @@ using testing::Rig;
 
 // 6 blocks, small enough to run every schedule in milliseconds.
 ModelSpec six_blocks(ModelSpec::Kind kind = ModelSpec::Kind::kGpt) {
-  ModelSpec s = ModelSpec::preset("gpt-micro");
+  // llama: llama-micro's blocks (grouped-query rotary attention, SwiGLU) with q/k/v biases.
+  ModelSpec s = ModelSpec::preset(kind == ModelSpec::Kind::kLlama ? "llama-micro" : "gpt-micro");
   s.kind = kind;
   s.layers = 6;
+  if (kind == ModelSpec::Kind::kLlama) s.qkv_bias = true;
   return s;
 }
 
@@ -59,11 +61,13 @@ void expect_same_bits(const Result& want, const Result& got, Model& m, const std
   }
 }
 
-void check_schedules_bit_identical(ModelSpec::Kind kind, DType dt) {
+void check_schedules_bit_identical(ModelSpec::Kind kind, DType dt,
+                                   LossMode loss = LossMode::kWhole) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(dt);
   Model m(six_blocks(kind), ctx);
   m.init(11, ctx);
+  m.head().set_loss(loss);
   Batch batch(rig, 2, 16, m.spec().vocab, 1);
   Executor ex(m, ctx);
   const float dloss = 1.0f / 32;
@@ -94,6 +98,12 @@ TEST(Executor, SchedulesBitIdenticalBF16) {
 }
 TEST(Executor, SchedulesBitIdenticalMlpF16) {
   check_schedules_bit_identical(ModelSpec::Kind::kMlp, DType::kF16);
+}
+TEST(Executor, SchedulesBitIdenticalLlamaF32ChunkedLoss) {
+  check_schedules_bit_identical(ModelSpec::Kind::kLlama, DType::kF32, LossMode::kChunked);
+}
+TEST(Executor, SchedulesBitIdenticalLlamaBF16) {
+  check_schedules_bit_identical(ModelSpec::Kind::kLlama, DType::kBF16);
 }
 
 TEST(Executor, UserChainUnderCheckpointing) {

@@ -26,6 +26,19 @@ namespace {
 
 using testing::small_gpt;
 
+// A Llama small enough to run every policy on: grouped-query attention (4 heads on 2 kv heads
+// of 8), q/k/v biases, rotary positions, SwiGLU, an untied head and a vocabulary four times
+// the width (so the chunked loss runs in 4 chunks).
+ModelSpec small_llama() {
+  ModelSpec s = ModelSpec::preset("llama-micro");
+  s.name = "small-llama";
+  s.vocab = 128;
+  s.seq_len = 32;
+  s.qkv_bias = true;
+  s.validate();
+  return s;
+}
+
 struct Case {
   ModelSpec spec;
   DType dtype = DType::kF32;
@@ -38,6 +51,7 @@ struct Case {
   bool grads = false;    // gradient offload too (with the optimizer's)
   bool weights = false;  // weight offload too (with the optimizer's)
   bool acts = false;     // activation offload (independent of the others)
+  LossMode loss = LossMode::kChunked;
 
   RunSpec run(std::size_t budget) const {
     RunSpec r;
@@ -50,6 +64,7 @@ struct Case {
     r.trainer.policy.offload.activations = acts;
     r.trainer.policy.micro_batch = micro;
     r.trainer.policy.accum = accum;
+    r.trainer.policy.loss = loss;
     r.batch = batch;
     r.seq_len = seq_len;
     r.alloc.budget = budget;
@@ -171,6 +186,20 @@ std::vector<Case> unbudgeted_cases() {
   v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, false, false, true});
   v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0, true,
                false, true});
+  // The Llama family under every rule and dtype, without offload and with every switch; the
+  // whole-logits loss on both models.
+  const ModelSpec llama = small_llama();
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Checkpointing& ck : rules) {
+      v.push_back({llama, dt, ck, false, 5, 0, 12, 0});
+      v.push_back({llama, dt, ck, true, 0, 3, 7, 0, true, true, true});
+    }
+  }
+  v.push_back({llama, DType::kBF16, Checkpointing::all(), true, 4, 0, 9, 16, true});
+  v.push_back({llama, DType::kF32, Checkpointing::none(), false, 5, 0, 12, 0, false, false, false,
+               LossMode::kWhole});
+  v.push_back({gpt, DType::kBF16, Checkpointing::all(), true, 5, 0, 12, 0, false, false, false,
+               LossMode::kWhole});
   return v;
 }
 
@@ -248,6 +277,10 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
       {{gpt, DType::kBF16, Checkpointing::all(), false, 0, 0, 1, 0, false, false, true}, 3, 12},
       {{micro, DType::kF32, Checkpointing::every(2), false, 0, 0, 1, 0, false, false, true}, 1, 24},
       {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true, true}, 2, 12},
+      {{small_llama(), DType::kF32, Checkpointing::none(), false}, 2, 6},
+      {{small_llama(), DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true}, 3, 12},
+      {{small_llama(), DType::kBF16, Checkpointing::every(2), true, 0, 0, 1, 0, true, true, true},
+       2, 8},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;
