@@ -132,6 +132,59 @@ TEST(CostModelMegatron, Gpt2BlockTermByTerm) {
   }
 }
 
+// The Llama family's block in the same terms (s tokens, b samples, h hidden, a query heads of
+// hs, q = a*hs and k = g*hs columns for g kv heads, F the SwiGLU width; 16-bit, flash):
+//   block input x (held by input_layernorm)           2sbh
+//   input_layernorm rstd (f32)                        4sb
+//   its output, held by the qkv projection            2sbh
+//   qkv after the rotary embedding (q, k, v)          2sb(q + 2k)
+//   merged heads, held by o_proj                      2sbq
+//   log-sum-exp per query row (f32)                   4asb
+//   x1, the middle residual stream                    2sbh
+//   post_attention_layernorm rstd (f32)               4sb
+//   its output, held by gate_up                       2sbh
+//   gate_up's output (SwiGLU's input)                 4sbF
+//   SwiGLU's output, held by down                     2sbF
+// total 2sb(4h + 2q + 2k + 3F) + 8sb + 4asb. Llama-3.1-8B (h = q = 4096, k = 1024,
+// F = 14336): 2sb * 69632 = 34sbh, plus 8sb + 4asb, the same 34sbh as GPT-2's with flash.
+// The head's whole logits are 2sbV (V = 128256: 1.84 such layers per sample at s = 2048);
+// the chunked loss saves none of them.
+TEST(CostModelMegatron, LlamaBlockTermByTerm) {
+  const ModelSpec spec = ModelSpec::preset("llama-3.1-8b");
+  const std::int64_t s = 2048, b = 1, h = spec.hidden, a = spec.heads,
+                     hs = spec.resolved_head_dim(), q = a * hs,
+                     k = spec.resolved_kv_heads() * hs, f = spec.intermediate;
+  const Terms m{s, b, h, a};
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const CostModel cm = CostModel::analytic(spec, s);
+    const std::int64_t input = cm.embedding(dt).output_bytes;
+    EXPECT_EQ(input, 2 * m.sbh());
+    const std::int64_t layer = input + cm.block(0, dt).saved_bytes;
+    const std::int64_t closed = 2 * s * b * (4 * h + 2 * q + 2 * k + 3 * f) + 8 * s * b + 4 * m.asb();
+    EXPECT_EQ(layer, closed);
+    EXPECT_EQ(layer, 34 * m.sbh() + 8 * s * b + 4 * m.asb());  // this shape's coincidence
+    // Every block alike.
+    EXPECT_EQ(cm.block(static_cast<int>(spec.layers) - 1, dt).saved_bytes,
+              cm.block(0, dt).saved_bytes);
+    std::printf("llama-3.1-8b per-layer activations (%s, s=%lld b=1): %lld bytes = %.3f sbh\n",
+                dtype_name(dt), static_cast<long long>(s), static_cast<long long>(layer),
+                static_cast<double>(layer) / static_cast<double>(m.sbh()));
+  }
+  // The head (bf16): whole logits 2sbV saved, chunked none (one chunk of s/k rows as
+  // workspace, k = ceil(V / h) = 32 chunks).
+  LmHead whole("head", spec.vocab, h, nullptr, HeadNorm::kRMSNorm);
+  LmHead chunked("head", spec.vocab, h, nullptr, HeadNorm::kRMSNorm);
+  chunked.set_loss(LossMode::kChunked);
+  const LayerCost w = whole.cost(s, DType::kBF16), c = chunked.cost(s, DType::kBF16);
+  EXPECT_EQ(w.saved_bytes - c.saved_bytes, 2 * s * spec.vocab);
+  EXPECT_EQ(c.workspace_bytes, 2 * (s / 32) * spec.vocab);
+  std::printf("llama-3.1-8b head per sample (bf16, s=%lld): whole logits %.1f MiB saved, chunked "
+              "%.1f MiB of workspace\n",
+              static_cast<long long>(s), double(w.saved_bytes - c.saved_bytes) / 1048576.0,
+              double(c.workspace_bytes) / 1048576.0);
+}
+
 TEST(CostModelMegatron, ScalesWithMicroBatchAndDoublesInF32) {
   const ModelSpec spec = materialized("gpt2-medium");
   const std::int64_t s = 512;
