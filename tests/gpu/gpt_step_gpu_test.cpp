@@ -169,12 +169,46 @@ double expect_close(const std::vector<float>& x, const std::vector<float>& ref, 
   return l2;
 }
 
+// The Llama family's step: grouped-query rotary attention with q/k/v biases, SwiGLU, an RMSNorm
+// head, untied, and the chunked loss (vocab 500 over width 128: 4 chunks).
+ModelSpec llama_step_spec() {
+  ModelSpec s;
+  s.kind = ModelSpec::Kind::kLlama;
+  s.name = "gpu-llama-step";
+  s.vocab = 500;
+  s.seq_len = 64;
+  s.layers = 2;
+  s.hidden = 128;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.intermediate = 352;
+  s.qkv_bias = true;
+  s.tied_head = false;
+  s.ln_eps = 1e-5f;
+  s.rope_theta = 10000.0f;
+  return s;
+}
+
+void check_step_against_cpu(const ModelSpec& spec, DType dt, const std::string& what);
+
 class GptStepGpu : public ::testing::TestWithParam<DType> {};
 
 TEST_P(GptStepGpu, LossAndEveryGradientMatchTheCpuBackend) {
   MEMFIT_REQUIRE_GPU();
-  const DType dt = GetParam();
-  const ModelSpec spec = step_spec();
+  check_step_against_cpu(step_spec(), GetParam(), "gpt");
+}
+
+class LlamaStepGpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LlamaStepGpu, LossAndEveryGradientMatchTheCpuBackend) {
+  MEMFIT_REQUIRE_GPU();
+  check_step_against_cpu(llama_step_spec(), GetParam(), "llama");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LlamaStepGpu, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+void check_step_against_cpu(const ModelSpec& spec, DType dt, const std::string& what) {
   const Batch b = make_batch(4, spec.seq_len, spec.vocab, 7);
   TrainerOptions o;
   o.seed = 2024;
@@ -214,7 +248,7 @@ TEST_P(GptStepGpu, LossAndEveryGradientMatchTheCpuBackend) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "loss gpu %.7f cpu %.7f; worst gradient rel-L2 %.2e (%s)",
                 rg.loss, rc.loss, worst, worst_name.c_str());
-  print_figure(std::string("gpt step vs cpu, ") + dtype_name(dt), buf);
+  print_figure(what + " step vs cpu, " + dtype_name(dt), buf);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GptStepGpu, ::testing::Values(DType::kF32, DType::kBF16),
