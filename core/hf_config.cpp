@@ -1,12 +1,11 @@
 // ModelSpec::from_hf_config_*: a HuggingFace transformers config.json as a ModelSpec of kind
 // llama (the contract is in core/model_spec.h). The keys and their defaults follow
 // transformers' LlamaConfig, MistralConfig and Qwen2Config (configuration_*.py).
-#include <nlohmann/json.hpp>
-
 #include <cerrno>
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
@@ -35,12 +34,29 @@ constexpr const char* kSupported = "llama, mistral, qwen2";
 
 // Keys read below; every other key is reported in the notes as ignored.
 const std::set<std::string>& read_keys() {
-  static const std::set<std::string> k = {
-      "model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
-      "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-      "rms_norm_eps", "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias",
-      "mlp_bias", "hidden_act", "max_position_embeddings", "sliding_window",
-      "use_sliding_window", "torch_dtype", "dtype", "_name_or_path", "name_or_path"};
+  static const std::set<std::string> k = {"model_type",
+                                          "architectures",
+                                          "vocab_size",
+                                          "hidden_size",
+                                          "intermediate_size",
+                                          "num_hidden_layers",
+                                          "num_attention_heads",
+                                          "num_key_value_heads",
+                                          "head_dim",
+                                          "rms_norm_eps",
+                                          "rope_theta",
+                                          "rope_scaling",
+                                          "tie_word_embeddings",
+                                          "attention_bias",
+                                          "mlp_bias",
+                                          "hidden_act",
+                                          "max_position_embeddings",
+                                          "sliding_window",
+                                          "use_sliding_window",
+                                          "torch_dtype",
+                                          "dtype",
+                                          "_name_or_path",
+                                          "name_or_path"};
   return k;
 }
 
@@ -86,8 +102,8 @@ class Reader {
       return fallback;
     }
     const Json& v = at(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() &&
-                                   v.get<std::uint64_t>() > std::uint64_t(INT64_MAX))) {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(INT64_MAX))) {
       fail(key, "must be an integer >= 1, got " + kind_of(v));
     }
     const auto n = v.get<std::int64_t>();

@@ -42,14 +42,14 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
   LlamaBlockShape shape;
   if (llama) {
     const std::int64_t hs = spec_.resolved_head_dim();
-    shape.attention = AttentionShape{.heads = spec_.heads,
-                                     .kv_heads = spec_.resolved_kv_heads(),
-                                     .head_dim = hs,
-                                     .qkv_bias = spec_.qkv_bias,
-                                     .proj_bias = spec_.proj_bias,
-                                     .rope = true,
-                                     .freqs = rope_frequencies(hs, spec_.rope_theta,
-                                                               spec_.rope_scaling)};
+    shape.attention =
+        AttentionShape{.heads = spec_.heads,
+                       .kv_heads = spec_.resolved_kv_heads(),
+                       .head_dim = hs,
+                       .qkv_bias = spec_.qkv_bias,
+                       .proj_bias = spec_.proj_bias,
+                       .rope = true,
+                       .freqs = rope_frequencies(hs, spec_.rope_theta, spec_.rope_scaling)};
     shape.inner = spec_.intermediate;
     shape.mlp_bias = spec_.mlp_bias;
     shape.rms_eps = spec_.ln_eps;
@@ -58,8 +58,8 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
     // HuggingFace's names: GPT-2's blocks are h.<i>, the Llama family's layers.<i>.
     const std::string name = (llama ? "layers." : "h.") + std::to_string(i);
     if (llama) {
-      blocks_.push_back(std::make_unique<LlamaBlock>(name, spec_.hidden, shape, spec_.layers,
-                                                     spec_.attention));
+      blocks_.push_back(
+          std::make_unique<LlamaBlock>(name, spec_.hidden, shape, spec_.layers, spec_.attention));
     } else if (spec_.kind == ModelSpec::Kind::kGpt) {
       blocks_.push_back(std::make_unique<TransformerBlock>(name, spec_.hidden, spec_.heads,
                                                            spec_.mlp_ratio, spec_.layers,

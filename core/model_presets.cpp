@@ -11,7 +11,8 @@ namespace memfit {
 namespace {
 
 ModelSpec gpt(const char* name, std::int64_t vocab, std::int64_t seq_len, std::int64_t layers,
-              std::int64_t hidden, std::int64_t heads, ModelSpec::Kind kind = ModelSpec::Kind::kGpt) {
+              std::int64_t hidden, std::int64_t heads,
+              ModelSpec::Kind kind = ModelSpec::Kind::kGpt) {
   ModelSpec s;
   s.kind = kind;
   s.name = name;
@@ -98,14 +99,14 @@ std::vector<ModelSpec> all_presets() {
             {128256, 131072, 28, 3072, 24, 8, 128, 8192, 500000.0f, 1e-5f, true, false, 32}),
       llama("llama-3.1-8b",
             {128256, 131072, 32, 4096, 32, 8, 128, 14336, 500000.0f, 1e-5f, false, false, 8}),
-      llama("llama-2-7b", {32000, 4096, 32, 4096, 32, 32, 128, 11008, 10000.0f, 1e-5f, false,
-                           false, 0}),
-      llama("llama-2-13b", {32000, 4096, 40, 5120, 40, 40, 128, 13824, 10000.0f, 1e-5f, false,
-                            false, 0}),
+      llama("llama-2-7b",
+            {32000, 4096, 32, 4096, 32, 32, 128, 11008, 10000.0f, 1e-5f, false, false, 0}),
+      llama("llama-2-13b",
+            {32000, 4096, 40, 5120, 40, 40, 128, 13824, 10000.0f, 1e-5f, false, false, 0}),
       llama("mistral-7b",
             {32000, 4096, 32, 4096, 32, 8, 128, 14336, 10000.0f, 1e-5f, false, false, 0}),
-      llama("qwen2.5-7b", {152064, 131072, 28, 3584, 28, 4, 128, 18944, 1000000.0f, 1e-6f, false,
-                           true, 0}),
+      llama("qwen2.5-7b",
+            {152064, 131072, 28, 3584, 28, 4, 128, 18944, 1000000.0f, 1e-6f, false, true, 0}),
   };
 }
 

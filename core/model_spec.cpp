@@ -34,9 +34,9 @@ constexpr const char* kValidKeys =
     "and for kind llama intermediate, kv_heads, head_dim, rope_theta, rope_scaling, qkv_bias, "
     "proj_bias, mlp_bias";
 constexpr std::array<const char*, 19> kKeys = {
-    "kind",      "name",       "vocab",        "seq_len",  "layers",    "hidden",   "heads",
-    "mlp_ratio", "tied_head",  "ln_eps",       "attention", "intermediate", "kv_heads",
-    "head_dim",  "rope_theta", "rope_scaling", "qkv_bias", "proj_bias", "mlp_bias"};
+    "kind",       "name",         "vocab",    "seq_len",   "layers",       "hidden",   "heads",
+    "mlp_ratio",  "tied_head",    "ln_eps",   "attention", "intermediate", "kv_heads", "head_dim",
+    "rope_theta", "rope_scaling", "qkv_bias", "proj_bias", "mlp_bias"};
 // Keys only kind llama reads (the rest of kKeys from "intermediate" on).
 bool llama_only_key(const std::string& key) {
   for (std::size_t i = 11; i < kKeys.size(); ++i) {
@@ -139,12 +139,13 @@ void validate_llama(const ModelSpec& s, const Where& w) {
   at_least_1("heads", s.heads);
   at_least_1("intermediate", s.intermediate);
   if (s.kv_heads < 0) {
-    fail_key(w, "kv_heads", "must be an integer >= 1 (or absent: heads), got " +
-                                std::to_string(s.kv_heads));
+    fail_key(w, "kv_heads",
+             "must be an integer >= 1 (or absent: heads), got " + std::to_string(s.kv_heads));
   }
   if (s.head_dim < 0) {
-    fail_key(w, "head_dim", "must be an integer >= 1 (or absent: hidden / heads), got " +
-                                std::to_string(s.head_dim));
+    fail_key(
+        w, "head_dim",
+        "must be an integer >= 1 (or absent: hidden / heads), got " + std::to_string(s.head_dim));
   }
   // Each query head's q and each kv head's k, v are one packed row block: at most 2^31 heads
   // keeps the (heads + 2 kv_heads) * head_dim arithmetic in range (CausalSelfAttention's rule).
@@ -162,8 +163,7 @@ void validate_llama(const ModelSpec& s, const Where& w) {
   const std::int64_t hs = s.resolved_head_dim();
   if (hs % 2 != 0 || hs > Backend::kMaxAttentionHeadSize) {
     fail_key(w, s.head_dim > 0 ? "head_dim" : "heads",
-             "a head size of " + std::to_string(hs) +
-                 (s.head_dim > 0 ? "" : " (hidden / heads)") +
+             "a head size of " + std::to_string(hs) + (s.head_dim > 0 ? "" : " (hidden / heads)") +
                  "; valid: even (the rotary embedding rotates pairs) and at most " +
                  std::to_string(Backend::kMaxAttentionHeadSize) + " (flash attention's limit)");
   }
@@ -236,8 +236,9 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   if (!product({s.hidden, s.hidden, 12})) {
     fail_key(w, "hidden", "3 * hidden * hidden * 4 bytes overflows int64 (the QKV weight)");
   }
-  if (llama && (!product({s.intermediate, s.hidden, 8}) ||
-                !product({s.heads + 2 * s.resolved_kv_heads(), s.resolved_head_dim(), s.hidden, 4}))) {
+  if (llama &&
+      (!product({s.intermediate, s.hidden, 8}) ||
+       !product({s.heads + 2 * s.resolved_kv_heads(), s.resolved_head_dim(), s.hidden, 4}))) {
     fail_key(w, "intermediate",
              "the MLP's (2 * intermediate, hidden) or the attention's (heads + 2 * kv_heads) * "
              "head_dim x hidden f32 weight overflows int64");
@@ -420,8 +421,9 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
   }
   for (const auto& [key, node] : values) {
     if (!llama && llama_only_key(key)) {
-      fail_key(w, key, std::string("is a kind llama key; kind ") + model_kind_name(s.kind) +
-                           " has no such setting");
+      fail_key(w, key,
+               std::string("is a kind llama key; kind ") + model_kind_name(s.kind) +
+                   " has no such setting");
     }
   }
   if (values.count("name")) {
@@ -540,7 +542,8 @@ ModelSpec ModelSpec::load(const std::string& name_or_path, std::vector<std::stri
     if (name_or_path == p) return preset(name_or_path);
   }
   const std::string_view v(name_or_path);
-  if (v.size() >= 5 && v.substr(v.size() - 5) == ".json") return from_hf_config_file(name_or_path, notes);
+  if (v.size() >= 5 && v.substr(v.size() - 5) == ".json")
+    return from_hf_config_file(name_or_path, notes);
   return from_yaml_file(name_or_path);
 }
 
@@ -577,8 +580,7 @@ std::string ModelSpec::to_yaml() const {
       out << YAML::Key << "type" << YAML::Value << "llama3";
       out << YAML::Key << "factor" << YAML::Value << exact(rope_scaling.factor);
       out << YAML::Key << "low_freq_factor" << YAML::Value << exact(rope_scaling.low_freq_factor);
-      out << YAML::Key << "high_freq_factor" << YAML::Value
-          << exact(rope_scaling.high_freq_factor);
+      out << YAML::Key << "high_freq_factor" << YAML::Value << exact(rope_scaling.high_freq_factor);
       out << YAML::Key << "original_max_position_embeddings" << YAML::Value
           << rope_scaling.original_max_position_embeddings;
     } else {

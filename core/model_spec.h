@@ -83,9 +83,9 @@ struct ModelSpec {
   // max_position_embeddings (seq_len; Mistral's sliding_window, when smaller, caps it so the
   // model memfit computes is the one trained), torch_dtype / dtype (only named in `notes`),
   // name_or_path / _name_or_path (the name; else the file's stem). Keys memfit does not use
-  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any other model_type (mixtral and other mixtures of experts, gemma, qwen3 with
-  // its q/k norms, ...) or a missing required key is ConfigError naming it and what is
-  // supported.
+  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any other
+  // model_type (mixtral and other mixtures of experts, gemma, qwen3 with its q/k norms, ...) or a
+  // missing required key is ConfigError naming it and what is supported.
   static ModelSpec from_hf_config_string(std::string_view text, std::string_view source,
                                          std::vector<std::string>* notes = nullptr);
   static ModelSpec from_hf_config_file(const std::string& path,
@@ -99,8 +99,7 @@ struct ModelSpec {
   static std::vector<std::string> preset_names();
   // A preset name, else a path: *.json a HuggingFace config.json (core/hf_config.h), anything
   // else memfit's YAML.
-  static ModelSpec load(const std::string& name_or_path,
-                        std::vector<std::string>* notes = nullptr);
+  static ModelSpec load(const std::string& name_or_path, std::vector<std::string>* notes = nullptr);
 
   // ConfigError (source "<spec>") as for the YAML; from_yaml_* and preset call it.
   void validate() const;

@@ -376,26 +376,25 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
   const YAML::Node m = YAML::Load(p.model.to_yaml())["model"];
   // ModelSpec::to_yaml's scalars by their key: names as strings, switches as booleans,
   // epsilons and rope factors as numbers, sizes as integers; rope_scaling a map of them.
-  std::function<nlohmann::ordered_json(const YAML::Node&)> convert =
-      [&](const YAML::Node& node) {
-        nlohmann::ordered_json out = nlohmann::ordered_json::object();
-        for (const auto& kv : node) {
-          const std::string k = kv.first.as<std::string>();
-          const YAML::Node& v = kv.second;
-          if (v.IsMap()) {
-            out[k] = convert(v);
-          } else if (k == "kind" || k == "name" || k == "attention" || k == "type") {
-            out[k] = v.as<std::string>();
-          } else if (k == "tied_head" || k.ends_with("_bias")) {
-            out[k] = v.as<bool>();
-          } else if (k == "ln_eps" || k == "rope_theta" || k.ends_with("factor")) {
-            out[k] = v.as<double>();
-          } else {
-            out[k] = v.as<std::int64_t>();
-          }
-        }
-        return out;
-      };
+  std::function<nlohmann::ordered_json(const YAML::Node&)> convert = [&](const YAML::Node& node) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (const auto& kv : node) {
+      const std::string k = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (v.IsMap()) {
+        out[k] = convert(v);
+      } else if (k == "kind" || k == "name" || k == "attention" || k == "type") {
+        out[k] = v.as<std::string>();
+      } else if (k == "tied_head" || k.ends_with("_bias")) {
+        out[k] = v.as<bool>();
+      } else if (k == "ln_eps" || k == "rope_theta" || k.ends_with("factor")) {
+        out[k] = v.as<double>();
+      } else {
+        out[k] = v.as<std::int64_t>();
+      }
+    }
+    return out;
+  };
   const nlohmann::ordered_json model = convert(m);
   j["model"] = model;
   j["device"] = p.device;

@@ -123,8 +123,8 @@ Act LmHead::forward(LayerContext& ctx, const Act& x, const IndexTensor& targets)
                                   eps_, s->xn->view(), s->mean->view(), s->rstd->view());
   } else {
     ctx.backend.rmsnorm_forward(ctx.stream, x->view().reshape(Shape{n, hidden_}),
-                                ln_w_.weight.view(), eps_,
-                                s->xn->view().reshape(Shape{n, hidden_}), s->rstd->view());
+                                ln_w_.weight.view(), eps_, s->xn->view().reshape(Shape{n, hidden_}),
+                                s->rstd->view());
   }
   s->chunk = loss_chunk_rows(n);
   const Tensor xn = s->xn->view().reshape(Shape{n, hidden_});

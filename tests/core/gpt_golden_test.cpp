@@ -104,8 +104,8 @@ TEST_F(GptGolden, LogitsLossAndGradients) {
     for (int i = 0; i < m.num_blocks(); ++i) x = m.block(i).forward(ctx, x, false);
     Act losses = m.head().forward(ctx, x, batch.mb.targets);
     ASSERT_NE(m.head().logits(), nullptr);
-    const Errors e =
-        testing::golden_compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6, 1e-5, "logits");
+    const Errors e = testing::golden_compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6,
+                                             1e-5, "logits");
     std::printf("logits: max |diff| %.3g, worst / tolerance %.3f\n", e.max_abs, e.worst_ratio);
     m.head().release_saved();
   }
@@ -129,7 +129,8 @@ TEST_F(GptGolden, LogitsLossAndGradients) {
     double scale = 0;
     for (float v : ref) scale = std::max(scale, double{std::fabs(v)});
     ASSERT_GT(scale, 0.0) << p->name << ": an all-zero reference gradient tests nothing";
-    const Errors e = testing::golden_compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
+    const Errors e =
+        testing::golden_compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
     if (e.worst_ratio > worst) {
       worst = e.worst_ratio;
       worst_name = p->name;

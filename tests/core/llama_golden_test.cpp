@@ -54,7 +54,6 @@ using testing::to_host;
 
 using Errors = testing::GoldenErrors;
 
-
 class LlamaGolden : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -157,8 +156,8 @@ TEST_F(LlamaGolden, LogitsLossAndGradients) {
     for (int i = 0; i < m.num_blocks(); ++i) x = m.block(i).forward(ctx, x, false);
     Act losses = m.head().forward(ctx, x, batch.mb.targets);
     ASSERT_NE(m.head().logits(), nullptr);
-    const Errors e =
-        testing::golden_compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6, 1e-5, "logits");
+    const Errors e = testing::golden_compare(to_host(ctx, *m.head().logits()), g_["logits"].f, 1e-6,
+                                             1e-5, "logits");
     double scale = 0;
     for (float v : g_["logits"].f) scale = std::max(scale, double{std::fabs(v)});
     std::printf("logits: max |diff| %.3g (max |logit| %.3g), worst / tolerance %.3f\n", e.max_abs,
@@ -185,7 +184,8 @@ TEST_F(LlamaGolden, LogitsLossAndGradients) {
     double scale = 0;
     for (float v : ref) scale = std::max(scale, double{std::fabs(v)});
     ASSERT_GT(scale, 0.0) << p->name << ": an all-zero reference gradient tests nothing";
-    const Errors e = testing::golden_compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
+    const Errors e =
+        testing::golden_compare(to_host(ctx, p->grad.view()), ref, 1e-5 * scale, 1e-5, p->name);
     if (e.worst_ratio > worst) {
       worst = e.worst_ratio;
       worst_name = p->name;

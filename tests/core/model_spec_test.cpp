@@ -203,7 +203,8 @@ TEST(ModelSpec, UnknownKeysAndTypes) {
   expect_error(with("vocab", "vocab: lots"), {"spec.yaml:4:", "model.vocab", "integer", "lots"});
   expect_error(with("vocab", "vocab: 2.5"), {"model.vocab", "integer"});
   expect_error(with("vocab", "vocab: [1, 2]"), {"model.vocab", "a list"});
-  expect_error(with("kind", "kind: rnn"), {"spec.yaml:2:", "model.kind", "gpt, llama or mlp", "rnn"});
+  expect_error(with("kind", "kind: rnn"),
+               {"spec.yaml:2:", "model.kind", "gpt, llama or mlp", "rnn"});
   expect_error(with("tied_head", "tied_head: maybe"), {"model.tied_head", "true or false"});
   expect_error(std::string(kTiny) + "  ln_eps: 0\n", {"model.ln_eps", "(0, 1]"});
   expect_error(std::string(kTiny) + "  ln_eps: abc\n", {"model.ln_eps", "number"});

@@ -152,8 +152,8 @@ TEST(CostModelMegatron, Gpt2BlockTermByTerm) {
 TEST(CostModelMegatron, LlamaBlockTermByTerm) {
   const ModelSpec spec = ModelSpec::preset("llama-3.1-8b");
   const std::int64_t s = 2048, b = 1, h = spec.hidden, a = spec.heads,
-                     hs = spec.resolved_head_dim(), q = a * hs,
-                     k = spec.resolved_kv_heads() * hs, f = spec.intermediate;
+                     hs = spec.resolved_head_dim(), q = a * hs, k = spec.resolved_kv_heads() * hs,
+                     f = spec.intermediate;
   const Terms m{s, b, h, a};
   for (DType dt : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(dtype_name(dt));
@@ -161,7 +161,8 @@ TEST(CostModelMegatron, LlamaBlockTermByTerm) {
     const std::int64_t input = cm.embedding(dt).output_bytes;
     EXPECT_EQ(input, 2 * m.sbh());
     const std::int64_t layer = input + cm.block(0, dt).saved_bytes;
-    const std::int64_t closed = 2 * s * b * (4 * h + 2 * q + 2 * k + 3 * f) + 8 * s * b + 4 * m.asb();
+    const std::int64_t closed =
+        2 * s * b * (4 * h + 2 * q + 2 * k + 3 * f) + 8 * s * b + 4 * m.asb();
     EXPECT_EQ(layer, closed);
     EXPECT_EQ(layer, 34 * m.sbh() + 8 * s * b + 4 * m.asb());  // this shape's coincidence
     // Every block alike.
@@ -179,10 +180,11 @@ TEST(CostModelMegatron, LlamaBlockTermByTerm) {
   const LayerCost w = whole.cost(s, DType::kBF16), c = chunked.cost(s, DType::kBF16);
   EXPECT_EQ(w.saved_bytes - c.saved_bytes, 2 * s * spec.vocab);
   EXPECT_EQ(c.workspace_bytes, 2 * (s / 32) * spec.vocab);
-  std::printf("llama-3.1-8b head per sample (bf16, s=%lld): whole logits %.1f MiB saved, chunked "
-              "%.1f MiB of workspace\n",
-              static_cast<long long>(s), double(w.saved_bytes - c.saved_bytes) / 1048576.0,
-              double(c.workspace_bytes) / 1048576.0);
+  std::printf(
+      "llama-3.1-8b head per sample (bf16, s=%lld): whole logits %.1f MiB saved, chunked "
+      "%.1f MiB of workspace\n",
+      static_cast<long long>(s), double(w.saved_bytes - c.saved_bytes) / 1048576.0,
+      double(c.workspace_bytes) / 1048576.0);
 }
 
 TEST(CostModelMegatron, ScalesWithMicroBatchAndDoublesInF32) {

@@ -280,7 +280,8 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
       {{small_llama(), DType::kF32, Checkpointing::none(), false}, 2, 6},
       {{small_llama(), DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true}, 3, 12},
       {{small_llama(), DType::kBF16, Checkpointing::every(2), true, 0, 0, 1, 0, true, true, true},
-       2, 8},
+       2,
+       8},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;

@@ -100,9 +100,9 @@ TEST(LmHeadChunked, RmsNormHeadNamesAndGradients) {
     for (double l : ref_rms_head(xx, c, v, q, tgt.data, 1e-6)) s += l;
     return dloss * s;
   };
-  testing::expect_vec_near(
-      testing::read(dx->view()),
-      testing::fd_grad([&](const Vec& xx) { return total(xx, p); }, xv, 1e-5), 1e-4, "dx");
+  testing::expect_vec_near(testing::read(dx->view()),
+                           testing::fd_grad([&](const Vec& xx) { return total(xx, p); }, xv, 1e-5),
+                           1e-4, "dx");
   for (std::size_t k = 0; k < ps.size(); ++k) {
     const Vec g = testing::fd_grad(
         [&](const Vec& pk) {
@@ -171,7 +171,8 @@ TEST(LmHeadChunked, SameLossesAndGradientsAsWhole) {
           // dx in dt: one rounding of the dtype apart at most.
           const double tol = (dt == DType::kF32 ? 1e-6 : 0x1.0p-8) * (scale + 1e-30);
           for (std::size_t j = 0; j < results[0][i].size(); ++j) {
-            ASSERT_NEAR(results[1][i][j], results[0][i][j], tol) << "tensor " << i << " [" << j << "]";
+            ASSERT_NEAR(results[1][i][j], results[0][i][j], tol)
+                << "tensor " << i << " [" << j << "]";
           }
         }
       }
@@ -201,8 +202,8 @@ TEST(LmHeadChunked, MemoryAndFlopsMatchCost) {
                 static_cast<std::int64_t>(t * v * dtype_size(dt)));  // the logits
       EXPECT_EQ(k.workspace_bytes, static_cast<std::int64_t>(t / 4 * v * dtype_size(dt)));
       EXPECT_EQ(k.backward_flops, 3 * k.forward_flops);
-      const IndexTensor tgt{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}),
-                            Shape{b, t}, Device::kMeta};
+      const IndexTensor tgt{reinterpret_cast<const std::int32_t*>(std::uintptr_t{512}), Shape{b, t},
+                            Device::kMeta};
       Act x = env.ctx.make(Shape{b, t, c}, dt, Category::kActivation, "input");
       const std::int64_t base = testing::live_bytes(env.alloc);
       env.alloc.reset_peak_stats();
