@@ -97,7 +97,7 @@ void LmHead::set_loss(LossMode m) {
 }
 
 std::int64_t LmHead::loss_chunk_rows(std::int64_t n) const {
-  const std::int64_t k = (vocab_ + hidden_ - 1) / hidden_;  // chunks
+  const std::int64_t k = std::min<std::int64_t>(kMaxLossChunks, (vocab_ + hidden_ - 1) / hidden_);
   if (loss_ == LossMode::kWhole || k <= 1 || n <= 1) return n;
   return std::max<std::int64_t>(1, (n + k - 1) / k);
 }

@@ -18,9 +18,12 @@
 // - LossMode::kWhole (the default here): forward saves the logits (N, V) in ctx.dtype with
 //   the normalized input, the norm's statistics and the per-row log-sum-exp; backward computes
 //   dlogits in place over them, then the projection's and the norm's gradients.
-// - LossMode::kChunked: the rows in chunks of loss_chunk_rows(N) (k = ceil(V / C) chunks, so
-//   one chunk's logits are about the size of the hidden states (N, C); Liger-Kernel's fused
-//   linear cross-entropy sizes its chunks the same way). Forward computes each chunk's logits
+// - LossMode::kChunked: the rows in chunks of loss_chunk_rows(N): k = min(8, ceil(V / C))
+//   chunks, so one chunk's logits are at most an eighth of the whole and no smaller than the
+//   hidden states (N, C) (Liger-Kernel's fused linear cross-entropy sizes chunks like the
+//   hidden states, torchtune's CEWithChunkedOutputLoss uses 8; chunks of the hidden states'
+//   size make many short GEMMs, and each adds its share into the full (V, C) FP32 weight
+//   gradient, so the cap keeps that traffic at 8 passes). Forward computes each chunk's logits
 //   into a temporary, its losses and log-sum-exp, and frees it: only the normalized input,
 //   the statistics and lse are saved. Backward recomputes each chunk's logits (one more
 //   (N,C)x(C,V) GEMM than kWhole), turns them into dlogits in place, and adds that chunk's
@@ -42,6 +45,8 @@ namespace memfit {
 
 enum class HeadNorm : std::uint8_t { kLayerNorm, kRMSNorm };
 enum class LossMode : std::uint8_t { kWhole, kChunked };
+// LossMode::kChunked's most chunks (torchtune's CEWithChunkedOutputLoss count).
+inline constexpr std::int64_t kMaxLossChunks = 8;
 
 const char* loss_mode_name(LossMode m);  // "whole", "chunked"
 // "whole" or "chunked" into *out; false (out untouched) otherwise.
@@ -67,7 +72,8 @@ class LmHead {
   // Between steps only (InvalidArgument while holding saved state).
   void set_loss(LossMode m);
   LossMode loss() const { return loss_; }
-  // Rows per chunk for n rows: n under kWhole or when V <= C, else ceil(n / ceil(V / C)).
+  // Rows per chunk for n rows: n under kWhole or when V <= C, else ceil(n / k) with
+  // k = min(kMaxLossChunks, ceil(V / C)).
   std::int64_t loss_chunk_rows(std::int64_t n) const;
 
   // The norm's parameters, then the projection's weight (the tied wte too, when tied).

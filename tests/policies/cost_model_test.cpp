@@ -173,13 +173,13 @@ TEST(CostModelMegatron, LlamaBlockTermByTerm) {
                 static_cast<double>(layer) / static_cast<double>(m.sbh()));
   }
   // The head (bf16): whole logits 2sbV saved, chunked none (one chunk of s/k rows as
-  // workspace, k = ceil(V / h) = 32 chunks).
+  // workspace, k = min(8, ceil(V / h) = 32) = 8 chunks).
   LmHead whole("head", spec.vocab, h, nullptr, HeadNorm::kRMSNorm);
   LmHead chunked("head", spec.vocab, h, nullptr, HeadNorm::kRMSNorm);
   chunked.set_loss(LossMode::kChunked);
   const LayerCost w = whole.cost(s, DType::kBF16), c = chunked.cost(s, DType::kBF16);
   EXPECT_EQ(w.saved_bytes - c.saved_bytes, 2 * s * spec.vocab);
-  EXPECT_EQ(c.workspace_bytes, 2 * (s / 32) * spec.vocab);
+  EXPECT_EQ(c.workspace_bytes, 2 * (s / kMaxLossChunks) * spec.vocab);
   std::printf(
       "llama-3.1-8b head per sample (bf16, s=%lld): whole logits %.1f MiB saved, chunked "
       "%.1f MiB of workspace\n",

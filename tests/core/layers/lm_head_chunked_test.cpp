@@ -61,9 +61,9 @@ TEST(LmHeadChunked, ChunkRule) {
   EXPECT_EQ(wide.loss_chunk_rows(129), 33);  // ceil: at most k chunks, the last one shorter
   EXPECT_EQ(wide.loss_chunk_rows(3), 1);
   EXPECT_EQ(wide.loss_chunk_rows(1), 1);
-  LmHead llama3("head", 128256, 4096, nullptr, HeadNorm::kRMSNorm);  // k = 32
+  LmHead llama3("head", 128256, 4096, nullptr, HeadNorm::kRMSNorm);  // ceil(V/C) = 32: 8
   llama3.set_loss(LossMode::kChunked);
-  EXPECT_EQ(llama3.loss_chunk_rows(2 * 2048), 128);
+  EXPECT_EQ(llama3.loss_chunk_rows(2 * 2048), 2 * 2048 / kMaxLossChunks);
   LossMode m = LossMode::kWhole;
   EXPECT_TRUE(parse_loss_mode("chunked", &m));
   EXPECT_EQ(m, LossMode::kChunked);
