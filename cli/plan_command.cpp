@@ -310,7 +310,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "bytes of each plan are printed");
   cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
   cmd->add_option("--loss", a->loss,
-                  "chunked (the loss's logits in chunks of rows: never more memory) | whole")
+                  "chunked (the loss's logits in chunks of rows, recomputed in the backward: "
+                  "never more memory, one more head GEMM) | whole (all saved)")
       ->capture_default_str();
   cmd->add_option("--global-batch", a->global_batch,
                   "throughput mode: the fastest plan for this many sequences per step");

@@ -46,6 +46,7 @@ const std::set<std::string>& read_keys() {
                                           "rms_norm_eps",
                                           "rope_theta",
                                           "rope_scaling",
+                                          "rope_parameters",
                                           "tie_word_embeddings",
                                           "attention_bias",
                                           "mlp_bias",
@@ -138,8 +139,9 @@ class Reader {
 };
 
 float to_float(const Reader& r, const char* key, double v) {
-  if (std::fabs(v) > double(std::numeric_limits<float>::max())) {
-    r.fail(key, "out of f32 range");
+  if (std::fabs(v) > double(std::numeric_limits<float>::max()) ||
+      (v != 0.0 && std::fabs(v) < double(std::numeric_limits<float>::min()))) {
+    r.fail(key, "out of f32 range (a normal f32: magnitude 1.2e-38 to 3.4e38)");
   }
   return static_cast<float>(v);
 }
@@ -148,10 +150,25 @@ RopeScaling read_rope_scaling(const Reader& r, const Json& j) {
   RopeScaling s;
   if (j.is_null()) return s;
   if (!j.is_object()) r.fail("rope_scaling", "must be null or an object, got " + kind_of(j));
-  // transformers writes rope_type (newer) or type (older).
+  // transformers writes rope_type (newer) or type (older); both present must agree.
   const Json* type = j.contains("rope_type") ? &j.at("rope_type")
                      : j.contains("type")    ? &j.at("type")
                                              : nullptr;
+  if (j.contains("rope_type") && j.contains("type") && j.at("rope_type") != j.at("type")) {
+    r.fail("rope_scaling", "rope_type " + kind_of(j.at("rope_type")) + " and type " +
+                               kind_of(j.at("type")) + " disagree; valid: one of them");
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    static const std::set<std::string> known = {"rope_type",       "type",
+                                                "factor",          "low_freq_factor",
+                                                "high_freq_factor", "original_max_position_embeddings",
+                                                "rope_theta"};
+    if (!known.count(it.key())) {
+      r.fail("rope_scaling", "unknown key \"" + it.key() +
+                                 "\"; valid: rope_type, factor, low_freq_factor, "
+                                 "high_freq_factor, original_max_position_embeddings");
+    }
+  }
   if (type == nullptr || !type->is_string()) {
     r.fail("rope_scaling", "rope_type: missing or not a string; valid: \"default\" or \"llama3\"");
   }
@@ -164,6 +181,11 @@ RopeScaling read_rope_scaling(const Reader& r, const Json& j) {
                "longrope and su are not implemented)");
   }
   s.kind = RopeScaling::Kind::kLlama3;
+  // transformers' llama3 rule requires all four parameters (no defaults).
+  for (const char* k :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    if (!j.contains(k)) r.fail(std::string("rope_scaling.") + k, "missing; llama3 needs it");
+  }
   const Reader sub(j, r.source(), "rope_scaling.");
   s.factor = to_float(r, "rope_scaling.factor", sub.number("factor", s.factor));
   s.low_freq_factor =
@@ -266,12 +288,28 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   s.intermediate = r.integer("intermediate_size", true, 0);
   s.layers = r.integer("num_hidden_layers", true, 0);
   s.heads = r.integer("num_attention_heads", true, 0);
-  s.kv_heads = r.integer("num_key_value_heads", false, 0);
+  // Absent: the family's default (MistralConfig 8, Qwen2Config 32; LlamaConfig: heads); null
+  // means heads everywhere.
+  const bool kv_absent = !j.contains("num_key_value_heads");
+  const std::int64_t kv_default = !kv_absent ? 0 : type == "mistral" ? 8 : type == "qwen2" ? 32 : 0;
+  s.kv_heads = r.integer("num_key_value_heads", false, kv_default);
   s.head_dim = r.integer("head_dim", false, 0);
   s.seq_len = r.integer("max_position_embeddings", true, 0);
   s.ln_eps = to_float(r, "rms_norm_eps", r.number("rms_norm_eps", 1e-6));
   s.rope_theta = to_float(r, "rope_theta", r.number("rope_theta", 10000.0));
   if (r.has("rope_scaling")) s.rope_scaling = read_rope_scaling(r, r.at("rope_scaling"));
+  // transformers 5 writes rope_parameters: rope_theta and the scaling in one object.
+  if (r.has("rope_parameters")) {
+    if (r.has("rope_scaling")) {
+      r.fail("rope_parameters", "given with rope_scaling; valid: one of them");
+    }
+    const Json& p = r.at("rope_parameters");
+    s.rope_scaling = read_rope_scaling(r, p);
+    if (p.is_object() && p.contains("rope_theta")) {
+      const Reader sub(p, src, "rope_parameters.");
+      s.rope_theta = to_float(r, "rope_parameters.rope_theta", sub.number("rope_theta", 0));
+    }
+  }
   s.tied_head = r.boolean("tie_word_embeddings", false);
   if (type == "qwen2") {
     s.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
@@ -314,7 +352,9 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
     s.validate();
   } catch (const ConfigError& e) {
     // validate names memfit's keys (model.heads ...); say which file they came from.
-    throw ConfigError(src + ": " + e.what() +
+    std::string what = e.what();
+    if (what.rfind("<spec>: ", 0) == 0) what = what.substr(8);
+    throw ConfigError(src + ": " + what +
                       " (memfit's names: hidden = hidden_size, heads = num_attention_heads, "
                       "kv_heads = num_key_value_heads, intermediate = intermediate_size, ln_eps "
                       "= rms_norm_eps, seq_len = max_position_embeddings)");

@@ -231,7 +231,9 @@ void validate_spec(const ModelSpec& s, const Where& w) {
     fail_key(w, "vocab", "vocab * hidden * 4 bytes overflows int64 (the token embedding)");
   }
   if (!product({s.seq_len, s.hidden, 4})) {
-    fail_key(w, "seq_len", "seq_len * hidden * 4 bytes overflows int64 (the position table)");
+    fail_key(w, "seq_len",
+             std::string("seq_len * hidden * 4 bytes overflows int64 (") +
+                 (llama ? "one sequence's hidden states)" : "the position table)"));
   }
   if (!product({s.hidden, s.hidden, 12})) {
     fail_key(w, "hidden", "3 * hidden * hidden * 4 bytes overflows int64 (the QKV weight)");
@@ -247,8 +249,13 @@ void validate_spec(const ModelSpec& s, const Where& w) {
     fail_key(w, "layers",
              "the parameter count overflows int64 (vocab " + std::to_string(s.vocab) +
                  ", seq_len " + std::to_string(s.seq_len) + ", layers " + std::to_string(s.layers) +
-                 ", hidden " + std::to_string(s.hidden) + ", mlp_ratio " +
-                 std::to_string(s.mlp_ratio) + ")");
+                 ", hidden " + std::to_string(s.hidden) +
+                 (llama ? ", heads " + std::to_string(s.heads) + ", kv_heads " +
+                              std::to_string(s.kv_heads) + ", head_dim " +
+                              std::to_string(s.head_dim) + ", intermediate " +
+                              std::to_string(s.intermediate)
+                        : ", mlp_ratio " + std::to_string(s.mlp_ratio)) +
+                 ")");
   }
   if (llama) return;  // validate_llama checked the head size
   if (s.kind == ModelSpec::Kind::kGpt && s.attention == AttentionImpl::kFlash &&
@@ -340,7 +347,7 @@ RopeScaling read_rope_scaling(const Where& w, const YAML::Node& n) {
       fail_key(w, "rope_scaling", "duplicate key '" + k + "'");
     }
     seen.push_back(k);
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: the iterator's pair is a temporary
     const std::string key = "rope_scaling." + k;
     if (k == "type" || k == "rope_type") {
       type = scalar_text(v);

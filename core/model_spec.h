@@ -36,7 +36,7 @@
 // Errors are ConfigError naming the file, the line and the key, and what would be valid:
 // missing keys, wrong types, sizes < 1, heads not dividing hidden, products (parameter count,
 // bytes of any one tensor) that overflow int64.
-// A HuggingFace config.json describes the same models (core/hf_config.h; load() reads a path
+// A HuggingFace config.json describes the same models (core/hf_config.cpp; load() reads a path
 // ending in .json that way).
 #pragma once
 
@@ -77,15 +77,19 @@ struct ModelSpec {
   static ModelSpec from_yaml_file(const std::string& path);
   // A HuggingFace config.json (core/hf_config.cpp): model_type llama, mistral or qwen2 (kind
   // llama), its `architectures` checked against model_type. Read: vocab_size, hidden_size,
-  // intermediate_size, num_hidden_layers, num_attention_heads (required), num_key_value_heads
-  // (absent: heads), head_dim, rms_norm_eps, rope_theta, rope_scaling (null or llama3),
-  // tie_word_embeddings, attention_bias, mlp_bias, hidden_act (silu only),
-  // max_position_embeddings (seq_len; Mistral's sliding_window, when smaller, caps it so the
-  // model memfit computes is the one trained), torch_dtype / dtype (only named in `notes`),
-  // name_or_path / _name_or_path (the name; else the file's stem). Keys memfit does not use
-  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any other
-  // model_type (mixtral and other mixtures of experts, gemma, qwen3 with its q/k norms, ...) or a
-  // missing required key is ConfigError naming it and what is supported.
+  // intermediate_size, num_hidden_layers, num_attention_heads, max_position_embeddings
+  // (required); num_key_value_heads (absent: the family's default, Mistral 8, Qwen2 32,
+  // Llama heads; null: heads), head_dim, rms_norm_eps, rope_theta, rope_scaling (null, default
+  // or llama3 with all four of its parameters) or transformers 5's rope_parameters,
+  // tie_word_embeddings, attention_bias, mlp_bias, hidden_act (silu only); seq_len is
+  // max_position_embeddings, capped by a smaller sliding window (Mistral's, default 4096, and
+  // Qwen2's with use_sliding_window) so the model memfit computes is the one trained;
+  // torch_dtype / dtype are only named in `notes`; the name is _name_or_path's last component,
+  // else the directory holding config.json, else the file's stem. Keys memfit does not use
+  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any
+  // other model_type (mixtral and other mixtures of experts, gemma, qwen3 with its q/k norms,
+  // ...), a missing required key or a value out of range is ConfigError naming it and what is
+  // valid.
   static ModelSpec from_hf_config_string(std::string_view text, std::string_view source,
                                          std::vector<std::string>* notes = nullptr);
   static ModelSpec from_hf_config_file(const std::string& path,
@@ -97,7 +101,7 @@ struct ModelSpec {
   // listing them otherwise.
   static ModelSpec preset(std::string_view name);
   static std::vector<std::string> preset_names();
-  // A preset name, else a path: *.json a HuggingFace config.json (core/hf_config.h), anything
+  // A preset name, else a path: *.json a HuggingFace config.json (core/hf_config.cpp), anything
   // else memfit's YAML.
   static ModelSpec load(const std::string& name_or_path, std::vector<std::string>* notes = nullptr);
 

@@ -114,7 +114,7 @@ std::int64_t StaticBytes::device_total() const {
   return t;
 }
 
-CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len) {
+CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len, LossMode loss) {
   costmodel::check_seq_len(spec, seq_len);
   CostModel cm;
   cm.spec_ = spec;
@@ -126,6 +126,7 @@ CostModel CostModel::analytic(const ModelSpec& spec, std::int64_t seq_len) {
   CachingAllocator alloc(null, {}, &meta.stream_sync());
   LayerContext ctx{meta, alloc, kDefaultStream, DType::kF32};
   Model m(spec, ctx);
+  m.head().set_loss(loss);
   costmodel::read_structure(m, cm.block_params_, cm.embedding_params_, cm.head_read_params_,
                             cm.params_);
   const GradRing::Sizes ring = GradRing::sizes(m.backward_stages());

@@ -95,13 +95,16 @@ struct StaticBytes {
 class CostModel {
  public:
   // InvalidArgument unless 1 <= seq_len <= spec.seq_len; ConfigError for an invalid spec.
-  static CostModel analytic(const ModelSpec& spec, std::int64_t seq_len);
+  // `loss`: the head's bytes and flops as that loss mode runs it (MemoryPolicy::loss; the
+  // chunked loss saves no logits and recomputes them).
+  static CostModel analytic(const ModelSpec& spec, std::int64_t seq_len,
+                            LossMode loss = LossMode::kChunked);
   // Fits per-sample bytes and seconds from real blocks on the CPU backend at micro-batches
   // 1 <= b1 < b2 (see above); seconds scale to a device by flops ratio. Takes about
   // 3 x (1 + b1 + b2) samples' forward and backward (one warm-up sample per dtype)
   // on this machine's CPU.
   static CostModel calibrate(const ModelSpec& spec, std::int64_t seq_len, std::int64_t b1,
-                             std::int64_t b2);
+                             std::int64_t b2, LossMode loss = LossMode::kChunked);
 
   const ModelSpec& spec() const { return spec_; }
   std::int64_t seq_len() const { return seq_len_; }

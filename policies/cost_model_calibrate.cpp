@@ -170,7 +170,7 @@ void fit(const Stage& s1, const Stage& s2, std::int64_t b1, std::int64_t b2, dou
 }  // namespace
 
 CostModel CostModel::calibrate(const ModelSpec& spec, std::int64_t seq_len, std::int64_t b1,
-                               std::int64_t b2) {
+                               std::int64_t b2, LossMode loss) {
   costmodel::check_seq_len(spec, seq_len);
   if (b1 < 1 || b2 <= b1) {
     throw InvalidArgument("CostModel::calibrate: micro-batches b1 = " + std::to_string(b1) +
@@ -180,7 +180,7 @@ CostModel CostModel::calibrate(const ModelSpec& spec, std::int64_t seq_len, std:
                        "calibration activations");
   // The analytic model gives the structure (parameter counts, saves_input); every per-sample
   // figure below is then replaced by a measured one.
-  CostModel cm = analytic(spec, seq_len);
+  CostModel cm = analytic(spec, seq_len, loss);
   cm.measured_ = true;
   const DeviceSpec cpu = DeviceSpec::preset("cpu");
 
@@ -192,6 +192,7 @@ CostModel CostModel::calibrate(const ModelSpec& spec, std::int64_t seq_len, std:
     LayerContext ctx{be, alloc, kDefaultStream, dt};
     Model m(spec, ctx);
     m.init(/*seed=*/1337, ctx);
+    m.head().set_loss(loss);
     (void)measure(m, ctx, 1, seq_len);  // warm-up: threads, scratch, caches
     const Pass p1 = measure(m, ctx, b1, seq_len);
     const Pass p2 = measure(m, ctx, b2, seq_len);

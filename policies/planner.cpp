@@ -238,17 +238,19 @@ class Searcher {
     for (; m >= 1; --m) {
       const std::optional<Found>& f = at(m);
       if (!f) continue;
-      std::vector<Schedule> tries = {f->schedule};
-      if (combo_.optimal() && m > 1) {
-        const std::optional<Found>& below = at(m - 1);
-        if (below && below->schedule.ops() != f->schedule.ops()) tries.push_back(below->schedule);
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, f->schedule)) {
+        *out = *r;
+        *schedule = f->schedule;
+        return m;
       }
-      for (const Schedule& s : tries) {
-        if (std::optional<DryRunResult> r = confirm(m, 1, 0, s)) {
-          *out = *r;
-          *schedule = s;
-          return m;
-        }
+      if (!combo_.optimal() || m == 1) continue;
+      const Schedule own = f->schedule;  // at() below may rehash the cache
+      const std::optional<Found>& below = at(m - 1);
+      if (!below || below->schedule.ops() == own.ops()) continue;
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, below->schedule)) {
+        *out = *r;
+        *schedule = below->schedule;
+        return m;
       }
     }
     return 0;
@@ -507,8 +509,8 @@ PlanResult plan(const PlannerOptions& o) {
     throw InvalidArgument("plan: no budget: device '" + o.device.name +
                           "' has no usable memory (memory - context); give a budget");
   }
-  const CostModel cm = o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2)
-                                   : CostModel::analytic(o.spec, seq_len);
+  const CostModel cm = o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2, o.loss)
+                                   : CostModel::analytic(o.spec, seq_len, o.loss);
   const Context c{o, cm, seq_len, budget, static_cast<int>(o.spec.layers)};
   if (const auto msg = weights_shortfall(c)) throw InvalidArgument("plan: " + *msg);
 

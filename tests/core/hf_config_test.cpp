@@ -369,7 +369,9 @@ TEST(HfConfig, DefaultsAndOptionalKeys) {
                                 "\"hidden_act\": \"silu\", \"attention_bias\": true, "
                                 "\"mlp_bias\": true, \"tie_word_embeddings\": true, "
                                 "\"head_dim\": 16, \"rms_norm_eps\": 1e-5, \"rope_theta\": 500000,"
-                                " \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 32.0}");
+                                " \"rope_scaling\": {\"type\": \"llama3\", \"factor\": 32.0, "
+                                "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                                "\"original_max_position_embeddings\": 8192}");
   const ModelSpec m = ModelSpec::from_hf_config_string(more, "more.json");
   EXPECT_TRUE(m.qkv_bias);
   EXPECT_TRUE(m.proj_bias);
@@ -474,8 +476,45 @@ TEST(HfConfig, RopeScalingAndValidationErrors) {
 TEST(HfConfig, RopeScalingSubKeyErrorNamesTheFile) {
   expect_error(with(kSmall, "hidden_act",
                     "\"hidden_act\": \"silu\", \"rope_scaling\": {\"rope_type\": \"llama3\", "
-                    "\"factor\": \"8\"}"),
+                    "\"factor\": \"8\", \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                    "\"original_max_position_embeddings\": 8192}"),
                {"config.json: ", "rope_scaling", "factor", "number", "\"8\""});
+  // transformers' llama3 rule needs all four parameters; the two names of the type must agree;
+  // unknown keys are refused.
+  expect_error(with(kSmall, "hidden_act",
+                    "\"hidden_act\": \"silu\", \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                    "\"factor\": 8.0}"),
+               {"config.json: ", "rope_scaling.low_freq_factor", "missing"});
+  expect_error(with(kSmall, "hidden_act",
+                    "\"hidden_act\": \"silu\", \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                    "\"type\": \"linear\"}"),
+               {"rope_scaling", "disagree"});
+  expect_error(with(kSmall, "hidden_act",
+                    "\"hidden_act\": \"silu\", \"rope_scaling\": {\"rope_type\": \"default\", "
+                    "\"beta\": 1}"),
+               {"rope_scaling", "unknown key", "beta"});
+}
+
+// Family defaults for an absent num_key_value_heads (MistralConfig 8, Qwen2Config 32) and
+// transformers 5's rope_parameters.
+TEST(HfConfig, FamilyDefaultsAndRopeParameters) {
+  const std::string mistral = std::string(R"({"model_type": "mistral", "vocab_size": 64,
+    "hidden_size": 512, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 16, "max_position_embeddings": 128})");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(mistral, "m.json").resolved_kv_heads(), 8);
+  const std::string v5 = std::string(R"({"model_type": "llama", "vocab_size": 64,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "max_position_embeddings": 128,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})");
+  const ModelSpec s = ModelSpec::from_hf_config_string(v5, "v5.json");
+  EXPECT_EQ(s.rope_theta, 500000.0f);
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(s.rope_scaling.original_max_position_embeddings, 64);
+  expect_error(std::string(R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "max_position_embeddings": 128, "rms_norm_eps": 1e-300})"),
+               {"rms_norm_eps", "range"});
 }
 
 // ---- Files ------------------------------------------------------------------------------------
