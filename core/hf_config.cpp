@@ -159,10 +159,11 @@ RopeScaling read_rope_scaling(const Reader& r, const Json& j) {
                                kind_of(j.at("type")) + " disagree; valid: one of them");
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
-    static const std::set<std::string> known = {"rope_type",       "type",
-                                                "factor",          "low_freq_factor",
-                                                "high_freq_factor", "original_max_position_embeddings",
-                                                "rope_theta"};
+    static const std::set<std::string> known = {
+        "rope_type",        "type",
+        "factor",           "low_freq_factor",
+        "high_freq_factor", "original_max_position_embeddings",
+        "rope_theta"};
     if (!known.count(it.key())) {
       r.fail("rope_scaling", "unknown key \"" + it.key() +
                                  "\"; valid: rope_type, factor, low_freq_factor, "

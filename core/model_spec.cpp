@@ -246,16 +246,16 @@ void validate_spec(const ModelSpec& s, const Where& w) {
              "head_dim x hidden f32 weight overflows int64");
   }
   if (!count_params(s)) {
-    fail_key(w, "layers",
-             "the parameter count overflows int64 (vocab " + std::to_string(s.vocab) +
-                 ", seq_len " + std::to_string(s.seq_len) + ", layers " + std::to_string(s.layers) +
-                 ", hidden " + std::to_string(s.hidden) +
-                 (llama ? ", heads " + std::to_string(s.heads) + ", kv_heads " +
-                              std::to_string(s.kv_heads) + ", head_dim " +
-                              std::to_string(s.head_dim) + ", intermediate " +
-                              std::to_string(s.intermediate)
-                        : ", mlp_ratio " + std::to_string(s.mlp_ratio)) +
-                 ")");
+    fail_key(
+        w, "layers",
+        "the parameter count overflows int64 (vocab " + std::to_string(s.vocab) + ", seq_len " +
+            std::to_string(s.seq_len) + ", layers " + std::to_string(s.layers) + ", hidden " +
+            std::to_string(s.hidden) +
+            (llama ? ", heads " + std::to_string(s.heads) + ", kv_heads " +
+                         std::to_string(s.kv_heads) + ", head_dim " + std::to_string(s.head_dim) +
+                         ", intermediate " + std::to_string(s.intermediate)
+                   : ", mlp_ratio " + std::to_string(s.mlp_ratio)) +
+            ")");
   }
   if (llama) return;  // validate_llama checked the head size
   if (s.kind == ModelSpec::Kind::kGpt && s.attention == AttentionImpl::kFlash &&
