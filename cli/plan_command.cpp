@@ -298,7 +298,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       "plan",
       "Find the dtype, checkpointing, micro-batch, accumulation and offload that fit a budget");
   cmd->add_option("--model", a->model,
-                  "a built-in model (gpt2, gpt2-xl, llama-3.1-8b, mistral-7b, qwen2.5-7b, ...), "
+                  "a built-in model (gpt2, gpt2-xl, llama-3.1-8b, mistral-7b, qwen3-8b, ...), "
                   "a YAML spec file or a HuggingFace config.json (required)");
   cmd->add_option("--device", a->device,
                   "a device preset (h100-80g, a100-40g, cpu, ...; `memfit devices` lists them) "

@@ -330,6 +330,23 @@ class Backend {
   // first (a few roundings apart in bf16).
   void rope(StreamId stream, const Tensor& qkv, std::int64_t heads, std::int64_t kv_heads,
             const RopeFreqs& f, bool inverse);
+  // Per-head RMSNorm of the q and k heads of a packed qkv (B,T,(H+2G)*hs) as
+  // flash_attention_forward reads it (Qwen3's q_norm and k_norm), in place, v not touched: each
+  // q head e (hs values) -> e * rstd * q_weight, each k head -> e * rstd * k_weight, with
+  // rstd = 1/sqrt(mean(e^2) + eps) as rmsnorm_forward's. Also writes qk_in (B,T,(H+G)*hs), the
+  // q and k columns as they were (what the backward reads), and rstd (B,T,H+G) f32.
+  // q_weight, k_weight (hs), one dtype.
+  void qk_norm_forward(StreamId stream, const Tensor& qkv, std::int64_t heads,
+                       std::int64_t kv_heads, const Tensor& q_weight, const Tensor& k_weight,
+                       float eps, const Tensor& qk_in, const Tensor& rstd);
+  // dqkv (B,T,(H+2G)*hs) in place: the gradient of the normed q and k heads becomes that of
+  // qk_in's (rmsnorm_backward's formula per head, written, not accumulated); the v columns are
+  // not touched. dq_weight, dk_weight (hs) f32 +=: sums over every q (k) head of every token of
+  // norm * dout, as rmsnorm_backward's dweight.
+  void qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                        const Tensor& rstd, std::int64_t heads, std::int64_t kv_heads,
+                        const Tensor& q_weight, const Tensor& k_weight, const Tensor& dq_weight,
+                        const Tensor& dk_weight);
   // gate_up (N,2F): each row's gate g (first F) and up u (last F) -> out (N,F) = silu(g) * u,
   // silu(g) = g / (1 + exp(-g)) (Shazeer 2020, Llama's MLP).
   void swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out);
@@ -462,6 +479,14 @@ class Backend {
   // d: the qkv's sizes (as flash attention's); positions are 0 .. T-1.
   virtual void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d,
                        const RopeFreqs& f, bool inverse) = 0;
+  // d: the qkv's sizes (as flash attention's).
+  virtual void do_qk_norm_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                                  const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                  const Tensor& qk_in, const Tensor& rstd) = 0;
+  virtual void do_qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                                   const Tensor& rstd, const AttentionDims& d,
+                                   const Tensor& q_weight, const Tensor& k_weight,
+                                   const Tensor& dq_weight, const Tensor& dk_weight) = 0;
   virtual void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) = 0;
   virtual void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                                   const Tensor& dgate_up) = 0;

@@ -56,6 +56,14 @@ void need_f32(const Where& w, const char* role, const Tensor& t) {
   }
 }
 
+void need_same_dtype(const Where& w, const char* ra, const Tensor& a, const char* rb,
+                     const Tensor& b) {
+  if (a.dtype() != b.dtype()) {
+    throw InvalidArgument(w + ": " + ra + " is " + tensor_desc(a) + " and " + rb + " is " +
+                          tensor_desc(b) + "; valid: one dtype for both");
+  }
+}
+
 void need_finite(const Where& w, const char* what, float v, bool positive) {
   if (!std::isfinite(v) || (positive && !(v > 0.0f))) {
     throw InvalidArgument(w + ": " + what + " = " + std::to_string(v) + "; valid: finite" +
@@ -545,6 +553,65 @@ void Backend::rope(StreamId stream, const Tensor& qkv, std::int64_t heads, std::
   }
   if (d.b * d.t == 0) return;
   do_rope(stream, qkv, d, f, inverse);
+}
+
+void Backend::qk_norm_forward(StreamId stream, const Tensor& qkv, std::int64_t heads,
+                              std::int64_t kv_heads, const Tensor& q_weight, const Tensor& k_weight,
+                              float eps, const Tensor& qk_in, const Tensor& rstd) {
+  const Where w{name(), "qk_norm_forward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(),
+                 {{"qkv", &qkv},
+                  {"q_weight", &q_weight},
+                  {"k_weight", &k_weight},
+                  {"qk_in", &qk_in},
+                  {"rstd", &rstd}});
+  const AttentionDims d = flash_dims(w, qkv, heads, kv_heads);
+  const std::int64_t rows = d.b * d.t, qk = d.heads + d.kv_heads;
+  need_numel(w, "q_weight", q_weight, d.hs, "(hs)");
+  need_numel(w, "k_weight", k_weight, d.hs, "(hs)");
+  need_same_dtype(w, "q_weight", q_weight, "k_weight", k_weight);
+  need_numel(w, "qk_in", qk_in, rows * qk * d.hs, "(B, T, (H + G) * hs)");
+  need_f32(w, "rstd", rstd);
+  need_numel(w, "rstd", rstd, rows * qk, "(B, T, H + G)");
+  need_finite(w, "eps", eps, true);
+  check_disjoint(w, {wr("qkv", qkv), rd("q_weight", q_weight), rd("k_weight", k_weight),
+                     wr("qk_in", qk_in), wr("rstd", rstd)});
+  if (rows == 0) return;
+  do_qk_norm_forward(stream, qkv, d, q_weight, k_weight, eps, qk_in, rstd);
+}
+
+void Backend::qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                               const Tensor& rstd, std::int64_t heads, std::int64_t kv_heads,
+                               const Tensor& q_weight, const Tensor& k_weight,
+                               const Tensor& dq_weight, const Tensor& dk_weight) {
+  const Where w{name(), "qk_norm_backward"};
+  check_stream(stream, w.op);
+  check_operands(w, device(),
+                 {{"dqkv", &dqkv},
+                  {"qk_in", &qk_in},
+                  {"rstd", &rstd},
+                  {"q_weight", &q_weight},
+                  {"k_weight", &k_weight},
+                  {"dq_weight", &dq_weight},
+                  {"dk_weight", &dk_weight}});
+  const AttentionDims d = flash_dims(w, dqkv, heads, kv_heads);
+  const std::int64_t rows = d.b * d.t, qk = d.heads + d.kv_heads;
+  need_numel(w, "qk_in", qk_in, rows * qk * d.hs, "(B, T, (H + G) * hs)");
+  need_f32(w, "rstd", rstd);
+  need_numel(w, "rstd", rstd, rows * qk, "(B, T, H + G)");
+  need_numel(w, "q_weight", q_weight, d.hs, "(hs)");
+  need_numel(w, "k_weight", k_weight, d.hs, "(hs)");
+  need_same_dtype(w, "q_weight", q_weight, "k_weight", k_weight);
+  need_f32(w, "dq_weight", dq_weight);
+  need_f32(w, "dk_weight", dk_weight);
+  need_numel(w, "dq_weight", dq_weight, d.hs, "(hs)");
+  need_numel(w, "dk_weight", dk_weight, d.hs, "(hs)");
+  check_disjoint(
+      w, {wr("dqkv", dqkv), rd("qk_in", qk_in), rd("rstd", rstd), rd("q_weight", q_weight),
+          rd("k_weight", k_weight), wr("dq_weight", dq_weight), wr("dk_weight", dk_weight)});
+  if (rows == 0) return;
+  do_qk_norm_backward(stream, dqkv, qk_in, rstd, d, q_weight, k_weight, dq_weight, dk_weight);
 }
 
 void Backend::swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) {

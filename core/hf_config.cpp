@@ -1,6 +1,6 @@
 // ModelSpec::from_hf_config_*: a HuggingFace transformers config.json as a ModelSpec of kind
 // llama (the contract is in core/model_spec.h). The keys and their defaults follow
-// transformers' LlamaConfig, MistralConfig and Qwen2Config (configuration_*.py).
+// transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (configuration_*.py).
 #include <cerrno>
 #include <cmath>
 #include <fstream>
@@ -29,8 +29,9 @@ constexpr Family kFamilies[] = {
     {"llama", "LlamaForCausalLM"},
     {"mistral", "MistralForCausalLM"},
     {"qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},
 };
-constexpr const char* kSupported = "llama, mistral, qwen2";
+constexpr const char* kSupported = "llama, mistral, qwen2, qwen3";
 
 // Keys read below; every other key is reported in the notes as ignored.
 const std::set<std::string>& read_keys() {
@@ -248,8 +249,6 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
     if (type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe" || type == "deepseek_v3" ||
         type == "dbrx") {
       why = " (a mixture of experts: not supported)";
-    } else if (type == "qwen3") {
-      why = " (its per-head q/k RMSNorms are not implemented)";
     }
     r.fail("model_type", "\"" + type + "\"" + why + " is not supported; valid: " + kSupported);
   }
@@ -289,12 +288,17 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   s.intermediate = r.integer("intermediate_size", true, 0);
   s.layers = r.integer("num_hidden_layers", true, 0);
   s.heads = r.integer("num_attention_heads", true, 0);
-  // Absent: the family's default (MistralConfig 8, Qwen2Config 32; LlamaConfig: heads); null
-  // means heads everywhere.
+  // Absent: the family's default (MistralConfig 8, Qwen2Config and Qwen3Config 32;
+  // LlamaConfig: heads); null means heads everywhere.
+  const bool qwen3 = type == "qwen3";
   const bool kv_absent = !j.contains("num_key_value_heads");
-  const std::int64_t kv_default = !kv_absent ? 0 : type == "mistral" ? 8 : type == "qwen2" ? 32 : 0;
+  const std::int64_t kv_default = !kv_absent                 ? 0
+                                  : type == "mistral"        ? 8
+                                  : type == "qwen2" || qwen3 ? 32
+                                                             : 0;
   s.kv_heads = r.integer("num_key_value_heads", false, kv_default);
-  s.head_dim = r.integer("head_dim", false, 0);
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads.
+  s.head_dim = r.integer("head_dim", false, qwen3 && !j.contains("head_dim") ? 128 : 0);
   s.seq_len = r.integer("max_position_embeddings", true, 0);
   s.ln_eps = to_float(r, "rms_norm_eps", r.number("rms_norm_eps", 1e-6));
   s.rope_theta = to_float(r, "rope_theta", r.number("rope_theta", 10000.0));
@@ -315,19 +319,21 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   if (type == "qwen2") {
     s.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
   } else {
-    const bool bias = r.boolean("attention_bias", false);  // LlamaAttention: all four
+    // LlamaAttention and Qwen3Attention: all four
+    const bool bias = r.boolean("attention_bias", false);
     s.qkv_bias = bias;
     s.proj_bias = bias;
   }
   s.mlp_bias = r.boolean("mlp_bias", false);
+  s.qk_norm = qwen3;  // Qwen3Attention's q_norm, k_norm (RMSNorm over head_dim, rms_norm_eps)
 
   std::vector<std::string> said;
   // A sliding window narrower than the context: memfit's attention is full causal, which is
   // the same function for sequences up to the window, so the window is the longest sequence.
   // Mistral's window (MistralConfig's default 4096 when the key is absent; null: none) and
-  // Qwen2's when use_sliding_window; Llama has none.
+  // Qwen2's and Qwen3's when use_sliding_window; Llama has none.
   const bool sliding =
-      type == "mistral" || (type == "qwen2" && r.boolean("use_sliding_window", false));
+      type == "mistral" || ((type == "qwen2" || qwen3) && r.boolean("use_sliding_window", false));
   const bool absent = !j.contains("sliding_window");
   if (sliding && (r.has("sliding_window") || (type == "mistral" && absent))) {
     const std::int64_t w = absent ? 4096 : r.integer("sliding_window", false, 0);

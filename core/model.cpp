@@ -49,7 +49,9 @@ Model::Model(const ModelSpec& spec, LayerContext& ctx, ParamPlacement placement)
                        .qkv_bias = spec_.qkv_bias,
                        .proj_bias = spec_.proj_bias,
                        .rope = true,
-                       .freqs = rope_frequencies(hs, spec_.rope_theta, spec_.rope_scaling)};
+                       .freqs = rope_frequencies(hs, spec_.rope_theta, spec_.rope_scaling),
+                       .qk_norm = spec_.qk_norm,
+                       .qk_norm_eps = spec_.ln_eps};
     shape.inner = spec_.intermediate;
     shape.mlp_bias = spec_.mlp_bias;
     shape.rms_eps = spec_.ln_eps;

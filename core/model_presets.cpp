@@ -30,7 +30,8 @@ struct LlamaShape {
   std::int64_t vocab, seq_len, layers, hidden, heads, kv_heads, head_dim, intermediate;
   float rope_theta, rms_eps;
   bool tied, qkv_bias;
-  float llama3_factor;  // 0: no rope_scaling
+  float llama3_factor;   // 0: no rope_scaling
+  bool qk_norm = false;  // Qwen3
 };
 
 ModelSpec llama(const char* name, const LlamaShape& l) {
@@ -49,6 +50,7 @@ ModelSpec llama(const char* name, const LlamaShape& l) {
   s.ln_eps = l.rms_eps;
   s.tied_head = l.tied;
   s.qkv_bias = l.qkv_bias;
+  s.qk_norm = l.qk_norm;
   if (l.llama3_factor > 0) {
     // Llama 3.1 / 3.2's rope_scaling: low 1, high 4, original context 8192.
     s.rope_scaling.kind = RopeScaling::Kind::kLlama3;
@@ -79,6 +81,10 @@ ModelSpec llama(const char* name, const LlamaShape& l) {
 //                  (4096) rather than max_position_embeddings (32768): memfit's attention is
 //                  full causal, the same function up to the window
 //   qwen2.5-7b     Qwen/Qwen2.5-7B                7,615,616,512 (q/k/v biases; 131072 context)
+//   qwen3-0.6b     Qwen/Qwen3-0.6B                  596,049,920 (q/k norms, tied head; its
+//                  model card: 0.6B, 0.44B non-embedding)
+//   qwen3-8b       Qwen/Qwen3-8B                  8,190,735,360 (q/k norms; its model card:
+//                  8.2B, 6.95B non-embedding)
 //   llama-micro    the tests' 2-block Llama (grouped-query, 4 heads over 2 kv heads of 8)
 std::vector<ModelSpec> all_presets() {
   using K = ModelSpec::Kind;
@@ -107,6 +113,10 @@ std::vector<ModelSpec> all_presets() {
             {32000, 4096, 32, 4096, 32, 8, 128, 14336, 10000.0f, 1e-5f, false, false, 0}),
       llama("qwen2.5-7b",
             {152064, 131072, 28, 3584, 28, 4, 128, 18944, 1000000.0f, 1e-6f, false, true, 0}),
+      llama("qwen3-0.6b",
+            {151936, 40960, 28, 1024, 16, 8, 128, 3072, 1000000.0f, 1e-6f, true, false, 0, true}),
+      llama("qwen3-8b",
+            {151936, 40960, 36, 4096, 32, 8, 128, 12288, 1000000.0f, 1e-6f, false, false, 0, true}),
   };
 }
 

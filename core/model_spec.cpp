@@ -32,11 +32,11 @@ constexpr std::int64_t kMaxVocab = std::numeric_limits<std::int32_t>::max();
 constexpr const char* kValidKeys =
     "kind, name, vocab, seq_len, layers, hidden, heads, mlp_ratio, tied_head, ln_eps, attention, "
     "and for kind llama intermediate, kv_heads, head_dim, rope_theta, rope_scaling, qkv_bias, "
-    "proj_bias, mlp_bias";
-constexpr std::array<const char*, 19> kKeys = {
+    "proj_bias, mlp_bias, qk_norm";
+constexpr std::array<const char*, 20> kKeys = {
     "kind",       "name",         "vocab",    "seq_len",   "layers",       "hidden",   "heads",
     "mlp_ratio",  "tied_head",    "ln_eps",   "attention", "intermediate", "kv_heads", "head_dim",
-    "rope_theta", "rope_scaling", "qkv_bias", "proj_bias", "mlp_bias"};
+    "rope_theta", "rope_scaling", "qkv_bias", "proj_bias", "mlp_bias",     "qk_norm"};
 // Keys only kind llama reads (the rest of kKeys from "intermediate" on).
 bool llama_only_key(const std::string& key) {
   for (std::size_t i = 11; i < kKeys.size(); ++i) {
@@ -95,8 +95,8 @@ std::optional<std::int64_t> sum(std::initializer_list<std::optional<std::int64_t
 std::optional<std::int64_t> block_params(const ModelSpec& s) {
   const std::int64_t c = s.hidden;
   if (s.kind == ModelSpec::Kind::kLlama) {
-    // Two RMSNorms (2C); qkv (q+2k, C) [+ q+2k]; proj (C, q) [+ C]; gate_up (2F, C) [+ 2F];
-    // down (C, F) [+ C].
+    // Two RMSNorms (2C); qkv (q+2k, C) [+ q+2k]; [q_norm, k_norm (2hs)]; proj (C, q) [+ C];
+    // gate_up (2F, C) [+ 2F]; down (C, F) [+ C].
     const auto q = product({s.heads, s.resolved_head_dim()});
     const auto k = product({s.resolved_kv_heads(), s.resolved_head_dim()});
     if (!q || !k) return std::nullopt;
@@ -104,7 +104,8 @@ std::optional<std::int64_t> block_params(const ModelSpec& s) {
     if (!qkv_rows) return std::nullopt;
     const std::int64_t f = s.intermediate;
     return sum({product({2, c}), product({*qkv_rows, c}), s.qkv_bias ? qkv_rows : 0,
-                product({c, *q}), s.proj_bias ? c : 0, product({3, f, c}),
+                s.qk_norm ? product({2, s.resolved_head_dim()}) : 0, product({c, *q}),
+                s.proj_bias ? c : 0, product({3, f, c}),
                 s.mlp_bias ? sum({product({2, f}), c}) : 0});
   }
   // mlp: fc (F,C)+F, proj (C,F)+C.
@@ -146,6 +147,9 @@ void validate_llama(const ModelSpec& s, const Where& w) {
     fail_key(
         w, "head_dim",
         "must be an integer >= 1 (or absent: hidden / heads), got " + std::to_string(s.head_dim));
+  }
+  if (s.qk_norm && s.attention == AttentionImpl::kMaterialized) {
+    fail_key(w, "qk_norm", "true with attention: materialized; valid: attention: flash");
   }
   // Each query head's q and each kv head's k, v are one packed row block: at most 2^31 heads
   // keeps the (heads + 2 kv_heads) * head_dim arithmetic in range (CausalSelfAttention's rule).
@@ -463,11 +467,12 @@ ModelSpec parse_model_map(const YAML::Node& m, Where& w) {
       s.rope_theta = read_number(w, "rope_theta", values["rope_theta"], "a number > 1");
     }
     if (values.count("rope_scaling")) s.rope_scaling = read_rope_scaling(w, values["rope_scaling"]);
-    for (const char* b : {"qkv_bias", "proj_bias", "mlp_bias"}) {
+    for (const char* b : {"qkv_bias", "proj_bias", "mlp_bias", "qk_norm"}) {
       if (!values.count(b)) continue;
       bool& field = std::string(b) == "qkv_bias"    ? s.qkv_bias
                     : std::string(b) == "proj_bias" ? s.proj_bias
-                                                    : s.mlp_bias;
+                    : std::string(b) == "mlp_bias"  ? s.mlp_bias
+                                                    : s.qk_norm;
       field = read_bool(w, b, values[b]);
     }
   }
@@ -597,6 +602,7 @@ std::string ModelSpec::to_yaml() const {
     out << YAML::Key << "qkv_bias" << YAML::Value << (qkv_bias ? "true" : "false");
     out << YAML::Key << "proj_bias" << YAML::Value << (proj_bias ? "true" : "false");
     out << YAML::Key << "mlp_bias" << YAML::Value << (mlp_bias ? "true" : "false");
+    if (qk_norm) out << YAML::Key << "qk_norm" << YAML::Value << "true";  // absent: false
   } else {
     out << YAML::Key << "mlp_ratio" << YAML::Value << mlp_ratio;
   }

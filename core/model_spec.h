@@ -9,8 +9,8 @@
 //   model:
 //     kind: gpt          # gpt: GPT-2 (pre-LN transformer blocks); llama: the Llama family
 //     name: gpt-tiny     # (RMSNorm, grouped-query rotary attention, SwiGLU; Mistral and
-//     vocab: 256         # Qwen2 too); mlp: GPT-2 blocks without attention. name is optional.
-//     seq_len: 128       # maximum sequence length (gpt: the position table's size)
+//     vocab: 256         # Qwen2, Qwen3 too); mlp: GPT-2 blocks without attention. name is
+//     optional. seq_len: 128       # maximum sequence length (gpt: the position table's size)
 //     layers: 6          # token ids are in [0, vocab)
 //     hidden: 256
 //     heads: 8           # gpt and llama; gpt: must divide hidden
@@ -33,6 +33,8 @@
 //     qkv_bias: false       # optional [attention_bias, or Qwen2's always-on q/k/v biases]
 //     proj_bias: false      # optional [attention_bias covers both in Llama]
 //     mlp_bias: false       # optional [mlp_bias]
+//     qk_norm: false        # optional: Qwen3's per-head RMSNorm of q and k before the rotary
+//                           # embedding (q_norm, k_norm: head_dim weights each); flash only
 // Errors are ConfigError naming the file, the line and the key, and what would be valid:
 // missing keys, wrong types, sizes < 1, heads not dividing hidden, products (parameter count,
 // bytes of any one tensor) that overflow int64.
@@ -72,24 +74,25 @@ struct ModelSpec {
   bool qkv_bias = false;
   bool proj_bias = false;
   bool mlp_bias = false;
+  bool qk_norm = false;
 
   static ModelSpec from_yaml_string(std::string_view text, std::string_view source = "<string>");
   static ModelSpec from_yaml_file(const std::string& path);
-  // A HuggingFace config.json (core/hf_config.cpp): model_type llama, mistral or qwen2 (kind
-  // llama), its `architectures` checked against model_type. Read: vocab_size, hidden_size,
-  // intermediate_size, num_hidden_layers, num_attention_heads, max_position_embeddings
-  // (required); num_key_value_heads (absent: the family's default, Mistral 8, Qwen2 32,
-  // Llama heads; null: heads), head_dim, rms_norm_eps, rope_theta, rope_scaling (null, default
-  // or llama3 with all four of its parameters) or transformers 5's rope_parameters,
-  // tie_word_embeddings, attention_bias, mlp_bias, hidden_act (silu only); seq_len is
-  // max_position_embeddings, capped by a smaller sliding window (Mistral's, default 4096, and
-  // Qwen2's with use_sliding_window) so the model memfit computes is the one trained;
-  // torch_dtype / dtype are only named in `notes`; the name is _name_or_path's last component,
-  // else the directory holding config.json, else the file's stem. Keys memfit does not use
-  // (bos_token_id, initializer_range, ...) are named in one line of `notes` and ignored. Any
-  // other model_type (mixtral and other mixtures of experts, gemma, qwen3 with its q/k norms,
-  // ...), a missing required key or a value out of range is ConfigError naming it and what is
-  // valid.
+  // A HuggingFace config.json (core/hf_config.cpp): model_type llama, mistral, qwen2 or qwen3
+  // (kind llama; qwen3 with qk_norm), its `architectures` checked against model_type. Read:
+  // vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+  // max_position_embeddings (required); num_key_value_heads (absent: the family's default,
+  // Mistral 8, Qwen2 and Qwen3 32, Llama heads; null: heads), head_dim (absent: Qwen3 128,
+  // others hidden / heads), rms_norm_eps, rope_theta, rope_scaling (null, default or llama3
+  // with all four of its parameters) or transformers 5's rope_parameters, tie_word_embeddings,
+  // attention_bias, mlp_bias, hidden_act (silu only); seq_len is max_position_embeddings,
+  // capped by a smaller sliding window (Mistral's, default 4096, and Qwen2's and Qwen3's with
+  // use_sliding_window) so the model memfit computes is the one trained; torch_dtype / dtype
+  // are only named in `notes`; the name is _name_or_path's last component, else the directory
+  // holding config.json, else the file's stem. Keys memfit does not use (bos_token_id,
+  // initializer_range, ...) are named in one line of `notes` and ignored. Any other model_type
+  // (mixtral and other mixtures of experts, gemma, ...), a missing required key or a value out
+  // of range is ConfigError naming it and what is valid.
   static ModelSpec from_hf_config_string(std::string_view text, std::string_view source,
                                          std::vector<std::string>* notes = nullptr);
   static ModelSpec from_hf_config_file(const std::string& path,
@@ -97,7 +100,8 @@ struct ModelSpec {
   // Built-in shapes (core/model_presets.cpp): "gpt-tiny" (the benchmarks' 6 x 256),
   // "gpt-micro" (tests), "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-6.7b",
   // "gpt3-13b", "mlp-tiny", "llama-micro" (tests), "llama-3.2-1b", "llama-3.2-3b",
-  // "llama-3.1-8b", "llama-2-7b", "llama-2-13b", "mistral-7b", "qwen2.5-7b". ConfigError
+  // "llama-3.1-8b", "llama-2-7b", "llama-2-13b", "mistral-7b", "qwen2.5-7b", "qwen3-0.6b",
+  // "qwen3-8b". ConfigError
   // listing them otherwise.
   static ModelSpec preset(std::string_view name);
   static std::vector<std::string> preset_names();
@@ -116,7 +120,7 @@ struct ModelSpec {
   // hs = hidden / heads). Valid only for a validated spec of kind gpt or llama.
   std::int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   std::int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden / heads; }
-  std::string to_yaml() const;           // round-trips through from_yaml_string
+  std::string to_yaml() const;  // round-trips through from_yaml_string
 };
 
 const char* model_kind_name(ModelSpec::Kind k);  // "gpt", "mlp", "llama"

@@ -1,25 +1,30 @@
 #!/usr/bin/python3
-"""Writes tests/core/data/llama_golden.bin: a tiny Llama's initial parameters, logits, loss and
-gradients, and a 10-step AdamW loss trajectory, computed by PyTorch (scripts/torch_llama.py).
+"""Writes tests/core/data/llama_golden.bin (or qwen3_golden.bin): a tiny Llama's initial
+parameters, logits, loss and gradients, and a 10-step AdamW loss trajectory, computed by
+PyTorch (scripts/torch_llama.py).
 
-The model is Qwen2-like so that every optional piece is exercised: grouped-query attention
-(4 query heads, 2 kv heads), q/k/v bias, llama3 rope scaling whose three wavelength bands
-(kept, interpolated, divided) each hold one of the head's 4 frequencies, an untied head.
+--model llama (the default, llama_golden.bin) is Qwen2-like so that every optional piece of
+Llama 3 and Qwen2 is exercised: grouped-query attention (4 query heads, 2 kv heads), q/k/v
+bias, llama3 rope scaling whose three wavelength bands (kept, interpolated, divided) each hold
+one of the head's 4 frequencies, an untied head.
+--model qwen3 (qwen3_golden.bin) is Qwen3-like: the per-head q/k RMSNorms, no biases, a tied
+head, rope_theta 1e6 without scaling, the same sizes.
 Init: torch_llama's (weights N(0, 0.02), RMSNorm gains 1 + 0.1 N(0, 1), biases 0.02 N(0, 1)),
 then the q/k/v weights times QKV_SCALE so that the attention depends on the rotary angles.
 
-memfit's golden test (tests/core/llama_golden_test.cpp) reads the committed file and never
+memfit's golden test (tests/core/llama_golden_test.cpp) reads the committed files and never
 needs PyTorch. Run with Debian's python3-torch (apt-get install python3-torch):
-    /usr/bin/python3 scripts/make_llama_golden.py [--out PATH]
+    /usr/bin/python3 scripts/make_llama_golden.py [--model llama|qwen3] [--out PATH]
 Deterministic: torch.manual_seed, one thread, so two runs on one machine write identical bytes
 (another CPU's kernels may differ in the last bit: gpt_golden.bin regenerated here does).
 
 Format: make_gpt_golden.py's MFGOLDEN version 1 (its encoder and reader are reused).
 Entries, in order:
-  config i32(15) [vocab, seq_len, layers, hidden, heads, kv_heads, head_dim, intermediate,
-                  tied, qkv_bias, proj_bias, mlp_bias, B, T, steps],
+  config i32(16) [vocab, seq_len, layers, hidden, heads, kv_heads, head_dim, intermediate,
+                  tied, qkv_bias, proj_bias, mlp_bias, B, T, steps, qk_norm]
+                  (llama_golden.bin, written before qk_norm, has the first 15),
   rope f32(6) [rope_theta, factor, low_freq_factor, high_freq_factor,
-               original_max_position_embeddings, rms_norm_eps],
+               original_max_position_embeddings, rms_norm_eps] (factor 0: no scaling),
   adamw f32(5) [lr, beta1, beta2, eps, weight_decay], tokens i32(B,T), targets i32(B,T),
   param/<name> (initial, memfit's names and order), logits f32(B,T,V), loss f32(1),
   grad/<name>, trajectory f32(steps): step k records the loss, runs backward, then one
@@ -42,9 +47,17 @@ from torch_llama import (Llama3Scaling, LlamaConfig, TorchLlama, init_parameters
 
 SCALING = Llama3Scaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                         original_max_position_embeddings=64)
-CFG = LlamaConfig(vocab=64, seq_len=16, layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8,
-                  intermediate=48, tied_head=False, qkv_bias=True, proj_bias=False,
-                  mlp_bias=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=SCALING)
+CONFIGS = {
+    "llama": LlamaConfig(vocab=64, seq_len=16, layers=2, hidden=32, heads=4, kv_heads=2,
+                         head_dim=8, intermediate=48, tied_head=False, qkv_bias=True,
+                         proj_bias=False, mlp_bias=False, rms_norm_eps=1e-6,
+                         rope_theta=10000.0, rope_scaling=SCALING),
+    "qwen3": LlamaConfig(vocab=64, seq_len=16, layers=2, hidden=32, heads=4, kv_heads=2,
+                         head_dim=8, intermediate=48, tied_head=True, qkv_bias=False,
+                         proj_bias=False, mlp_bias=False, qk_norm=True, rms_norm_eps=1e-6,
+                         rope_theta=1000000.0, rope_scaling=None),
+}
+CFG = CONFIGS["llama"]  # main() sets the one asked for
 B, T, STEPS = 4, 16, 10
 LR, BETA1, BETA2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 SEED = 20240612
@@ -66,12 +79,14 @@ def compute():
     targets = torch.randint(0, CFG.vocab, (B, T), dtype=torch.int64)
     model = TorchLlama(CFG, params=params)
 
-    s = CFG.rope_scaling
+    s = CFG.rope_scaling or Llama3Scaling(factor=0.0, low_freq_factor=0.0,
+                                          high_freq_factor=0.0,
+                                          original_max_position_embeddings=0)
     entries = [
         ("config", np.array([CFG.vocab, CFG.seq_len, CFG.layers, CFG.hidden, CFG.heads,
                              CFG.kv_heads, CFG.head_dim, CFG.intermediate, int(CFG.tied_head),
                              int(CFG.qkv_bias), int(CFG.proj_bias), int(CFG.mlp_bias), B, T,
-                             STEPS], dtype=np.int32)),
+                             STEPS, int(CFG.qk_norm)], dtype=np.int32)),
         ("rope", np.array([CFG.rope_theta, s.factor, s.low_freq_factor, s.high_freq_factor,
                            s.original_max_position_embeddings, CFG.rms_norm_eps],
                           dtype=np.float32)),
@@ -135,7 +150,8 @@ def verify(path, entries):
         g = got[name]
         assert g.shape == arr.shape and g.dtype.kind == arr.dtype.kind, name
         assert np.array_equal(g, arr), f"{name}: values differ"
-    V, Tmax, L, C, H, G, hs, Fi, tied, qb, pb, mb, b, t, steps = (int(x) for x in got["config"])
+    V, Tmax, L, C, H, G, hs, Fi, tied, qb, pb, mb, b, t, steps, qn = (
+        int(x) for x in got["config"])
     assert got["rope"].shape == (6,) and got["adamw"].shape == (5,)
     assert got["logits"].shape == (b, t, V) and got["trajectory"].shape == (steps,)
     assert got["param/wte"].shape == (V, C)
@@ -145,6 +161,7 @@ def verify(path, entries):
     assert ("param/layers.0.self_attn.qkv.bias" in got) == (qb != 0)
     assert ("param/layers.0.self_attn.proj.bias" in got) == (pb != 0)
     assert ("param/layers.0.mlp.down.bias" in got) == (mb != 0)
+    assert ("param/layers.0.self_attn.q_norm.weight" in got) == (qn != 0)
     for name in got:
         if name.startswith("grad/"):
             assert np.abs(got[name]).max() > 0, f"{name}: all zero tests nothing"
@@ -158,11 +175,16 @@ def verify(path, entries):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "core", "data",
-                                                  "llama_golden.bin"))
+    ap.add_argument("--model", choices=sorted(CONFIGS), default="llama")
+    ap.add_argument("--out", help="default: tests/core/data/<model>_golden.bin")
     args = ap.parse_args()
+    global CFG
+    CFG = CONFIGS[args.model]
+    if args.out is None:
+        args.out = os.path.join(here, "..", "tests", "core", "data", f"{args.model}_golden.bin")
     torch.set_num_threads(1)  # one reduction order, so the bytes do not depend on the machine
-    inv_freq = check_rope()
+    inv_freq = (check_rope() if CFG.rope_scaling else
+                rope_inv_freq(CFG.hs, CFG.rope_theta).double().numpy())
     entries = compute()
     data = encode(entries)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -8,8 +8,9 @@ out in plain torch (no transformers):
     loss = mean over the B*T rows of softmax cross-entropy
 RMSNorm: y = x * rsqrt(mean(x^2, last dim) + eps) * weight (no bias, eps = rms_norm_eps).
 attn: one fused qkv projection (q + 2k, C): rows [0, H hs) are q (H heads of hs contiguous
-rows), then G kv heads of k, then G of v; optional bias (Qwen2's q/k/v bias). Rotary embedding
-on q and k after the bias, HF's rotate-half layout: angle a[t, i] = f32(t) * inv_freq[i] for
+rows), then G kv heads of k, then G of v; optional bias (Qwen2's q/k/v bias). With qk_norm
+(Qwen3), each q head and each k head RMS-normed over its hs values (weights q_norm, k_norm (hs),
+eps rms_norm_eps) after the bias. Rotary embedding on q and k after that, HF's rotate-half layout: angle a[t, i] = f32(t) * inv_freq[i] for
 i < hs/2, cos and sin duplicated to hs, x' = x cos + rotate_half(x) sin with
 rotate_half(x) = cat(-x[hs/2:], x[:hs/2]). Grouped-query attention as HF's repeat_kv: query
 head h reads kv head h // (H / G). Causal softmax, scale 1/sqrt(hs); merged heads (B, T, H hs)
@@ -68,6 +69,7 @@ class LlamaConfig:
     qkv_bias: bool = False
     proj_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: Optional[Llama3Scaling] = None
@@ -96,6 +98,9 @@ def parameter_shapes(cfg):
         out.append((p + "self_attn.qkv.weight", ((H + 2 * G) * hs, C), w))
         if cfg.qkv_bias:
             out.append((p + "self_attn.qkv.bias", ((H + 2 * G) * hs,), "bias"))
+        if cfg.qk_norm:
+            out.append((p + "self_attn.q_norm.weight", (hs,), "norm"))
+            out.append((p + "self_attn.k_norm.weight", (hs,), "norm"))
         out.append((p + "self_attn.proj.weight", (C, H * hs), w))
         if cfg.proj_bias:
             out.append((p + "self_attn.proj.bias", (C,), "bias"))
@@ -192,6 +197,9 @@ class TorchLlama:
         q = q.view(B, T, H, hs).transpose(1, 2)  # (B, H, T, hs)
         k = k.view(B, T, G, hs).transpose(1, 2)  # (B, G, T, hs)
         v = v.view(B, T, G, hs).transpose(1, 2)
+        if cfg.qk_norm:  # Qwen3Attention: per head over hs, before the rotary embedding
+            q = self._rms(q, pre + "q_norm.weight")
+            k = self._rms(k, pre + "k_norm.weight")
         cos, sin = rope_cos_sin(T, self.inv_freq)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)

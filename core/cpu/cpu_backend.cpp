@@ -272,6 +272,21 @@ void CpuBackend::do_rope(StreamId s, const Tensor& qkv, const AttentionDims& d, 
                          bool inverse) {
   submit(s, [this, qkv, d, f, inverse] { run_rope(qkv, d, f, inverse); });
 }
+void CpuBackend::do_qk_norm_forward(StreamId s, const Tensor& qkv, const AttentionDims& d,
+                                    const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                    const Tensor& qk_in, const Tensor& rstd) {
+  submit(s, [this, qkv, d, q_weight, k_weight, eps, qk_in, rstd] {
+    run_qk_norm_forward(qkv, d, q_weight, k_weight, eps, qk_in, rstd);
+  });
+}
+void CpuBackend::do_qk_norm_backward(StreamId s, const Tensor& dqkv, const Tensor& qk_in,
+                                     const Tensor& rstd, const AttentionDims& d,
+                                     const Tensor& q_weight, const Tensor& k_weight,
+                                     const Tensor& dq_weight, const Tensor& dk_weight) {
+  submit(s, [this, dqkv, qk_in, rstd, d, q_weight, k_weight, dq_weight, dk_weight] {
+    run_qk_norm_backward(dqkv, qk_in, rstd, d, q_weight, k_weight, dq_weight, dk_weight);
+  });
+}
 void CpuBackend::do_swiglu_forward(StreamId s, const Tensor& gate_up, const Tensor& out) {
   submit(s, [this, gate_up, out] { run_swiglu_forward(gate_up, out); });
 }

@@ -135,6 +135,13 @@ class CpuBackend final : public Backend {
                            const Tensor& dweight) override;
   void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
                bool inverse) override;
+  void do_qk_norm_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                          const Tensor& q_weight, const Tensor& k_weight, float eps,
+                          const Tensor& qk_in, const Tensor& rstd) override;
+  void do_qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                           const Tensor& rstd, const AttentionDims& d, const Tensor& q_weight,
+                           const Tensor& k_weight, const Tensor& dq_weight,
+                           const Tensor& dk_weight) override;
   void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) override;
   void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                           const Tensor& dgate_up) override;
@@ -203,6 +210,12 @@ class CpuBackend final : public Backend {
   void run_rmsnorm_backward(const Tensor& dout, const Tensor& inp, const Tensor& weight,
                             const Tensor& rstd, const Tensor& dinp, const Tensor& dweight);
   void run_rope(const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f, bool inverse);
+  void run_qk_norm_forward(const Tensor& qkv, const AttentionDims& d, const Tensor& q_weight,
+                           const Tensor& k_weight, float eps, const Tensor& qk_in,
+                           const Tensor& rstd);
+  void run_qk_norm_backward(const Tensor& dqkv, const Tensor& qk_in, const Tensor& rstd,
+                            const AttentionDims& d, const Tensor& q_weight, const Tensor& k_weight,
+                            const Tensor& dq_weight, const Tensor& dk_weight);
   void run_swiglu_forward(const Tensor& gate_up, const Tensor& out);
   void run_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up);
   void run_embedding_forward(StreamId stream, const IndexTensor& tokens, const Tensor& wte,

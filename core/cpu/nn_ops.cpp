@@ -1,8 +1,9 @@
 // CPU reference of the row-wise and elementwise neural-network ops (core/backend.h): layernorm,
-// RMSNorm, GELU, SwiGLU, residual and bias adds, embeddings and AdamW. Every value is widened to
-// f32, computed in FP32 with double accumulators for reductions, and rounded once to the output's
-// dtype. Parallel (OpenMP) over rows, or over column blocks where rows are reduced, so no output
-// element is ever written by two threads and results do not depend on the thread count.
+// RMSNorm (and Qwen3's per-head q/k RMSNorm), GELU, SwiGLU, residual and bias adds, embeddings
+// and AdamW. Every value is widened to f32, computed in FP32 with double accumulators for
+// reductions, and rounded once to the output's dtype. Parallel (OpenMP) over rows, or over
+// column blocks where rows are reduced, so no output element is ever written by two threads and
+// results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -202,6 +203,83 @@ void CpuBackend::run_rmsnorm_backward(const Tensor& dout, const Tensor& inp, con
     for (std::int64_t j = 0; j < m; ++j) buf[j] *= xb[j] * rs[r];
   });
   add_into(dweight, sums);
+}
+
+// Per-head RMSNorm of qkv's q and k heads, in place (backend.h). Row r of qk_in and rstd is head
+// h = r % (H + G) of token r / (H + G); the heads of one token are contiguous in qkv.
+void CpuBackend::run_qk_norm_forward(const Tensor& qkv, const AttentionDims& d,
+                                     const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                     const Tensor& qk_in, const Tensor& rstd) {
+  const std::int64_t hs = d.hs, qk = d.heads + d.kv_heads, n = d.b * d.t * qk;
+  std::vector<float> wq(static_cast<std::size_t>(hs)), wk(wq.size());
+  widen(q_weight, 0, hs, wq.data());
+  widen(k_weight, 0, hs, wk.data());
+#pragma omp parallel if (n * hs >= kNnParallelMin)
+  {
+    std::vector<float> x(static_cast<std::size_t>(hs));
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t h = r % qk, off = (r / qk) * d.row() + h * hs;
+      widen(qkv, off, hs, x.data());
+      narrow(x.data(), qk_in, r * hs, hs);
+      double ss = 0.0;
+      for (float v : x) ss += static_cast<double>(v) * v;
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(hs) + eps));
+      const std::vector<float>& w = h < d.heads ? wq : wk;
+      for (std::size_t j = 0; j < x.size(); ++j) x[j] = x[j] * rs * w[j];
+      narrow(x.data(), qkv, off, hs);
+      f32(rstd)[r] = rs;
+    }
+  }
+}
+
+// The weight gradients first (they read dqkv's incoming values), then dqkv's q and k heads
+// rewritten in place with rmsnorm's input gradient.
+void CpuBackend::run_qk_norm_backward(const Tensor& dqkv, const Tensor& qk_in, const Tensor& rstd,
+                                      const AttentionDims& d, const Tensor& q_weight,
+                                      const Tensor& k_weight, const Tensor& dq_weight,
+                                      const Tensor& dk_weight) {
+  const std::int64_t hs = d.hs, qk = d.heads + d.kv_heads, tokens = d.b * d.t, n = tokens * qk;
+  const float* rs = f32(rstd);
+  // Rows of one weight's sum: the `count` heads from `first` of every token, in (token, head)
+  // order.
+  const auto weight_grad = [&](std::int64_t first, std::int64_t count, const Tensor& dweight) {
+    std::vector<double> sums;
+    column_sums(tokens * count, hs, sums,
+                [&](std::int64_t i, std::int64_t c0, std::int64_t m, float* buf) {
+                  const std::int64_t tok = i / count, h = first + i % count, r = tok * qk + h;
+                  float xb[kColBlock];
+                  widen(qk_in, r * hs + c0, m, xb);
+                  widen(dqkv, tok * d.row() + h * hs + c0, m, buf);
+                  for (std::int64_t j = 0; j < m; ++j) buf[j] *= xb[j] * rs[r];
+                });
+    add_into(dweight, sums);
+  };
+  weight_grad(0, d.heads, dq_weight);
+  weight_grad(d.heads, d.kv_heads, dk_weight);
+  std::vector<float> wq(static_cast<std::size_t>(hs)), wk(wq.size());
+  widen(q_weight, 0, hs, wq.data());
+  widen(k_weight, 0, hs, wk.data());
+#pragma omp parallel if (n * hs >= kNnParallelMin)
+  {
+    std::vector<float> x(static_cast<std::size_t>(hs)), g(x.size());
+#pragma omp for schedule(static)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t h = r % qk, off = (r / qk) * d.row() + h * hs;
+      const std::vector<float>& w = h < d.heads ? wq : wk;
+      widen(qk_in, r * hs, hs, x.data());
+      widen(dqkv, off, hs, g.data());
+      double sgn = 0.0;
+      for (std::size_t j = 0; j < x.size(); ++j) {
+        x[j] *= rs[r];  // norm
+        g[j] *= w[j];   // weight * dout
+        sgn += static_cast<double>(g[j]) * x[j];
+      }
+      const float mgn = static_cast<float>(sgn / static_cast<double>(hs));
+      for (std::size_t j = 0; j < x.size(); ++j) g[j] = rs[r] * (g[j] - x[j] * mgn);
+      narrow(g.data(), dqkv, off, hs);
+    }
+  }
 }
 
 // gate_up (N,2F) -> out (N,F) = silu(g) * u. (F >= 1: the base class returns on no work.)

@@ -51,7 +51,8 @@ namespace memfit {
 struct CudaBackendOptions {
   int device = 0;
   bool allow_tf32 = false;  // f32 GEMMs may use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)
-  std::size_t gemm_workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommended 32 MiB on Hopper
+  std::size_t gemm_workspace_bytes = std::size_t{32}
+                                     << 20;  // cuBLASLt's recommended 32 MiB on Hopper
 };
 
 // What the CUDA context and the backend's library handles cost in device memory, measured with
@@ -139,6 +140,13 @@ class CudaBackend final : public Backend {
                            const Tensor& dweight) override;
   void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
                bool inverse) override;
+  void do_qk_norm_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                          const Tensor& q_weight, const Tensor& k_weight, float eps,
+                          const Tensor& qk_in, const Tensor& rstd) override;
+  void do_qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                           const Tensor& rstd, const AttentionDims& d, const Tensor& q_weight,
+                           const Tensor& k_weight, const Tensor& dq_weight,
+                           const Tensor& dk_weight) override;
   void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) override;
   void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                           const Tensor& dgate_up) override;

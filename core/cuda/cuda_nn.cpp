@@ -85,6 +85,30 @@ void CudaBackend::do_rope(StreamId stream, const Tensor& qkv, const AttentionDim
                                       d.kv_heads, inverse, cuda_stream(stream)));
 }
 
+// Qwen3's per-head q/k RMSNorm (nn_kernels.cu); the two weights share a dtype (backend.h).
+void CudaBackend::do_qk_norm_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                                     const Tensor& q_weight, const Tensor& k_weight, float eps,
+                                     const Tensor& qk_in, const Tensor& rstd) {
+  cuda::DeviceGuard guard(options_.device);
+  MEMFIT_CUDA_CHECK(cuda::launch_qk_norm_forward(
+      qkv.raw(), code(qkv), q_weight.raw(), k_weight.raw(), code(q_weight), eps, qk_in.raw(),
+      code(qk_in), f32(rstd), d.b, d.t, d.heads, d.kv_heads, d.hs, cuda_stream(stream)));
+}
+
+void CudaBackend::do_qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                                      const Tensor& rstd, const AttentionDims& d,
+                                      const Tensor& q_weight, const Tensor& k_weight,
+                                      const Tensor& dq_weight, const Tensor& dk_weight) {
+  cuda::DeviceGuard guard(options_.device);
+  CudaScratch partials(*this, stream,
+                       cuda::qk_norm_backward_scratch_bytes(d.b, d.t, d.heads, d.kv_heads, d.hs),
+                       "cuda.qk_norm_backward.partials");
+  MEMFIT_CUDA_CHECK(cuda::launch_qk_norm_backward(
+      dqkv.raw(), code(dqkv), qk_in.raw(), code(qk_in), f32(rstd), q_weight.raw(), k_weight.raw(),
+      code(q_weight), f32(dq_weight), f32(dk_weight), d.b, d.t, d.heads, d.kv_heads, d.hs,
+      partials.data(), cuda_stream(stream)));
+}
+
 void CudaBackend::do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) {
   cuda::DeviceGuard guard(options_.device);
   MEMFIT_CUDA_CHECK(cuda::launch_swiglu_forward(gate_up.raw(), code(gate_up), out.raw(), code(out),

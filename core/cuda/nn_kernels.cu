@@ -240,6 +240,88 @@ __global__ void rmsnorm_dweight_partials_kernel(In<T> dout, In<T> inp, const flo
   }
 }
 
+// Per-head RMSNorm of the q and k heads (Qwen3's q_norm / k_norm): head r = token * qk + h,
+// h < qk = H + G, at qkv[token * row_len + h * hs]; one warp per head, as rmsnorm_forward_kernel.
+// Each lane reads then writes its own columns, so qkv is normed in place.
+struct QkDims {
+  i64 n;        // B * T * (H + G) heads to norm
+  i64 qk;       // H + G
+  i64 heads;    // H: heads below it use q_weight
+  i64 hs;       // head size
+  i64 row_len;  // (H + 2G) * hs
+  __device__ i64 offset(i64 r) const { return (r / qk) * row_len + (r % qk) * hs; }
+};
+
+template <typename T>
+__global__ void qk_norm_forward_kernel(Out<T> qkv, In<T> q_weight, In<T> k_weight, float eps,
+                                       Out<T> qk_in, float* rstd, QkDims d) {
+  const int lane = threadIdx.x % kWarp;
+  const float fc = static_cast<float>(d.hs);
+  MEMFIT_FOR_WARP_ROWS(r, d.n) {
+    const i64 off = d.offset(r);
+    const In<T>& w = r % d.qk < d.heads ? q_weight : k_weight;
+    float ss = 0.0f;
+    for (i64 j = lane; j < d.hs; j += kWarp) {
+      const float x = qkv.get(off + j);
+      qk_in(r * d.hs + j, x);
+      ss += x * x;
+    }
+    const float rs = 1.0f / sqrtf(warp_sum(ss) / fc + eps);
+    for (i64 j = lane; j < d.hs; j += kWarp) qkv(off + j, qkv.get(off + j) * rs * w(j));
+    if (lane == 0) rstd[r] = rs;
+  }
+}
+
+// dqkv's q and k heads in place: g = weight * dout, norm = qk_in * rstd,
+// d = rstd * (g - norm * mean(g * norm)); one warp per head.
+template <typename T>
+__global__ void qk_norm_dinp_kernel(Out<T> dqkv, In<T> qk_in, In<T> q_weight, In<T> k_weight,
+                                    const float* rstd, QkDims d) {
+  const int lane = threadIdx.x % kWarp;
+  const float fc = static_cast<float>(d.hs);
+  MEMFIT_FOR_WARP_ROWS(r, d.n) {
+    const i64 off = d.offset(r), in = r * d.hs;
+    const In<T>& w = r % d.qk < d.heads ? q_weight : k_weight;
+    const float rs = rstd[r];
+    float sgn = 0.0f;
+    for (i64 j = lane; j < d.hs; j += kWarp) sgn += w(j) * dqkv.get(off + j) * (qk_in(in + j) * rs);
+    const float mgn = warp_sum(sgn) / fc;
+    for (i64 j = lane; j < d.hs; j += kWarp) {
+      const float norm = qk_in(in + j) * rs;
+      const float g = w(j) * dqkv.get(off + j);
+      dqkv(off + j, rs * (g - norm * mgn));
+    }
+  }
+}
+
+// Stage 1 of one weight's gradient (hs) += sum of dout * (qk_in * rstd) over the `count` heads
+// from `first` of every token, rows i = token * count + (h - first) in that order, chunked as
+// rmsnorm_dweight_partials_kernel (part[chunk, col]). Stage 2 is column_finish_kernel.
+template <typename T>
+__global__ void qk_norm_dweight_partials_kernel(In<T> dqkv, In<T> qk_in, const float* rstd,
+                                                float* part, QkDims d, i64 first, i64 count,
+                                                i64 rows, i64 rows_per_chunk) {
+  __shared__ float sw[kRowLanes][kColTile + 1];
+  const i64 col = static_cast<i64>(blockIdx.x) * kColTile + threadIdx.x;
+  const i64 chunk = blockIdx.y;
+  const i64 r0 = chunk * rows_per_chunk;
+  const i64 r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  float aw = 0.0f;
+  if (col < d.hs) {
+    for (i64 i = r0 + threadIdx.y; i < r1; i += kRowLanes) {
+      const i64 r = (i / count) * d.qk + first + i % count;
+      aw += dqkv(d.offset(r) + col) * (qk_in(r * d.hs + col) * rstd[r]);
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < d.hs) {
+    float tw = 0.0f;
+    for (int k = 0; k < kRowLanes; ++k) tw += sw[k][threadIdx.x];
+    part[chunk * d.hs + col] = tw;
+  }
+}
+
 // RopeFreqs (core/backend.h) as a by-value kernel parameter: 516 bytes of the 4 KB that kernel
 // parameters may take, read from the constant bank, so no device buffer and no copy to queue.
 struct RopeParams {
@@ -503,6 +585,76 @@ cudaError_t launch_rmsnorm_backward(const void* dout, int dout_dt, const void* i
   if (e != cudaSuccess) return e;
   column_finish_kernel<<<grid_for(c, kThreads), kThreads, 0, stream>>>(part, dweight, nullptr,
                                                                        nullptr, p.chunks, c);
+  return cudaGetLastError();
+}
+
+namespace {
+QkDims qk_dims(i64 b, i64 t, i64 heads, i64 kv_heads, i64 hs) {
+  return QkDims{b * t * (heads + kv_heads), heads + kv_heads, heads, hs,
+                (heads + 2 * kv_heads) * hs};
+}
+}  // namespace
+
+cudaError_t launch_qk_norm_forward(void* qkv, int qkv_dt, const void* q_weight,
+                                   const void* k_weight, int w_dt, float eps, void* qk_in,
+                                   int qk_in_dt, float* rstd, std::int64_t b, std::int64_t t,
+                                   std::int64_t heads, std::int64_t kv_heads, std::int64_t hs,
+                                   cudaStream_t stream) {
+  const QkDims d = qk_dims(b, t, heads, kv_heads, hs);
+  if (d.n == 0) return cudaSuccess;
+  return dispatch({qkv_dt, w_dt, qk_in_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    qk_norm_forward_kernel<T><<<grid_for(d.n, kThreads / kWarp), kThreads, 0, stream>>>(
+        Out<T>::make(qkv, qkv_dt), In<T>::make(q_weight, w_dt), In<T>::make(k_weight, w_dt), eps,
+        Out<T>::make(qk_in, qk_in_dt), rstd, d);
+    return cudaGetLastError();
+  });
+}
+
+std::size_t qk_norm_backward_scratch_bytes(std::int64_t b, std::int64_t t, std::int64_t heads,
+                                           std::int64_t kv_heads, std::int64_t hs) {
+  const ChunkPlan pq = chunk_plan(b * t * heads), pk = chunk_plan(b * t * kv_heads);
+  return align_up(static_cast<std::size_t>(pq.chunks * hs) * sizeof(float)) +
+         align_up(static_cast<std::size_t>(pk.chunks * hs) * sizeof(float));
+}
+
+cudaError_t launch_qk_norm_backward(void* dqkv, int dqkv_dt, const void* qk_in, int qk_in_dt,
+                                    const float* rstd, const void* q_weight, const void* k_weight,
+                                    int w_dt, float* dq_weight, float* dk_weight, std::int64_t b,
+                                    std::int64_t t, std::int64_t heads, std::int64_t kv_heads,
+                                    std::int64_t hs, void* scratch, cudaStream_t stream) {
+  const QkDims d = qk_dims(b, t, heads, kv_heads, hs);
+  if (d.n == 0) return cudaSuccess;
+  const i64 tokens = b * t;
+  const ChunkPlan pq = chunk_plan(tokens * heads), pk = chunk_plan(tokens * kv_heads);
+  float* part_q = static_cast<float*>(scratch);
+  float* part_k = reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                           align_up(static_cast<std::size_t>(pq.chunks * hs) * 4));
+  const unsigned tiles = static_cast<unsigned>((hs + kColTile - 1) / kColTile);
+  const cudaError_t e = dispatch({dqkv_dt, qk_in_dt, w_dt}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // The weight gradients read dqkv before the input gradient overwrites it (one stream).
+    qk_norm_dweight_partials_kernel<T>
+        <<<dim3(tiles, static_cast<unsigned>(pq.chunks)), dim3(kColTile, kRowLanes), 0, stream>>>(
+            In<T>::make(dqkv, dqkv_dt), In<T>::make(qk_in, qk_in_dt), rstd, part_q, d, 0, heads,
+            tokens * heads, pq.rows);
+    MEMFIT_RETURN_IF_LAUNCH_FAILED();
+    qk_norm_dweight_partials_kernel<T>
+        <<<dim3(tiles, static_cast<unsigned>(pk.chunks)), dim3(kColTile, kRowLanes), 0, stream>>>(
+            In<T>::make(dqkv, dqkv_dt), In<T>::make(qk_in, qk_in_dt), rstd, part_k, d, heads,
+            kv_heads, tokens * kv_heads, pk.rows);
+    MEMFIT_RETURN_IF_LAUNCH_FAILED();
+    qk_norm_dinp_kernel<T><<<grid_for(d.n, kThreads / kWarp), kThreads, 0, stream>>>(
+        Out<T>::make(dqkv, dqkv_dt), In<T>::make(qk_in, qk_in_dt), In<T>::make(q_weight, w_dt),
+        In<T>::make(k_weight, w_dt), rstd, d);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  column_finish_kernel<<<grid_for(hs, kThreads), kThreads, 0, stream>>>(part_q, dq_weight, nullptr,
+                                                                        nullptr, pq.chunks, hs);
+  MEMFIT_RETURN_IF_LAUNCH_FAILED();
+  column_finish_kernel<<<grid_for(hs, kThreads), kThreads, 0, stream>>>(part_k, dk_weight, nullptr,
+                                                                        nullptr, pk.chunks, hs);
   return cudaGetLastError();
 }
 

@@ -68,6 +68,25 @@ cudaError_t launch_rmsnorm_backward(const void* dout, int dout_dt, const void* i
                                     int dinp_dt, float* dweight, std::int64_t n, std::int64_t c,
                                     void* scratch, cudaStream_t stream);
 
+// Per-head RMSNorm of the q and k heads of qkv (B,T,(H+2G)*hs) in place (Qwen3's q_norm,
+// k_norm): qk_in (B,T,(H+G)*hs) gets the q and k columns as they were, rstd (B,T,H+G) f32.
+// q_weight, k_weight (hs) share one dtype.
+cudaError_t launch_qk_norm_forward(void* qkv, int qkv_dt, const void* q_weight,
+                                   const void* k_weight, int w_dt, float eps, void* qk_in,
+                                   int qk_in_dt, float* rstd, std::int64_t b, std::int64_t t,
+                                   std::int64_t heads, std::int64_t kv_heads, std::int64_t hs,
+                                   cudaStream_t stream);
+// Bytes of scratch launch_qk_norm_backward needs.
+std::size_t qk_norm_backward_scratch_bytes(std::int64_t b, std::int64_t t, std::int64_t heads,
+                                           std::int64_t kv_heads, std::int64_t hs);
+// dqkv's q and k heads in place (the normed heads' gradient -> qk_in's), dq_weight and
+// dk_weight (hs) f32 += (two-stage column sums, no atomics).
+cudaError_t launch_qk_norm_backward(void* dqkv, int dqkv_dt, const void* qk_in, int qk_in_dt,
+                                    const float* rstd, const void* q_weight, const void* k_weight,
+                                    int w_dt, float* dq_weight, float* dk_weight, std::int64_t b,
+                                    std::int64_t t, std::int64_t heads, std::int64_t kv_heads,
+                                    std::int64_t hs, void* scratch, cudaStream_t stream);
+
 // The most frequencies launch_rope takes: RopeFreqs::inv_freq's length (cuda_nn.cpp checks).
 inline constexpr int kRopeMaxHalf = 128;
 // Rotary embedding in place on the q and k heads of qkv (B,T,(H+2G)*hs), hs = 2 * half, half in

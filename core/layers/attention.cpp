@@ -1,5 +1,6 @@
 #include "core/layers/attention.h"
 
+#include <cmath>
 #include <string>
 
 #include "memory/check.h"
@@ -55,6 +56,12 @@ AttentionShape checked_shape(const std::string& name, std::int64_t hidden, Atten
                   std::to_string(s.freqs.half) +
                   " frequencies; valid: an even head size and head size / 2 frequencies");
   }
+  if (s.qk_norm && impl == AttentionImpl::kMaterialized) {
+    bad(name, "qk_norm with materialized attention; valid: flash attention");
+  }
+  if (s.qk_norm && (!(s.qk_norm_eps > 0.0f) || !std::isfinite(s.qk_norm_eps))) {
+    bad(name, "qk_norm_eps = " + std::to_string(s.qk_norm_eps) + "; valid: a finite value > 0");
+  }
   if (impl == AttentionImpl::kMaterialized && s.kv_heads != s.heads) {
     bad(name, "materialized attention with kv_heads = " + std::to_string(s.kv_heads) +
                   " < heads = " + std::to_string(s.heads) +
@@ -85,11 +92,22 @@ CausalSelfAttention::CausalSelfAttention(std::string name, std::int64_t hidden,
       qkv_(name + ".qkv", hidden, mul(shape_.heads + 2 * shape_.kv_heads, shape_.head_dim),
            shape_.qkv_bias, layers::kInitStd),
       proj_(name + ".proj", mul(shape_.heads, shape_.head_dim), hidden, shape_.proj_bias,
-            proj_std) {}
+            proj_std) {
+  if (shape_.qk_norm) {
+    layers::init_param(q_norm_, this->name() + ".q_norm.weight", Shape{shape_.head_dim},
+                       ParamInit::Kind::kOnes);
+    layers::init_param(k_norm_, this->name() + ".k_norm.weight", Shape{shape_.head_dim},
+                       ParamInit::Kind::kOnes);
+  }
+}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
   std::vector<Parameter*> ps{&qkv_.weight()};
   if (shape_.qkv_bias) ps.push_back(&qkv_.bias());
+  if (shape_.qk_norm) {
+    ps.push_back(&q_norm_);
+    ps.push_back(&k_norm_);
+  }
   ps.push_back(&proj_.weight());
   if (shape_.proj_bias) ps.push_back(&proj_.bias());
   return ps;
@@ -101,6 +119,8 @@ void CausalSelfAttention::release_saved() noexcept {
   qkv_saved_.reset();
   softmax_.reset();
   merged_.reset();
+  qk_in_.reset();
+  qk_rstd_.reset();
 }
 
 Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
@@ -114,6 +134,7 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
   }
   try {
     Act qkv = qkv_.forward(ctx, x, save);  // (B,T,(H+2G)*hs)
+    if (shape_.qk_norm) norm_qk(ctx, qkv, save);
     if (shape_.rope) {
       ctx.backend.rope(ctx.stream, qkv->view(), shape_.heads, shape_.kv_heads, shape_.freqs, false);
     }
@@ -122,6 +143,20 @@ Act CausalSelfAttention::forward(LayerContext& ctx, const Act& x, bool save) {
   } catch (...) {
     release_saved();
     throw;
+  }
+}
+
+void CausalSelfAttention::norm_qk(LayerContext& ctx, const Act& qkv, bool save) {
+  const Tensor& v = qkv->view();
+  const std::int64_t b = v.size(0), t = v.size(1), qk = shape_.heads + shape_.kv_heads;
+  const Category kept = save ? Category::kActivation : Category::kTemporary;
+  Act in = ctx.make(Shape{b, t, qk * shape_.head_dim}, ctx.dtype, kept, name());
+  Act rstd = ctx.make(Shape{b, t, qk}, DType::kF32, kept, name());
+  ctx.backend.qk_norm_forward(ctx.stream, v, shape_.heads, shape_.kv_heads, q_norm_.weight.view(),
+                              k_norm_.weight.view(), shape_.qk_norm_eps, in->view(), rstd->view());
+  if (save) {
+    qk_in_ = std::move(in);
+    qk_rstd_ = std::move(rstd);
   }
 }
 
@@ -192,13 +227,20 @@ Act CausalSelfAttention::backward(LayerContext& ctx, const Act& dy) {
     ctx.backend.attention_backward(ctx.stream, dmerged->view(), q, softmax_->view(), h,
                                    datt->view(), dqkvr->view(), dqkv->view());
   }
-  if (shape_.rope) {  // the gradient of the rotated q, k -> that of qkv's output
+  if (shape_.rope) {  // the gradient of the rotated q, k -> that of the normed (or raw) ones
     ctx.backend.rope(ctx.stream, dqkv->view(), h, shape_.kv_heads, shape_.freqs, true);
+  }
+  if (shape_.qk_norm) {  // -> that of qkv's output
+    ctx.backend.qk_norm_backward(ctx.stream, dqkv->view(), qk_in_->view(), qk_rstd_->view(), h,
+                                 shape_.kv_heads, q_norm_.weight.view(), k_norm_.weight.view(),
+                                 q_norm_.grad.view(), k_norm_.grad.view());
   }
   dmerged.reset();
   qkv_saved_.reset();
   softmax_.reset();
   merged_.reset();
+  qk_in_.reset();
+  qk_rstd_.reset();
   return qkv_.backward(ctx, dqkv);
 }
 
@@ -233,8 +275,11 @@ LayerCost CausalSelfAttention::cost(std::int64_t seq_len, DType dtype) const {
   k.output_bytes = nbytes(tc, dtype);
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   if (impl_ == AttentionImpl::kFlash) {
-    // qkv, merged, lse
+    // qkv, merged, lse; with qk_norm the q, k heads before it and their rstd
     k.saved_bytes = mq + 2 * mk + mq + nbytes(mul(shape_.heads, seq_len), DType::kF32);
+    if (shape_.qk_norm) {
+      k.saved_bytes += mq + mk + nbytes(mul(shape_.heads + shape_.kv_heads, seq_len), DType::kF32);
+    }
     const std::int64_t pairs_q = mul(mul(seq_len, seq_len + 1), qw);  // T(T+1)*q
     k.forward_flops = projections + mul(2, pairs_q);
     k.backward_flops = mul(2, projections) + mul(5, pairs_q);

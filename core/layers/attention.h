@@ -14,6 +14,11 @@
 // k_proj, v_proj stacked), "<name>.qkv.bias" (q + 2k) when qkv_bias, "<name>.proj.weight"
 // (C, q) init N(0, proj_std) (HF's o_proj), "<name>.proj.bias" (C) when proj_bias. GPT-2:
 // G = H, hs = C/H, both biases, no rotary embedding.
+// With qk_norm (Qwen3), "<name>.q_norm.weight" and "<name>.k_norm.weight" (hs, init 1) follow
+// the qkv parameters: each q (k) head of qkv's output is RMS-normed with them in place
+// (Backend::qk_norm_forward) before the rotary embedding, as HF's Qwen3Attention; the heads
+// before the norm (q and k columns, mq + mk) and one f32 rstd per head (r = (H+G)*T*4 bytes)
+// are saved for the backward.
 // Rotary embedding (rope): applied in place to the q and k columns of qkv's output, so what
 // the attention saves is already rotated; the backward rotates dq, dk back (Backend::rope).
 //
@@ -23,7 +28,7 @@
 //   = T*C, T*q and T*k elements of the activation dtype's size (GPT-2: all c) and
 //   s = H*T*4 bytes (one f32 per row):
 //     saved      qkv (mq + 2mk), the merged heads (mq; proj's input), lse (s); its input x is
-//                held by the qkv projection (saves_input)
+//                held by the qkv projection (saves_input); with qk_norm also mq + mk + r
 //     output     c
 //     workspace  backward: dqkv (mq + 2mk) + delta (s) beside dmerged (mq), the saved state
 //                and dy, less the dx slot: 2mq + 2mk + s - c; forward: none
@@ -65,7 +70,9 @@ struct AttentionShape {
   bool qkv_bias = true;
   bool proj_bias = true;
   bool rope = false;
-  RopeFreqs freqs;  // with rope: core/rope.h's rope_frequencies(head_dim, theta, scaling)
+  RopeFreqs freqs;            // with rope: core/rope.h's rope_frequencies(head_dim, theta, scaling)
+  bool qk_norm = false;       // Qwen3's per-head RMSNorm of q and k, before the rotary embedding
+  float qk_norm_eps = 1e-6f;  // its epsilon (the model's rms_norm_eps)
 };
 
 class CausalSelfAttention final : public Layer {
@@ -76,7 +83,8 @@ class CausalSelfAttention final : public Layer {
                       float proj_std = 0.02f, AttentionImpl impl = AttentionImpl::kFlash);
   // Any shape. InvalidArgument unless heads >= 1, kv_heads divides heads, the head size is
   // 1 to Backend::kMaxAttentionHeadSize (even with rope, and freqs.half == head_dim / 2),
-  // hidden divides by heads when head_dim is 0, and kMaterialized has kv_heads == heads.
+  // hidden divides by heads when head_dim is 0, kMaterialized has kv_heads == heads and no
+  // qk_norm, and qk_norm_eps is finite and > 0 with qk_norm.
   CausalSelfAttention(std::string name, std::int64_t hidden, const AttentionShape& shape,
                       float proj_std = 0.02f, AttentionImpl impl = AttentionImpl::kFlash);
 
@@ -98,6 +106,8 @@ class CausalSelfAttention final : public Layer {
   Linear& proj() { return proj_; }
 
  private:
+  // qk_norm: qkv's q and k heads RMS-normed in place; with save, what the backward reads kept.
+  void norm_qk(LayerContext& ctx, const Act& qkv, bool save);
   Act forward_flash(LayerContext& ctx, Act qkv, bool save);
   Act forward_materialized(LayerContext& ctx, Act qkv, bool save);
 
@@ -105,10 +115,13 @@ class CausalSelfAttention final : public Layer {
   AttentionShape shape_;
   AttentionImpl impl_;
   Linear qkv_, proj_;
+  Parameter q_norm_, k_norm_;  // with qk_norm only (hs each)
   // Saved. qkv_saved_: qkv (B,T,3C) for kFlash, qkvr (3,B,H,T,hs) for kMaterialized;
   // softmax_: what the backward needs of the softmax, lse (B,H,T) f32 or att (B,H,T,T);
   // merged_ (kFlash only): the merged heads (B,T,C), proj's input, which delta reads.
   Act qkv_saved_, softmax_, merged_;
+  // With qk_norm: the q and k heads before the norm (B,T,(H+G)*hs) and their rstd (B,T,H+G).
+  Act qk_in_, qk_rstd_;
 };
 
 }  // namespace memfit

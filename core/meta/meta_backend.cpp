@@ -63,6 +63,10 @@ const char* meta_op_name(MetaOp op) {
       return "rmsnorm_backward";
     case MetaOp::kRope:
       return "rope";
+    case MetaOp::kQkNormForward:
+      return "qk_norm_forward";
+    case MetaOp::kQkNormBackward:
+      return "qk_norm_backward";
     case MetaOp::kSwiGluForward:
       return "swiglu_forward";
     case MetaOp::kSwiGluBackward:

@@ -56,6 +56,8 @@ enum class MetaOp : std::uint8_t {
   kRmsNormForward,
   kRmsNormBackward,
   kRope,
+  kQkNormForward,
+  kQkNormBackward,
   kSwiGluForward,
   kSwiGluBackward,
   kEmbeddingForward,
@@ -88,6 +90,8 @@ struct MetaFlops {
   static constexpr std::int64_t kRmsNormForward = 4;        // per inp element
   static constexpr std::int64_t kRmsNormBackward = 8;       // per inp element
   static constexpr std::int64_t kRope = 3;                  // per rotated element (q and k)
+  static constexpr std::int64_t kQkNormForward = 4;         // per normed element (q and k)
+  static constexpr std::int64_t kQkNormBackward = 8;        // per normed element (q and k)
   static constexpr std::int64_t kSwiGluForward = 6;         // per out element
   static constexpr std::int64_t kSwiGluBackward = 12;       // per out element
 };
@@ -177,6 +181,13 @@ class MetaBackend final : public cpu::InlineBackend {
                            const Tensor& dweight) override;
   void do_rope(StreamId stream, const Tensor& qkv, const AttentionDims& d, const RopeFreqs& f,
                bool inverse) override;
+  void do_qk_norm_forward(StreamId stream, const Tensor& qkv, const AttentionDims& d,
+                          const Tensor& q_weight, const Tensor& k_weight, float eps,
+                          const Tensor& qk_in, const Tensor& rstd) override;
+  void do_qk_norm_backward(StreamId stream, const Tensor& dqkv, const Tensor& qk_in,
+                           const Tensor& rstd, const AttentionDims& d, const Tensor& q_weight,
+                           const Tensor& k_weight, const Tensor& dq_weight,
+                           const Tensor& dk_weight) override;
   void do_swiglu_forward(StreamId stream, const Tensor& gate_up, const Tensor& out) override;
   void do_swiglu_backward(StreamId stream, const Tensor& dout, const Tensor& gate_up,
                           const Tensor& dgate_up) override;

@@ -45,7 +45,8 @@ void MetaBackend::do_layernorm_backward(StreamId, const Tensor& dout, const Tens
 }
 
 void MetaBackend::do_gelu_forward(StreamId, const Tensor& inp, const Tensor& out) {
-  count(MetaOp::kGeluForward, bytes(inp), bytes(out), sat_mul(MetaFlops::kGeluForward, inp.numel()));
+  count(MetaOp::kGeluForward, bytes(inp), bytes(out),
+        sat_mul(MetaFlops::kGeluForward, inp.numel()));
 }
 
 void MetaBackend::do_gelu_backward(StreamId, const Tensor& dout, const Tensor& inp,
@@ -82,13 +83,15 @@ void MetaBackend::do_split_heads(StreamId, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {
   // src may be larger than the permuted part (backward's dy lives in dqkv's memory).
   const std::int64_t n = sat_mul(sat_mul(d.b * d.t, d.parts), d.heads * d.hs);
-  count(MetaOp::kSplitHeads, sat_mul(n, dtype_size(src.dtype())), sat_mul(n, dtype_size(dst.dtype())));
+  count(MetaOp::kSplitHeads, sat_mul(n, dtype_size(src.dtype())),
+        sat_mul(n, dtype_size(dst.dtype())));
 }
 
 void MetaBackend::do_merge_heads(StreamId, const Tensor& src, const Tensor& dst,
                                  const HeadDims& d) {
   const std::int64_t n = sat_mul(sat_mul(d.b * d.t, d.parts), d.heads * d.hs);
-  count(MetaOp::kMergeHeads, sat_mul(n, dtype_size(src.dtype())), sat_mul(n, dtype_size(dst.dtype())));
+  count(MetaOp::kMergeHeads, sat_mul(n, dtype_size(src.dtype())),
+        sat_mul(n, dtype_size(dst.dtype())));
 }
 
 void MetaBackend::do_flash_attention_forward(StreamId, const Tensor& qkv, const AttentionDims& d,
@@ -135,6 +138,28 @@ void MetaBackend::do_rope(StreamId, const Tensor& qkv, const AttentionDims& d, c
   count(MetaOp::kRope, b, b, sat_mul(MetaFlops::kRope, n));
 }
 
+// The q and k columns of qkv are read and written in place (v is not touched); qk_in and rstd
+// written (forward) or read (backward); the weight gradients accumulate: read and written.
+void MetaBackend::do_qk_norm_forward(StreamId, const Tensor& qkv, const AttentionDims& d,
+                                     const Tensor& q_weight, const Tensor& k_weight, float,
+                                     const Tensor& qk_in, const Tensor& rstd) {
+  const std::int64_t n = sat_mul(sat_mul(d.b, d.t), (d.heads + d.kv_heads) * d.hs);
+  const std::int64_t cols = sat_mul(n, dtype_size(qkv.dtype()));
+  count(MetaOp::kQkNormForward, sat_add(cols, bytes(q_weight, k_weight)),
+        sat_add(cols, bytes(qk_in, rstd)), sat_mul(MetaFlops::kQkNormForward, n));
+}
+
+void MetaBackend::do_qk_norm_backward(StreamId, const Tensor& dqkv, const Tensor& qk_in,
+                                      const Tensor& rstd, const AttentionDims& d,
+                                      const Tensor& q_weight, const Tensor& k_weight,
+                                      const Tensor& dq_weight, const Tensor& dk_weight) {
+  const std::int64_t n = sat_mul(sat_mul(d.b, d.t), (d.heads + d.kv_heads) * d.hs);
+  const std::int64_t cols = sat_mul(n, dtype_size(dqkv.dtype()));
+  count(MetaOp::kQkNormBackward,
+        sat_add(cols, bytes(qk_in, rstd, q_weight, k_weight, dq_weight, dk_weight)),
+        sat_add(cols, bytes(dq_weight, dk_weight)), sat_mul(MetaFlops::kQkNormBackward, n));
+}
+
 void MetaBackend::do_swiglu_forward(StreamId, const Tensor& gate_up, const Tensor& out) {
   count(MetaOp::kSwiGluForward, bytes(gate_up), bytes(out),
         sat_mul(MetaFlops::kSwiGluForward, out.numel()));
@@ -168,8 +193,9 @@ void MetaBackend::do_crossentropy_forward(StreamId, const Tensor& logits,
                                           const IndexTensor& targets, std::int64_t vocab,
                                           const Tensor& losses, const Tensor& lse) {
   const std::int64_t live = sat_mul(targets.numel(), vocab);
-  count(MetaOp::kCrossEntropyForward, sat_add(sat_mul(live, dtype_size(logits.dtype())), bytes(targets)),
-        bytes(losses, lse), sat_mul(MetaFlops::kCrossEntropyForward, live));
+  count(MetaOp::kCrossEntropyForward,
+        sat_add(sat_mul(live, dtype_size(logits.dtype())), bytes(targets)), bytes(losses, lse),
+        sat_mul(MetaFlops::kCrossEntropyForward, live));
 }
 
 void MetaBackend::do_crossentropy_backward(StreamId, const Tensor& logits, const Tensor& lse,

@@ -26,12 +26,14 @@ using testing::bytes_of;
 using testing::Rig;
 
 // 6 blocks, small enough to run every schedule in milliseconds.
-ModelSpec six_blocks(ModelSpec::Kind kind = ModelSpec::Kind::kGpt) {
-  // llama: llama-micro's blocks (grouped-query rotary attention, SwiGLU) with q/k/v biases.
+ModelSpec six_blocks(ModelSpec::Kind kind = ModelSpec::Kind::kGpt, bool qk_norm = false) {
+  // llama: llama-micro's blocks (grouped-query rotary attention, SwiGLU) with q/k/v biases, or
+  // with Qwen3's q/k norms instead.
   ModelSpec s = ModelSpec::preset(kind == ModelSpec::Kind::kLlama ? "llama-micro" : "gpt-micro");
   s.kind = kind;
   s.layers = 6;
-  if (kind == ModelSpec::Kind::kLlama) s.qkv_bias = true;
+  if (kind == ModelSpec::Kind::kLlama) s.qkv_bias = !qk_norm;
+  s.qk_norm = qk_norm;
   return s;
 }
 
@@ -61,11 +63,11 @@ void expect_same_bits(const Result& want, const Result& got, Model& m, const std
   }
 }
 
-void check_schedules_bit_identical(ModelSpec::Kind kind, DType dt,
-                                   LossMode loss = LossMode::kWhole) {
+void check_schedules_bit_identical(ModelSpec::Kind kind, DType dt, LossMode loss = LossMode::kWhole,
+                                   bool qk_norm = false) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(dt);
-  Model m(six_blocks(kind), ctx);
+  Model m(six_blocks(kind, qk_norm), ctx);
   m.init(11, ctx);
   m.head().set_loss(loss);
   Batch batch(rig, 2, 16, m.spec().vocab, 1);
@@ -104,6 +106,9 @@ TEST(Executor, SchedulesBitIdenticalLlamaF32ChunkedLoss) {
 }
 TEST(Executor, SchedulesBitIdenticalLlamaBF16) {
   check_schedules_bit_identical(ModelSpec::Kind::kLlama, DType::kBF16);
+}
+TEST(Executor, SchedulesBitIdenticalQwen3QkNormBF16) {
+  check_schedules_bit_identical(ModelSpec::Kind::kLlama, DType::kBF16, LossMode::kChunked, true);
 }
 
 TEST(Executor, UserChainUnderCheckpointing) {

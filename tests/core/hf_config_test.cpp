@@ -1,5 +1,5 @@
 // ModelSpec::from_hf_config_*: real HuggingFace config.json files (Llama 3.1, Llama 2, Mistral,
-// Qwen2.5) give the presets' shapes and counts; notes; every kind of bad input, and files.
+// Qwen2.5, Qwen3) give the presets' shapes and counts; notes; every kind of bad input, and files.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -115,6 +115,40 @@ constexpr const char* kQwen25_7B = R"({
   "use_mrope": false,
   "use_sliding_window": false,
   "vocab_size": 152064
+}
+)";
+
+// Qwen/Qwen3-8B's config.json as published: q/k norms (implied by model_type), head_dim 128,
+// sliding_window null.
+constexpr const char* kQwen3_8B = R"({
+  "architectures": [
+    "Qwen3ForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 12288,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 36,
+  "model_type": "qwen3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 36,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
 }
 )";
 
@@ -337,6 +371,41 @@ TEST(HfConfig, Qwen25_7BHasQkvBiasesAndNoWindow) {
   EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json").seq_len, 32768);
 }
 
+TEST(HfConfig, Qwen3_8BHasQkNormsAndIsThePreset) {
+  std::vector<std::string> notes;
+  const ModelSpec s = ModelSpec::from_hf_config_string(kQwen3_8B, "Qwen3-8B.json", &notes);
+  EXPECT_TRUE(s.qk_norm);
+  EXPECT_FALSE(s.qkv_bias);
+  EXPECT_FALSE(s.proj_bias);
+  EXPECT_FALSE(s.tied_head);
+  EXPECT_EQ(s.seq_len, 40960);
+  EXPECT_EQ(s.resolved_head_dim(), 128);
+  EXPECT_EQ(s.resolved_kv_heads(), 8);
+  EXPECT_EQ(s.rope_theta, 1000000.0f);
+  EXPECT_EQ(s.rope_scaling.kind, RopeScaling::Kind::kNone);
+  EXPECT_EQ(s.parameter_count(), 8190735360);  // the model card's 8.2B
+  EXPECT_EQ(yaml_without_name(s), yaml_without_name(ModelSpec::preset("qwen3-8b")));
+  EXPECT_NE(s.to_yaml().find("qk_norm: true"), std::string::npos) << s.to_yaml();
+  const std::string unused = note_with(notes, "ignored");
+  EXPECT_NE(unused.find("max_window_layers"), std::string::npos) << unused;
+  // Qwen3Config's defaults: head_dim 128 (not hidden / heads), 32 kv heads.
+  const std::string bare = with(with(kQwen3_8B, "head_dim", ""), "num_key_value_heads", "");
+  const ModelSpec d = ModelSpec::from_hf_config_string(bare, "q.json");
+  EXPECT_EQ(d.resolved_head_dim(), 128);
+  EXPECT_EQ(d.resolved_kv_heads(), 32);
+  // attention_bias covers q, k, v and o, as in Llama.
+  const ModelSpec b = ModelSpec::from_hf_config_string(
+      with(kQwen3_8B, "attention_bias", "\"attention_bias\": true,"), "q.json");
+  EXPECT_TRUE(b.qkv_bias && b.proj_bias && b.qk_norm);
+  const std::string windowed =
+      with(with(kQwen3_8B, "use_sliding_window", "\"use_sliding_window\": true,"), "sliding_window",
+           "\"sliding_window\": 4096,");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json").seq_len, 4096);
+  expect_error(with(with(kSmall, "model_type", "\"model_type\": \"qwen3\","), "architectures",
+                    "\"architectures\": [\"Qwen2ForCausalLM\"],"),
+               {"architectures", "Qwen3ForCausalLM"});
+}
+
 TEST(HfConfig, Llama2_13BNullRopeScalingNoHeadDim) {
   std::vector<std::string> notes;
   const ModelSpec s = ModelSpec::from_hf_config_string(kLlama2_13B, "config.json", &notes);
@@ -417,8 +486,9 @@ TEST(HfConfig, UnsupportedModelTypes) {
                {"model_type", "\"mixtral\"", "mixture of experts", "llama, mistral, qwen2"});
   expect_error(with(kSmall, "model_type", "\"model_type\": \"gemma\","),
                {"model_type", "\"gemma\"", "not supported", "llama, mistral, qwen2"});
-  expect_error(with(kSmall, "model_type", "\"model_type\": \"qwen3\","),
-               {"model_type", "\"qwen3\"", "q/k", "llama, mistral, qwen2"});
+  expect_error(
+      with(kSmall, "model_type", "\"model_type\": \"qwen3_moe\","),
+      {"model_type", "\"qwen3_moe\"", "mixture of experts", "llama, mistral, qwen2, qwen3"});
   expect_error(with(kSmall, "model_type", "\"model_type\": 7,"), {"model_type", "string"});
   // architectures must name model_type's causal LM.
   expect_error(
@@ -584,6 +654,20 @@ TEST(HfConfig, ExampleLlamaTinyLoads) {
             256 * c + 6 * (2 * c + 512 * c + c * 256 + 3 * 704 * c) + c + 256 * c);
   EXPECT_NE(note_with(notes, "ignored").find("initializer_range"), std::string::npos);
   EXPECT_NE(note_with(notes, "dtype").find("float32"), std::string::npos);
+}
+
+TEST(HfConfig, ExampleQwen3TinyLoads) {
+  const std::string path = source_dir() + "/examples/configs/qwen3-tiny.json";
+  const ModelSpec s = ModelSpec::load(path);
+  EXPECT_EQ(s.name, "qwen3-tiny");
+  EXPECT_TRUE(s.qk_norm);
+  EXPECT_TRUE(s.tied_head);
+  EXPECT_FALSE(s.qkv_bias);
+  EXPECT_EQ(s.seq_len, 128);
+  // llama-tiny's blocks with two head-size norms each, and the head tied.
+  const std::int64_t c = 256;
+  EXPECT_EQ(s.parameter_count(),
+            256 * c + 6 * (2 * c + 512 * c + 2 * 32 + c * 256 + 3 * 704 * c) + c);
 }
 
 }  // namespace

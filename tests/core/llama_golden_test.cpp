@@ -1,11 +1,14 @@
 // The whole Llama (kind llama) against PyTorch: logits, loss, every gradient and a 10-step AdamW
-// loss trajectory, from tests/core/data/llama_golden.bin (scripts/make_llama_golden.py, the
+// loss trajectory, from two files in tests/core/data (scripts/make_llama_golden.py, the
 // plain-torch reference scripts/torch_llama.py, torch 1.13 on the CPU in f32; format in the
-// script's docstring). The test never needs PyTorch. The model is Qwen2-like so that every
-// optional piece is checked: RMSNorm gains away from 1, grouped-query attention (4 query heads
-// on 2 kv heads), q/k/v biases, rotary embedding with llama3 scaling whose three bands (kept,
-// interpolated, divided by the factor) each hold one of the head's 4 frequencies, SwiGLU MLP,
-// an untied head, no position table.
+// script's docstring). The test never needs PyTorch.
+// - llama_golden.bin is Qwen2-like so that every optional piece of Llama 3 and Qwen2 is
+//   checked: RMSNorm gains away from 1, grouped-query attention (4 query heads on 2 kv heads),
+//   q/k/v biases, rotary embedding with llama3 scaling whose three bands (kept, interpolated,
+//   divided by the factor) each hold one of the head's 4 frequencies, SwiGLU MLP, an untied
+//   head, no position table.
+// - qwen3_golden.bin is Qwen3-like: the same sizes with per-head q/k RMSNorms (gains away from
+//   1), no biases, a tied head and rope_theta 1e6 without scaling.
 //
 // Tolerances: gpt_golden_test.cpp's, for the same reasons (f32 throughout, different
 // reduction orders, K <= 96 terms per sum; RMSNorm and softmax amplify them as LayerNorm and
@@ -19,6 +22,9 @@
 // torch_llama.py: no llama3 scaling, or the middle band not interpolated: logits 0.13 off
 // (1e5 x the bound), loss 7e-4 relative; kv head h % G instead of h // (H/G): logits 0.46;
 // interleaved pairs (2i, 2i+1) instead of rotate-half: 0.24; RMSNorm eps 1e-5 for 1e-6: 9e-3.
+// qwen3_golden.bin: logits 1.5e-7 (0.13 of the bound), loss 2.7e-8 relative, gradients 7.5e-8
+// (0.059), trajectory 1.1e-7; memfit's k heads normed with q_norm's weight (a mutated CPU op):
+// logits 0.038 off (29,000 x the bound).
 // (A shift of every position by one is invisible: rotary scores depend only on t - s.)
 // The bounds:
 //   logits      |a - b| <= 1e-6 + 1e-5 |b|
@@ -54,17 +60,19 @@ using testing::to_host;
 
 using Errors = testing::GoldenErrors;
 
-class LlamaGolden : public ::testing::Test {
+class LlamaGolden : public ::testing::TestWithParam<const char*> {
  protected:
+  bool qwen3() const { return std::string(GetParam()) == "qwen3_golden.bin"; }
+
   void SetUp() override {
-    g_ = testing::read_golden(testing::golden_data_path("llama_golden.bin"));
+    g_ = testing::read_golden(testing::golden_data_path(GetParam()));
     ASSERT_FALSE(g_.empty());
     for (const char* k :
          {"config", "rope", "adamw", "tokens", "targets", "logits", "loss", "trajectory"}) {
       ASSERT_TRUE(g_.count(k)) << "entry " << k << " missing";
     }
     const std::vector<std::int32_t>& c = g_["config"].i;
-    ASSERT_EQ(c.size(), 15u);
+    ASSERT_EQ(c.size(), qwen3() ? 16u : 15u);  // llama_golden.bin predates qk_norm
     spec_.kind = ModelSpec::Kind::kLlama;
     spec_.vocab = c[0];
     spec_.seq_len = c[1];
@@ -81,19 +89,30 @@ class LlamaGolden : public ::testing::Test {
     b_ = c[12];
     t_ = c[13];
     steps_ = c[14];
+    spec_.qk_norm = c.size() > 15 && c[15] != 0;
     const std::vector<float>& r = g_["rope"].f;
     ASSERT_EQ(r.size(), 6u);
     spec_.rope_theta = r[0];
-    spec_.rope_scaling.kind = RopeScaling::Kind::kLlama3;
-    spec_.rope_scaling.factor = r[1];
-    spec_.rope_scaling.low_freq_factor = r[2];
-    spec_.rope_scaling.high_freq_factor = r[3];
-    spec_.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(r[4]);
+    if (r[1] != 0.0f) {  // factor 0: no scaling
+      spec_.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+      spec_.rope_scaling.factor = r[1];
+      spec_.rope_scaling.low_freq_factor = r[2];
+      spec_.rope_scaling.high_freq_factor = r[3];
+      spec_.rope_scaling.original_max_position_embeddings = static_cast<std::int64_t>(r[4]);
+    }
     spec_.ln_eps = r[5];  // torch adds the Python 1e-6 to an f32 tensor: f32(1e-6), as here
-    // The shape the file was made for (scripts/make_llama_golden.py): GQA, q/k/v bias only.
+    // The shapes the files were made for (scripts/make_llama_golden.py): GQA with q/k/v bias
+    // only and llama3 scaling; GQA with q/k norms, a tied head and no scaling.
     EXPECT_LT(spec_.resolved_kv_heads(), spec_.heads);
-    EXPECT_TRUE(spec_.qkv_bias && !spec_.proj_bias && !spec_.mlp_bias && !spec_.tied_head);
-    EXPECT_EQ(spec_.rope_scaling.original_max_position_embeddings, 64);
+    if (qwen3()) {
+      EXPECT_TRUE(spec_.qk_norm && !spec_.qkv_bias && !spec_.proj_bias && !spec_.mlp_bias &&
+                  spec_.tied_head);
+      EXPECT_EQ(spec_.rope_scaling.kind, RopeScaling::Kind::kNone);
+    } else {
+      EXPECT_TRUE(spec_.qkv_bias && !spec_.proj_bias && !spec_.mlp_bias && !spec_.tied_head &&
+                  !spec_.qk_norm);
+      EXPECT_EQ(spec_.rope_scaling.original_max_position_embeddings, 64);
+    }
     ASSERT_NO_THROW(spec_.validate());
     const std::vector<float>& o = g_["adamw"].f;
     ASSERT_EQ(o.size(), 5u);
@@ -116,21 +135,26 @@ class LlamaGolden : public ::testing::Test {
 
 // memfit's parameter names and order, which the golden file (and HuggingFace checkpoint
 // loading) rely on.
-TEST_F(LlamaGolden, ParameterNamesAndOrder) {
+TEST_P(LlamaGolden, ParameterNamesAndOrder) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(DType::kF32);
   Model m(spec_, ctx);
   std::vector<std::string> want = {"wte"};
   for (std::int64_t i = 0; i < spec_.layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    for (const char* s : {"input_layernorm.weight", "self_attn.qkv.weight", "self_attn.qkv.bias",
-                          "self_attn.proj.weight", "post_attention_layernorm.weight",
+    const std::vector<const char*> attn =
+        qwen3() ? std::vector<const char*>{"self_attn.qkv.weight", "self_attn.q_norm.weight",
+                                           "self_attn.k_norm.weight"}
+                : std::vector<const char*>{"self_attn.qkv.weight", "self_attn.qkv.bias"};
+    want.push_back(p + "input_layernorm.weight");
+    for (const char* s : attn) want.push_back(p + s);
+    for (const char* s : {"self_attn.proj.weight", "post_attention_layernorm.weight",
                           "mlp.gate_up.weight", "mlp.down.weight"}) {
       want.push_back(p + s);
     }
   }
   want.push_back("norm.weight");
-  want.push_back("head.weight");
+  if (!qwen3()) want.push_back("head.weight");
   std::vector<std::string> got;
   std::int64_t numel = 0;
   for (Parameter* p : m.parameters()) {
@@ -142,7 +166,7 @@ TEST_F(LlamaGolden, ParameterNamesAndOrder) {
   EXPECT_EQ(numel, m.parameter_count());
 }
 
-TEST_F(LlamaGolden, LogitsLossAndGradients) {
+TEST_P(LlamaGolden, LogitsLossAndGradients) {
   Rig rig(false);
   LayerContext ctx = rig.ctx(DType::kF32);
   Model m(spec_, ctx);
@@ -196,7 +220,7 @@ TEST_F(LlamaGolden, LogitsLossAndGradients) {
               worst_name.c_str());
 }
 
-TEST_F(LlamaGolden, AdamWTrajectory) {
+TEST_P(LlamaGolden, AdamWTrajectory) {
   for (bool checkpointed : {false, true}) {
     Rig rig(false);
     LayerContext ctx = rig.ctx(DType::kF32);
@@ -227,6 +251,12 @@ TEST_F(LlamaGolden, AdamWTrajectory) {
                 s.name().c_str(), static_cast<long long>(steps_), ref.front(), ref.back(), worst);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Files, LlamaGolden,
+                         ::testing::Values("llama_golden.bin", "qwen3_golden.bin"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param).substr(0, 5);  // llama, qwen3
+                         });
 
 }  // namespace
 }  // namespace memfit

@@ -85,7 +85,7 @@ TEST(ModelSpecLlama, PresetsHaveThePublishedParameterCounts) {
   const Published published[] = {
       {"llama-3.2-1b", 1235814400}, {"llama-3.2-3b", 3212749824}, {"llama-3.1-8b", 8030261248},
       {"llama-2-7b", 6738415616},   {"llama-2-13b", 13015864320}, {"mistral-7b", 7241732096},
-      {"qwen2.5-7b", 7615616512},
+      {"qwen2.5-7b", 7615616512},   {"qwen3-0.6b", 596049920},    {"qwen3-8b", 8190735360},
   };
   for (const Published& p : published) {
     const ModelSpec s = ModelSpec::preset(p.preset);
@@ -146,6 +146,10 @@ std::vector<Expected> llama_names(const ModelSpec& s) {
     e.push_back({p + "input_layernorm.weight", {c}});
     e.push_back({p + "self_attn.qkv.weight", {q + 2 * k, c}});
     if (s.qkv_bias) e.push_back({p + "self_attn.qkv.bias", {q + 2 * k}});
+    if (s.qk_norm) {
+      e.push_back({p + "self_attn.q_norm.weight", {s.resolved_head_dim()}});
+      e.push_back({p + "self_attn.k_norm.weight", {s.resolved_head_dim()}});
+    }
     e.push_back({p + "self_attn.proj.weight", {c, q}});
     if (s.proj_bias) e.push_back({p + "self_attn.proj.bias", {c}});
     e.push_back({p + "post_attention_layernorm.weight", {c}});
@@ -216,6 +220,20 @@ TEST(ModelSpecLlama, ModelBiasesAppearAndCountsAgree) {
                                       "layers.0.mlp.gate_up.bias", "layers.0.mlp.down.bias",
                                       "layers.1.self_attn.qkv.bias", "layers.1.self_attn.proj.bias",
                                       "layers.1.mlp.gate_up.bias", "layers.1.mlp.down.bias"}));
+}
+
+TEST(ModelSpecLlama, QkNormsAppearAndCountsAgree) {
+  ModelSpec s = ModelSpec::preset("llama-micro");
+  s.qk_norm = true;
+  expect_model(s);
+  EXPECT_EQ(s.parameter_count(), ModelSpec::preset("llama-micro").parameter_count() + 2 * 2 * 8);
+  // YAML: the key round-trips, and is refused with materialized attention.
+  const ModelSpec back = ModelSpec::from_yaml_string(s.to_yaml());
+  EXPECT_TRUE(back.qk_norm);
+  EXPECT_FALSE(ModelSpec::from_yaml_string(ModelSpec::preset("llama-micro").to_yaml()).qk_norm);
+  expect_error(std::string(kMinimal) + "  qk_norm: true\n  attention: materialized\n",
+               {"model.qk_norm", "materialized"});
+  expect_error(std::string(kMinimal) + "  qk_norm: 3\n", {"model.qk_norm"});
 }
 
 TEST(ModelSpecLlama, TiedModelHasNoHeadWeight) {
@@ -360,9 +378,10 @@ TEST(ModelSpecLlama, EveryPresetRoundTrips) {
       EXPECT_EQ(back.ln_eps, s.ln_eps) << name;
       EXPECT_EQ(back.tied_head, s.tied_head) << name;
       EXPECT_EQ(back.qkv_bias, s.qkv_bias) << name;
+      EXPECT_EQ(back.qk_norm, s.qk_norm) << name;
     }
   }
-  EXPECT_EQ(llamas, 8);  // llama-micro and the seven published models
+  EXPECT_EQ(llamas, 10);  // llama-micro and the nine published models
 }
 
 TEST(ModelSpecLlama, Errors) {

@@ -110,7 +110,7 @@ TEST(ModelSpec, ParameterCounts) {
 }
 
 TEST(ModelSpec, PresetsAndLoad) {
-  EXPECT_EQ(ModelSpec::preset_names().size(), 17u);
+  EXPECT_EQ(ModelSpec::preset_names().size(), 19u);
   EXPECT_EQ(ModelSpec::load("gpt-micro").hidden, 32);
   // GPT-3 13B (Brown et al. 2020, table 2.1; d_model 40 heads x 128): 40 blocks of 5120,
   // GPT-2's vocabulary and a 2048 context, tied: 12.85e9 parameters.

@@ -132,10 +132,10 @@ std::vector<float> values_of(LayerContext& ctx, const Tensor& t) {
 }
 
 struct Tolerance {
-  double loss_rel;   // |loss - ref| <= loss_rel * |ref|
-  double abs_frac;   // per element: |x - ref| <= abs_frac * max|ref| + rel * |ref|
+  double loss_rel;  // |loss - ref| <= loss_rel * |ref|
+  double abs_frac;  // per element: |x - ref| <= abs_frac * max|ref| + rel * |ref|
   double rel;
-  double l2_rel;     // ||x - ref|| <= l2_rel * ||ref||
+  double l2_rel;  // ||x - ref|| <= l2_rel * ||ref||
 };
 Tolerance tolerance(DType dt) {
   // f32: ~1e-5 relative per kernel (the figure), a few kernels deep. bf16: 2^-8
@@ -146,8 +146,8 @@ Tolerance tolerance(DType dt) {
 }
 
 // Compares x with ref elementwise and norm-wise; returns the relative L2 error.
-double expect_close(const std::vector<float>& x, const std::vector<float>& ref, const Tolerance& tol,
-                    const std::string& what) {
+double expect_close(const std::vector<float>& x, const std::vector<float>& ref,
+                    const Tolerance& tol, const std::string& what) {
   EXPECT_EQ(x.size(), ref.size()) << what;
   if (x.size() != ref.size()) return INFINITY;
   double max_ref = 0, diff2 = 0, ref2 = 0;
@@ -160,8 +160,8 @@ double expect_close(const std::vector<float>& x, const std::vector<float>& ref, 
     const double allowed = tol.abs_frac * max_ref + tol.rel * std::fabs(double(ref[i]));
     // Written so that NaN fails: !(|d| <= allowed).
     if (!(std::isfinite(x[i]) && std::fabs(d) <= allowed) && reported++ < 3) {
-      ADD_FAILURE() << what << "[" << i << "]: gpu " << x[i] << " cpu " << ref[i]
-                    << " (allowed " << allowed << ")";
+      ADD_FAILURE() << what << "[" << i << "]: gpu " << x[i] << " cpu " << ref[i] << " (allowed "
+                    << allowed << ")";
     }
   }
   const double l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
@@ -208,6 +208,22 @@ TEST_P(LlamaStepGpu, LossAndEveryGradientMatchTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, LlamaStepGpu, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// Qwen3's step: the same with per-head q/k RMSNorms, no biases, a tied head.
+class Qwen3StepGpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Qwen3StepGpu, LossAndEveryGradientMatchTheCpuBackend) {
+  MEMFIT_REQUIRE_GPU();
+  ModelSpec s = llama_step_spec();
+  s.name = "gpu-qwen3-step";
+  s.qkv_bias = false;
+  s.qk_norm = true;
+  s.tied_head = true;
+  check_step_against_cpu(s, GetParam(), "qwen3");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Qwen3StepGpu, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
 void check_step_against_cpu(const ModelSpec& spec, DType dt, const std::string& what) {
   const Batch b = make_batch(4, spec.seq_len, spec.vocab, 7);
   TrainerOptions o;
@@ -237,17 +253,17 @@ void check_step_against_cpu(const ModelSpec& spec, DType dt, const std::string& 
   std::string worst_name;
   for (std::size_t i = 0; i < pc.size(); ++i) {
     ASSERT_EQ(pc[i]->name, pg[i]->name);
-    const double l2 = expect_close(values_of(gpu.ctx, pg[i]->grad.view()),
-                                   values_of(cpu.ctx, pc[i]->grad.view()), tol,
-                                   "grad " + pg[i]->name);
+    const double l2 =
+        expect_close(values_of(gpu.ctx, pg[i]->grad.view()), values_of(cpu.ctx, pc[i]->grad.view()),
+                     tol, "grad " + pg[i]->name);
     if (l2 > worst) {
       worst = l2;
       worst_name = pg[i]->name;
     }
   }
   char buf[160];
-  std::snprintf(buf, sizeof buf, "loss gpu %.7f cpu %.7f; worst gradient rel-L2 %.2e (%s)",
-                rg.loss, rc.loss, worst, worst_name.c_str());
+  std::snprintf(buf, sizeof buf, "loss gpu %.7f cpu %.7f; worst gradient rel-L2 %.2e (%s)", rg.loss,
+                rc.loss, worst, worst_name.c_str());
   print_figure(what + " step vs cpu, " + dtype_name(dt), buf);
 }
 
@@ -375,8 +391,10 @@ TEST(GptStepGpuPolicies, OffloadEqualsDeviceAdamW) {
           ++exact;
           continue;
         }
-        const bool ok = low ? std::fabs(a - b) <= std::ldexp(std::fabs(b), -7) : within_ulps(a, b, 4);
-        if (!ok && bad++ < 3) ADD_FAILURE() << name << "[" << i << "]: offload " << a << " device " << b;
+        const bool ok =
+            low ? std::fabs(a - b) <= std::ldexp(std::fabs(b), -7) : within_ulps(a, b, 4);
+        if (!ok && bad++ < 3)
+          ADD_FAILURE() << name << "[" << i << "]: offload " << a << " device " << b;
       }
     }
     char buf[200];

@@ -187,6 +187,27 @@ TEST(CostModelMegatron, LlamaBlockTermByTerm) {
       double(c.workspace_bytes) / 1048576.0);
 }
 
+// Qwen3's block: the Llama block's terms plus what its q/k norms save, q and k before the norm
+// (2sb(q + k)) and one f32 per q and k head and token (4(a + g)sb). Qwen3-8B (h = q = 4096,
+// k = 1024, F = 12288, a = 32, g = 8): 2sb(16384 + 8192 + 2048 + 36864) + 8sb + 4asb
+// + 2sb(5120) + 160sb.
+TEST(CostModelMegatron, Qwen3BlockTermByTerm) {
+  const ModelSpec spec = ModelSpec::preset("qwen3-8b");
+  ASSERT_TRUE(spec.qk_norm);
+  const std::int64_t s = 2048, b = 1, h = spec.hidden, a = spec.heads, g = spec.resolved_kv_heads(),
+                     hs = spec.resolved_head_dim(), q = a * hs, k = g * hs, f = spec.intermediate;
+  const Terms m{s, b, h, a};
+  const CostModel cm = CostModel::analytic(spec, s);
+  const std::int64_t layer =
+      cm.embedding(DType::kBF16).output_bytes + cm.block(0, DType::kBF16).saved_bytes;
+  const std::int64_t llama_terms =
+      2 * s * b * (4 * h + 2 * q + 2 * k + 3 * f) + 8 * s * b + 4 * m.asb();
+  EXPECT_EQ(layer, llama_terms + 2 * s * b * (q + k) + 4 * (a + g) * s * b);
+  std::printf("qwen3-8b per-layer activations (bf16, s=%lld b=1): %lld bytes = %.3f sbh\n",
+              static_cast<long long>(s), static_cast<long long>(layer),
+              static_cast<double>(layer) / static_cast<double>(m.sbh()));
+}
+
 TEST(CostModelMegatron, ScalesWithMicroBatchAndDoublesInF32) {
   const ModelSpec spec = materialized("gpt2-medium");
   const std::int64_t s = 512;

@@ -39,6 +39,17 @@ ModelSpec small_llama() {
   return s;
 }
 
+// The same with Qwen3's attention instead: per-head q/k RMSNorms, no biases, a tied head.
+ModelSpec small_qwen3() {
+  ModelSpec s = small_llama();
+  s.name = "small-qwen3";
+  s.qkv_bias = false;
+  s.qk_norm = true;
+  s.tied_head = true;
+  s.validate();
+  return s;
+}
+
 struct Case {
   ModelSpec spec;
   DType dtype = DType::kF32;
@@ -196,6 +207,11 @@ std::vector<Case> unbudgeted_cases() {
     }
   }
   v.push_back({llama, DType::kBF16, Checkpointing::all(), true, 4, 0, 9, 16, true});
+  const ModelSpec qwen3 = small_qwen3();
+  for (const Checkpointing& ck : rules) {
+    v.push_back({qwen3, DType::kBF16, ck, false, 5, 0, 12, 0});
+    v.push_back({qwen3, DType::kF16, ck, true, 0, 3, 7, 0, true, true, true});
+  }
   v.push_back({llama, DType::kF32, Checkpointing::none(), false, 5, 0, 12, 0, false, false, false,
                LossMode::kWhole});
   v.push_back({gpt, DType::kBF16, Checkpointing::all(), true, 5, 0, 12, 0, false, false, false,
@@ -282,6 +298,7 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
       {{small_llama(), DType::kBF16, Checkpointing::every(2), true, 0, 0, 1, 0, true, true, true},
        2,
        8},
+      {{small_qwen3(), DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true}, 2, 8},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;

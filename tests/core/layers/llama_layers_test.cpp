@@ -1,5 +1,6 @@
 // The Llama family's layers: RMSNorm, GatedMLP (SwiGLU) and CausalSelfAttention with
-// grouped-query heads, a rotary embedding, optional biases and an explicit head size, each
+// grouped-query heads, a rotary embedding, optional biases, an explicit head size and Qwen3's
+// per-head q/k RMSNorm, each
 // against a double-precision reference written here (through finite differences), in low
 // precision, recomputed, and their memory on the meta backend. Also the rotary frequencies
 // against HuggingFace's formulas and the Backend ops on the CPU.
@@ -55,7 +56,23 @@ Vec ref_gated_mlp(const Vec& x, i64 c, i64 f, const Params& p, bool bias) {
   return testing::ref_linear(h, f, c, p[bias ? 2 : 1], bias ? &p[3] : nullptr);
 }
 
-// proj(attention(rope(qkv(x)))) with H heads of hs, G kv heads, in double.
+// Qwen3's q/k norm on qkv (rows of (H+2G)*hs) in place: each of the first H + G heads of a row
+// RMS-normed over hs, q heads with wq, k heads with wk.
+void ref_qk_norm(Vec& qkv, i64 h, i64 g, i64 hs, const Vec& wq, const Vec& wk, double eps) {
+  const i64 row = (h + 2 * g) * hs;
+  for (std::size_t r = 0; r < qkv.size() / static_cast<std::size_t>(row); ++r) {
+    for (i64 e = 0; e < h + g; ++e) {
+      double* v = &qkv[r * row + e * hs];
+      double ss = 0;
+      for (i64 j = 0; j < hs; ++j) ss += v[j] * v[j];
+      const double rs = 1.0 / std::sqrt(ss / hs + eps);
+      for (i64 j = 0; j < hs; ++j) v[j] *= rs * (e < h ? wq : wk)[j];
+    }
+  }
+}
+
+// proj(attention(rope(qk_norm(qkv(x))))) with H heads of hs, G kv heads, in double; parameters
+// in CausalSelfAttention::parameters()'s order.
 Vec ref_llama_attention(const Vec& x, i64 b, i64 t, i64 c, const AttentionShape& s,
                         const Params& p) {
   const i64 h = s.heads, g = s.kv_heads, hs = s.head_dim, row = (h + 2 * g) * hs;
@@ -63,6 +80,10 @@ Vec ref_llama_attention(const Vec& x, i64 b, i64 t, i64 c, const AttentionShape&
   const Vec* qkv_b = s.qkv_bias ? &p[1] : nullptr;
   Vec qkv = testing::ref_linear(x, c, row, p[k], qkv_b);
   k += s.qkv_bias ? 2 : 1;
+  if (s.qk_norm) {
+    ref_qk_norm(qkv, h, g, hs, p[k], p[k + 1], s.qk_norm_eps);
+    k += 2;
+  }
   if (s.rope) {
     for (i64 r = 0; r < b * t; ++r) {
       for (i64 e = 0; e < h + g; ++e) {
@@ -184,6 +205,91 @@ TEST(LlamaOps, RopeInverseUndoesTheRotationAndLeavesV) {
       {"frequencies"});
 }
 
+TEST(LlamaOps, QkNormMatchesTheReferenceInEveryDtypeAndLeavesV) {
+  const i64 b = 2, t = 5, h = 4, g = 2, hs = 24, row = (h + 2 * g) * hs, qk = h + g;
+  for (DType dt : kDTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    CpuBackend be;
+    std::mt19937 rng(17);
+    testing::HT qkv({b, t, row}, dt), wq({hs}, dt), wk({hs}, dt), in({b, t, qk * hs}, dt),
+        rstd({b, t, qk}, DType::kF32), dy({b, t, row}, dt), dwq({hs}, DType::kF32),
+        dwk({hs}, DType::kF32);
+    qkv.rand(rng, -2, 2);
+    wq.rand(rng, 0.5f, 1.5f);
+    wk.rand(rng, -1.5f, -0.5f);  // a swapped q / k weight shows
+    dy.rand(rng);
+    dwq.fill(0.25f);  // the weight gradients accumulate
+    dwk.fill(-0.5f);
+    const Vec x = qkv.vals(), d = dy.vals(), vq = wq.vals(), vk = wk.vals();
+    Vec want = x;
+    ref_qk_norm(want, h, g, hs, vq, vk, 1e-6);
+    be.qk_norm_forward(kDefaultStream, qkv, h, g, wq, wk, 1e-6f, in, rstd);
+    testing::expect_close(qkv, want, dt, "qk_norm", 2, 2);
+    const Vec got = qkv.vals(), kept = in.vals();
+    for (i64 r = 0; r < b * t; ++r) {
+      for (i64 e = 0; e < row; ++e) {
+        const std::size_t i = static_cast<std::size_t>(r * row + e);
+        if (e >= qk * hs) ASSERT_EQ(got[i], x[i]) << "v moved at " << i;
+        if (e < qk * hs) ASSERT_EQ(kept[static_cast<std::size_t>(r * qk * hs + e)], x[i]) << i;
+      }
+    }
+    // The backward against rmsnorm's gradient per head, in double.
+    Vec dx = d, gq(hs, 0.25), gk(hs, -0.5);
+    for (i64 r = 0; r < b * t; ++r) {
+      for (i64 e = 0; e < qk; ++e) {
+        const std::size_t o = static_cast<std::size_t>(r * row + e * hs);
+        const Vec& w = e < h ? vq : vk;
+        double ss = 0, sgn = 0;
+        for (i64 j = 0; j < hs; ++j) ss += x[o + j] * x[o + j];
+        const double rs = 1.0 / std::sqrt(ss / hs + 1e-6);
+        for (i64 j = 0; j < hs; ++j) sgn += w[j] * d[o + j] * x[o + j] * rs;
+        for (i64 j = 0; j < hs; ++j) {
+          dx[o + j] = rs * (w[j] * d[o + j] - x[o + j] * rs * sgn / hs);
+          (e < h ? gq : gk)[j] += x[o + j] * rs * d[o + j];
+        }
+      }
+    }
+    be.qk_norm_backward(kDefaultStream, dy, in, rstd, h, g, wq, wk, dwq, dwk);
+    testing::expect_close(dy, dx, dt, "dqk_norm", 4, 4);
+    testing::expect_close(dwq, gq, DType::kF32, "dq_weight", 2, 2);
+    testing::expect_close(dwk, gk, DType::kF32, "dk_weight", 2, 2);
+    const Vec dyv = dy.vals();
+    for (i64 r = 0; r < b * t; ++r) {  // dv untouched
+      for (i64 e = qk * hs; e < row; ++e) {
+        ASSERT_EQ(dyv[static_cast<std::size_t>(r * row + e)],
+                  d[static_cast<std::size_t>(r * row + e)]);
+      }
+    }
+  }
+}
+
+TEST(LlamaOps, QkNormChecksNameWhatIsWrong) {
+  CpuBackend be;
+  const StreamId s0 = kDefaultStream;
+  const i64 b = 1, t = 3, h = 2, g = 1, hs = 8, row = (h + 2 * g) * hs;
+  testing::HT qkv({b, t, row}, DType::kF32), w({hs}, DType::kF32), w16({hs}, DType::kBF16),
+      in({b, t, (h + g) * hs}, DType::kF32), rstd({b, t, h + g}, DType::kF32),
+      rstd16({b, t, h + g}, DType::kBF16), short_in({b, t, h * hs}, DType::kF32),
+      dw({hs}, DType::kF32), dw7({7}, DType::kF32);
+  qkv.fill(1.0f);
+  w.fill(1.0f);
+  w16.fill(1.0f);
+  testing::expect_invalid([&] { be.qk_norm_forward(s0, qkv, h, g, w, w16, 1e-6f, in, rstd); },
+                          {"k_weight", "one dtype"});
+  testing::expect_invalid([&] { be.qk_norm_forward(s0, qkv, h, g, w, w, 1e-6f, short_in, rstd); },
+                          {"qk_in", "(B, T, (H + G) * hs)"});
+  testing::expect_invalid([&] { be.qk_norm_forward(s0, qkv, h, g, w, w, 1e-6f, in, rstd16); },
+                          {"rstd", "f32"});
+  testing::expect_invalid([&] { be.qk_norm_forward(s0, qkv, h, g, w, w, 0.0f, in, rstd); },
+                          {"eps"});
+  testing::expect_invalid([&] { be.qk_norm_forward(s0, qkv, 3, g, w, w, 1e-6f, in, rstd); },
+                          {"heads = 3"});
+  testing::expect_invalid([&] { be.qk_norm_backward(s0, qkv, in, rstd, h, g, w, w, dw, dw7); },
+                          {"dk_weight"});
+  testing::expect_invalid([&] { be.qk_norm_backward(s0, qkv, in, rstd, h, g, w, w, dw, dw); },
+                          {"overlap"});
+}
+
 TEST(LlamaOps, RmsNormAndSwiGluMatchTheReferenceInEveryDtype) {
   for (DType dt : kDTypes) {
     SCOPED_TRACE(dtype_name(dt));
@@ -269,6 +375,17 @@ TEST(LlamaOps, MetaCountsBytesAndFlops) {
   EXPECT_EQ(st.bytes_written, n * c * 2);
   EXPECT_EQ(st.other_flops, MetaFlops::kSwiGluForward * n * c);
   EXPECT_EQ(st.gemm_flops, 0);
+  // Qwen3's q/k norm reads and writes the q and k columns, writes qk_in and rstd.
+  meta.reset_stats();
+  testing::HT qkn({b, t, (h + 2 * g) * hs}, DType::kBF16), wn({hs}, DType::kBF16),
+      qin({b, t, (h + g) * hs}, DType::kBF16), qrs({b, t, h + g}, DType::kF32);
+  meta.qk_norm_forward(kDefaultStream, on_meta(qkn), h, g, on_meta(wn), on_meta(wn), 1e-6f,
+                       on_meta(qin), on_meta(qrs));
+  st = meta.stats();
+  EXPECT_EQ(st.calls(MetaOp::kQkNormForward), 1);
+  EXPECT_EQ(st.bytes_read, b * t * (h + g) * hs * 2 + 2 * hs * 2);
+  EXPECT_EQ(st.bytes_written, b * t * (h + g) * hs * 2 * 2 + b * t * (h + g) * 4);
+  EXPECT_EQ(st.other_flops, MetaFlops::kQkNormForward * b * t * (h + g) * hs);
   // An embedding without a position table reads one wte row per token.
   meta.reset_stats();
   const std::vector<std::int32_t> ids(b * t, 0);
@@ -372,6 +489,59 @@ TEST(LlamaAttentionTest, GroupedRotaryBiasedHeadsMatchTheReference) {
   }
 }
 
+AttentionShape qwen3_shape(i64 heads, i64 kv, i64 hs, bool qkv_bias) {
+  AttentionShape s = llama_shape(heads, kv, hs, qkv_bias);
+  s.qk_norm = true;
+  s.qk_norm_eps = 1e-5f;
+  return s;
+}
+
+TEST(LlamaAttentionTest, QkNormedHeadsMatchTheReference) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "qkv bias" : "no bias");
+    const AttentionShape s = qwen3_shape(4, 2, 4, bias);
+    CausalSelfAttention a("self_attn", 12, s);
+    const auto ps = a.parameters();
+    ASSERT_EQ(ps.size(), bias ? 5u : 4u);
+    EXPECT_EQ(ps[bias ? 2 : 1]->name, "self_attn.q_norm.weight");
+    EXPECT_EQ(ps[bias ? 3 : 2]->name, "self_attn.k_norm.weight");
+    EXPECT_EQ(ps[bias ? 3 : 2]->shape, (Shape{4}));
+    testing::check_gradients(
+        a, Shape{2, 5, 12},
+        [s](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 5, 12, s, p); }, 86);
+  }
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    const AttentionShape s = qwen3_shape(4, 1, 8, false);
+    testing::check_low_precision(
+        [s] { return std::make_unique<CausalSelfAttention>("attn", 16, s); }, dt, Shape{2, 6, 16},
+        [s](const Vec& x, const Params& p) { return ref_llama_attention(x, 2, 6, 16, s, p); }, 6.0,
+        87);
+  }
+  CausalSelfAttention r("attn", 32, qwen3_shape(8, 2, 8, false));
+  testing::check_recompute(r, Shape{2, 8, 32}, 88);
+  for (DType dt : kDTypes) {
+    CausalSelfAttention m("layers.0.self_attn", 128, qwen3_shape(8, 2, 32, true));
+    testing::check_memory_of(m, dt, Shape{2, 64, 128});
+  }
+  // What the norm adds to the saved state: q and k before it (mq + mk) and an f32 per head.
+  const i64 t = 64, h = 8, g = 2, hs = 32;
+  const LayerCost plain =
+      CausalSelfAttention("a", 128, llama_shape(h, g, hs, false)).cost(t, DType::kBF16);
+  const LayerCost normed =
+      CausalSelfAttention("a", 128, qwen3_shape(h, g, hs, false)).cost(t, DType::kBF16);
+  EXPECT_EQ(normed.saved_bytes - plain.saved_bytes, t * (h + g) * hs * 2 + t * (h + g) * 4);
+  EXPECT_EQ(normed.workspace_bytes, plain.workspace_bytes);
+  testing::expect_invalid(
+      [] {
+        CausalSelfAttention("a", 16, qwen3_shape(2, 2, 4, false), 0.02f,
+                            AttentionImpl::kMaterialized);
+      },
+      {"qk_norm", "flash"});
+  AttentionShape bad_eps = qwen3_shape(2, 2, 4, false);
+  bad_eps.qk_norm_eps = 0.0f;
+  testing::expect_invalid([&] { CausalSelfAttention("a", 16, bad_eps); }, {"qk_norm_eps"});
+}
+
 TEST(LlamaAttentionTest, RefusesShapesItCannotRun) {
   testing::expect_invalid([] { CausalSelfAttention("a", 16, llama_shape(4, 3, 4, false)); },
                           {"kv_heads = 3", "divisor of heads"});
@@ -387,7 +557,7 @@ TEST(LlamaAttentionTest, RefusesShapesItCannotRun) {
 }
 
 Vec ref_llama_block(const Vec& x, i64 b, i64 t, i64 c, const LlamaBlockShape& s, const Params& p) {
-  const std::size_t na = s.attention.qkv_bias ? 3 : 2;
+  const std::size_t na = (s.attention.qkv_bias ? 3 : 2) + (s.attention.qk_norm ? 2 : 0);
   const Params attn(p.begin() + 1, p.begin() + 1 + static_cast<std::ptrdiff_t>(na));
   const Params mlp(p.begin() + 2 + static_cast<std::ptrdiff_t>(na), p.end());
   const Vec x1 = testing::add(
@@ -420,6 +590,19 @@ TEST(LlamaBlockTest, MatchesTheReferenceRecomputesAndCountsItsMemory) {
     LlamaBlock big("layers.0", 128, m, 4);
     testing::check_memory_of(big, dt, Shape{2, 64, 128});
   }
+  // Qwen3's block: q/k norms after the qkv weight, no biases.
+  LlamaBlockShape q3 = s;
+  q3.attention = qwen3_shape(4, 2, 4, false);
+  LlamaBlock qb("layers.0", 12, q3, 2);
+  const auto qps = qb.parameters();
+  ASSERT_EQ(qps.size(), 8u);  // norm, qkv, q_norm, k_norm, o, norm, gate_up, down
+  EXPECT_EQ(qps[2]->name, "layers.0.self_attn.q_norm.weight");
+  EXPECT_EQ(qps[3]->name, "layers.0.self_attn.k_norm.weight");
+  testing::check_gradients(
+      qb, Shape{2, 5, 12},
+      [q3](const Vec& x, const Params& p) { return ref_llama_block(x, 2, 5, 12, q3, p); }, 93);
+  LlamaBlock qr("layers.1", 12, q3, 2);
+  testing::check_recompute(qr, Shape{2, 6, 12}, 94);
 }
 
 }  // namespace
