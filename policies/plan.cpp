@@ -385,7 +385,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
         out[k] = convert(v);
       } else if (k == "kind" || k == "name" || k == "attention" || k == "type") {
         out[k] = v.as<std::string>();
-      } else if (k == "tied_head" || k.ends_with("_bias")) {
+      } else if (k == "tied_head" || k == "qk_norm" || k.ends_with("_bias")) {
         out[k] = v.as<bool>();
       } else if (k == "ln_eps" || k == "rope_theta" || k.ends_with("factor")) {
         out[k] = v.as<double>();

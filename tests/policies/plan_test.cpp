@@ -88,6 +88,21 @@ TEST(Plan, YamlAndJsonRoundTripEveryField) {
   }
 }
 
+// Every model preset's spec survives a plan file in both formats (its keys typed as the JSON
+// writer types them: Qwen3's qk_norm a boolean, rope factors numbers).
+TEST(Plan, EveryModelPresetRoundTripsInBothFormats) {
+  for (const std::string& name : ModelSpec::preset_names()) {
+    SCOPED_TRACE(name);
+    Plan p = sample_plan();
+    p.model = ModelSpec::preset(name);
+    p.seq_len = std::min<std::int64_t>(p.seq_len, p.model.seq_len);
+    expect_equal(p, Plan::from_yaml_string(p.to_yaml()));
+    const std::string j = p.to_json();
+    expect_equal(p, Plan::from_json_string(j));
+    if (p.model.qk_norm) EXPECT_NE(j.find("\"qk_norm\": true"), std::string::npos) << j;
+  }
+}
+
 TEST(Plan, ExplicitSchedulesRoundTripAsTheSameValue) {
   Plan p = sample_plan();
   p.ranks = 1;
