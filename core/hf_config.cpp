@@ -1,8 +1,10 @@
 // ModelSpec::from_hf_config_*: a HuggingFace transformers config.json as a ModelSpec of kind
 // llama (the contract is in core/model_spec.h). The keys and their defaults follow
 // transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (configuration_*.py).
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -55,6 +57,8 @@ const std::set<std::string>& read_keys() {
                                           "max_position_embeddings",
                                           "sliding_window",
                                           "use_sliding_window",
+                                          "max_window_layers",
+                                          "layer_types",
                                           "torch_dtype",
                                           "dtype",
                                           "_name_or_path",
@@ -330,12 +334,41 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   std::vector<std::string> said;
   // A sliding window narrower than the context: memfit's attention is full causal, which is
   // the same function for sequences up to the window, so the window is the longest sequence.
-  // Mistral's window (MistralConfig's default 4096 when the key is absent; null: none) and
-  // Qwen2's and Qwen3's when use_sliding_window; Llama has none.
-  const bool sliding =
-      type == "mistral" || ((type == "qwen2" || qwen3) && r.boolean("use_sliding_window", false));
+  // Mistral's window applies to every layer; Qwen2's and Qwen3's only with use_sliding_window,
+  // and then only to the layers `layer_types` names "sliding_attention", or without it to
+  // layers i >= max_window_layers (default 28), as transformers' Qwen2Config / Qwen3Config
+  // build layer_types. The window: sliding_window, 4096 when the key is absent (all three
+  // configs' default), none when null. Llama has none.
+  bool sliding = type == "mistral";
+  if ((type == "qwen2" || qwen3) && r.boolean("use_sliding_window", false)) {
+    if (r.has("layer_types")) {
+      const Json& lt = r.at("layer_types");
+      if (!lt.is_array()) r.fail("layer_types", "must be a list of strings, got " + kind_of(lt));
+      for (const Json& x : lt) {
+        if (!x.is_string()) r.fail("layer_types", "must be a list of strings, got " + kind_of(x));
+        sliding = sliding || x.get<std::string>() == "sliding_attention";
+      }
+    } else {
+      std::int64_t first = 28;  // max_window_layers: the first layer that slides
+      if (r.has("max_window_layers")) {
+        const Json& v = r.at("max_window_layers");
+        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<std::int64_t>() < 0)) {
+          r.fail("max_window_layers", "must be an integer >= 0, got " + kind_of(v));
+        }
+        first = v.is_number_unsigned() ? static_cast<std::int64_t>(std::min<std::uint64_t>(
+                                             v.get<std::uint64_t>(), std::uint64_t{INT64_MAX}))
+                                       : v.get<std::int64_t>();
+      }
+      sliding = first < s.layers;
+    }
+    if (!sliding) {
+      said.push_back(
+          "use_sliding_window is true, but no layer slides (max_window_layers >= "
+          "num_hidden_layers, or no \"sliding_attention\" in layer_types): full attention");
+    }
+  }
   const bool absent = !j.contains("sliding_window");
-  if (sliding && (r.has("sliding_window") || (type == "mistral" && absent))) {
+  if (sliding && (r.has("sliding_window") || absent)) {
     const std::int64_t w = absent ? 4096 : r.integer("sliding_window", false, 0);
     if (w < s.seq_len) {
       said.push_back("sliding_window " + std::to_string(w) + " < max_position_embeddings " +

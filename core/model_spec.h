@@ -8,9 +8,9 @@
 // YAML (one top-level `model:` map; unknown keys are errors):
 //   model:
 //     kind: gpt          # gpt: GPT-2 (pre-LN transformer blocks); llama: the Llama family
-//     name: gpt-tiny     # (RMSNorm, grouped-query rotary attention, SwiGLU; Mistral and
-//     vocab: 256         # Qwen2, Qwen3 too); mlp: GPT-2 blocks without attention. name is
-//     optional. seq_len: 128       # maximum sequence length (gpt: the position table's size)
+//     name: gpt-tiny     # (RMSNorm, grouped-query rotary attention, SwiGLU; Mistral, Qwen2
+//     vocab: 256         # and Qwen3 too); mlp: GPT-2 blocks without attention. Optional name.
+//     seq_len: 128       # maximum sequence length (gpt: the position table's size)
 //     layers: 6          # token ids are in [0, vocab)
 //     hidden: 256
 //     heads: 8           # gpt and llama; gpt: must divide hidden
@@ -87,7 +87,8 @@ struct ModelSpec {
   // with all four of its parameters) or transformers 5's rope_parameters, tie_word_embeddings,
   // attention_bias, mlp_bias, hidden_act (silu only); seq_len is max_position_embeddings,
   // capped by a smaller sliding window (Mistral's, default 4096, and Qwen2's and Qwen3's with
-  // use_sliding_window) so the model memfit computes is the one trained; torch_dtype / dtype
+  // use_sliding_window when a layer slides: layer_types, else max_window_layers <
+  // num_hidden_layers) so the model memfit computes is the one trained; torch_dtype / dtype
   // are only named in `notes`; the name is _name_or_path's last component, else the directory
   // holding config.json, else the file's stem. Keys memfit does not use (bos_token_id,
   // initializer_range, ...) are named in one line of `notes` and ignored. Any other model_type

@@ -259,7 +259,7 @@ __global__ void qk_norm_forward_kernel(Out<T> qkv, In<T> q_weight, In<T> k_weigh
   const float fc = static_cast<float>(d.hs);
   MEMFIT_FOR_WARP_ROWS(r, d.n) {
     const i64 off = d.offset(r);
-    const In<T>& w = r % d.qk < d.heads ? q_weight : k_weight;
+    const In<T> w = r % d.qk < d.heads ? q_weight : k_weight;
     float ss = 0.0f;
     for (i64 j = lane; j < d.hs; j += kWarp) {
       const float x = qkv.get(off + j);
@@ -281,7 +281,7 @@ __global__ void qk_norm_dinp_kernel(Out<T> dqkv, In<T> qk_in, In<T> q_weight, In
   const float fc = static_cast<float>(d.hs);
   MEMFIT_FOR_WARP_ROWS(r, d.n) {
     const i64 off = d.offset(r), in = r * d.hs;
-    const In<T>& w = r % d.qk < d.heads ? q_weight : k_weight;
+    const In<T> w = r % d.qk < d.heads ? q_weight : k_weight;
     const float rs = rstd[r];
     float sgn = 0.0f;
     for (i64 j = lane; j < d.hs; j += kWarp) sgn += w(j) * dqkv.get(off + j) * (qk_in(in + j) * rs);

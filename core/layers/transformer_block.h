@@ -45,8 +45,9 @@ namespace memfit {
 // names them: "<name>.input_layernorm", ".self_attn", ".post_attention_layernorm", ".mlp".
 // Every weight is initialized N(0, 0.02) (HF's initializer_range; no GPT-2 residual scaling).
 // Per sample (mq, mk as in attention.h, f = T*F): saved_bytes = 4T (input_layernorm's rstd)
-// + c (its output) + the attention's mq + 2mk + mq + 4*H*T + c (x1) + 4T + c + 3f (GatedMLP),
-// the input excluded; workspace from the sublayers' peaks as for GPT-2.
+// + c (its output) + the attention's mq + 2mk + mq + 4*H*T (with qk_norm also mq + mk +
+// 4*(H+G)*T) + c (x1) + 4T + c + 3f (GatedMLP), the input excluded; workspace from the
+// sublayers' peaks as for GPT-2.
 // Llama's defaults: no biases, a rotary embedding (set attention.freqs with
 // rope_frequencies), eps 1e-6 (HF's LlamaConfig).
 struct LlamaBlockShape {

@@ -363,12 +363,18 @@ TEST(HfConfig, Qwen25_7BHasQkvBiasesAndNoWindow) {
   EXPECT_EQ(note_with(notes, "sliding_window "), "");
   const std::string unused = note_with(notes, "ignored");
   EXPECT_NE(unused.find("use_mrope"), std::string::npos) << unused;
-  EXPECT_NE(unused.find("max_window_layers"), std::string::npos) << unused;
-  // With use_sliding_window true a narrower window caps seq_len as for Mistral.
+  EXPECT_EQ(unused.find("max_window_layers"), std::string::npos) << unused;  // read
+  // With use_sliding_window true the window applies to layers >= max_window_layers: none of
+  // the 28 here, so full attention (said in a note); from layer 20 on, it caps seq_len as
+  // Mistral's does.
   const std::string windowed =
       with(with(kQwen25_7B, "use_sliding_window", "\"use_sliding_window\": true,"),
            "sliding_window", "\"sliding_window\": 32768,");
-  EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json").seq_len, 32768);
+  notes.clear();
+  EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json", &notes).seq_len, 131072);
+  EXPECT_NE(note_with(notes, "no layer slides"), "");
+  const std::string from20 = with(windowed, "max_window_layers", "\"max_window_layers\": 20,");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(from20, "q.json").seq_len, 32768);
 }
 
 TEST(HfConfig, Qwen3_8BHasQkNormsAndIsThePreset) {
@@ -387,7 +393,7 @@ TEST(HfConfig, Qwen3_8BHasQkNormsAndIsThePreset) {
   EXPECT_EQ(yaml_without_name(s), yaml_without_name(ModelSpec::preset("qwen3-8b")));
   EXPECT_NE(s.to_yaml().find("qk_norm: true"), std::string::npos) << s.to_yaml();
   const std::string unused = note_with(notes, "ignored");
-  EXPECT_NE(unused.find("max_window_layers"), std::string::npos) << unused;
+  EXPECT_NE(unused.find("transformers_version"), std::string::npos) << unused;
   // Qwen3Config's defaults: head_dim 128 (not hidden / heads), 32 kv heads.
   const std::string bare = with(with(kQwen3_8B, "head_dim", ""), "num_key_value_heads", "");
   const ModelSpec d = ModelSpec::from_hf_config_string(bare, "q.json");
@@ -397,10 +403,24 @@ TEST(HfConfig, Qwen3_8BHasQkNormsAndIsThePreset) {
   const ModelSpec b = ModelSpec::from_hf_config_string(
       with(kQwen3_8B, "attention_bias", "\"attention_bias\": true,"), "q.json");
   EXPECT_TRUE(b.qkv_bias && b.proj_bias && b.qk_norm);
+  // use_sliding_window: Qwen3-8B's max_window_layers (36) leaves every layer full; layer_types
+  // naming a sliding layer, or max_window_layers 0, caps seq_len at the window, 4096 when the
+  // key is absent (Qwen3Config's default); a null window is none.
   const std::string windowed =
-      with(with(kQwen3_8B, "use_sliding_window", "\"use_sliding_window\": true,"), "sliding_window",
-           "\"sliding_window\": 4096,");
-  EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json").seq_len, 4096);
+      with(kQwen3_8B, "use_sliding_window", "\"use_sliding_window\": true,");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(windowed, "q.json").seq_len, 40960);
+  const std::string typed =
+      with(with(windowed, "max_window_layers",
+                "\"layer_types\": [\"full_attention\", \"sliding_attention\"],"),
+           "sliding_window", "\"sliding_window\": 8192,");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(typed, "q.json").seq_len, 8192);
+  const std::string all_slide = with(windowed, "max_window_layers", "\"max_window_layers\": 0,");
+  EXPECT_EQ(ModelSpec::from_hf_config_string(all_slide, "q.json").seq_len, 40960);  // null
+  EXPECT_EQ(
+      ModelSpec::from_hf_config_string(with(all_slide, "sliding_window", ""), "q.json").seq_len,
+      4096);
+  expect_error(with(windowed, "max_window_layers", "\"max_window_layers\": -1,"),
+               {"max_window_layers", "integer >= 0"});
   expect_error(with(with(kSmall, "model_type", "\"model_type\": \"qwen3\","), "architectures",
                     "\"architectures\": [\"Qwen2ForCausalLM\"],"),
                {"architectures", "Qwen3ForCausalLM"});
