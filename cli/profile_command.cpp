@@ -53,7 +53,7 @@ int run_profile(const TrainArgs& a) {
                             .c_str());
     std::fflush(stdout);
   }
-  write_report(finish_report(*run, prep, a.steps), a.report, prep.formats);
+  write_report(finish_report(*run, prep, a.steps, "profile"), a.report, prep.formats);
   return 0;
 }
 

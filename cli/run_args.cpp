@@ -246,7 +246,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
   o.loss = parse_loss_flag(a.loss);
-  o.host_budget = host_budget_of(a, o.budget);    // this machine's host memory
+  o.host_budget = host_budget_of(a, o.budget);  // this machine's host memory
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
     o.global_batch = a.batch;
@@ -415,8 +415,10 @@ std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t t
 
 // ---- the report ---------------------------------------------------------------------------
 
-ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps) {
+ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps,
+                            const char* command) {
   ProfileReport r = run.finish_report(steps);
+  r.command = command;
   if (p.predicted) {
     r.plan.present = true;
     r.plan.predicted_peak_reserved = p.predicted->reserved;
@@ -444,15 +446,21 @@ void write_report(const ProfileReport& r, const std::string& dir,
     std::printf("    %-16s %s\n", export_file_name(formats[i]),
                 kOpensIn[static_cast<int>(formats[i])]);
   }
-  std::printf("  %s\n", see_memory_usage_line(r.stats).c_str());
+  std::printf("  DeepSpeed's see_memory_usage line: %s\n", see_memory_usage_line(r.stats).c_str());
+  const Recording& rec = r.recording;
+  if (rec.peak.allocated > rec.steps_peak().allocated ||
+      rec.peak_reserved > rec.steps_peak_reserved()) {
+    std::printf("  whole run (setup included): peak reserved %s, allocated %s (%s)\n",
+                format_bytes(rec.peak_reserved).c_str(), format_bytes(rec.peak.allocated).c_str(),
+                std::string(interned_name(rec.peak.phase)).c_str());
+  }
   if (r.plan.present) {
-    const Recording& rec = r.recording;
-    std::printf("  plan vs measured: peak reserved %s predicted, %s measured",
+    std::printf("  plan vs measured (the steps' peak): peak reserved %s predicted, %s measured",
                 format_bytes(r.plan.predicted_peak_reserved).c_str(),
-                format_bytes(rec.peak_reserved).c_str());
+                format_bytes(rec.steps_peak_reserved()).c_str());
     if (r.plan.predicted_peak_reserved > 0) {
       std::printf(" (measured/predicted %.3f)",
-                  static_cast<double>(rec.peak_reserved) /
+                  static_cast<double>(rec.steps_peak_reserved()) /
                       static_cast<double>(r.plan.predicted_peak_reserved));
     }
     std::printf("\n");

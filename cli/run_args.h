@@ -9,7 +9,7 @@
 //   predict(p, a);
 //   std::unique_ptr<RunSetup> run = open_run(p, a, /*record=*/true);
 //   StepResult r = train_step(*run, a, batch);
-//   write_report(finish_report(*run, p, steps), a.report, p.formats);
+//   write_report(finish_report(*run, p, steps, "train"), a.report, p.formats);
 //
 // Bad input is a memfit::Error (the program exits 2) raised before anything is written: model,
 // policies, budget, plan, formats and the backend are all checked by prepare(); the report
@@ -111,8 +111,10 @@ StepResult train_step(RunSetup& run, const TrainArgs& a, const Batch& b);
 std::string progress_line(const StepResult& r, std::int64_t step, std::int64_t total,
                           double tokens_per_s, bool show_scale, bool tty);
 
-// The run's report: the recording, the allocator's figures, GPU activity, plan vs measured.
-ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps);
+// The run's report: the recording, the allocator's figures, GPU activity, plan vs measured;
+// `command` ("train", "profile") names what made it.
+ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps,
+                            const char* command);
 // Writes it and prints each path, the see_memory_usage line and plan vs measured.
 void write_report(const ProfileReport& r, const std::string& dir,
                   const std::vector<ExportFormat>& formats);

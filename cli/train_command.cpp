@@ -120,7 +120,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     row(name.c_str(), measured.host_at_peak[c], predicted ? predicted->host_at_peak[c] : 0);
   }
   if (!t.save.empty()) std::printf("  state: %s\n", t.save.c_str());
-  if (report) write_report(finish_report(*run, prep, a.steps), a.report, prep.formats);
+  if (report) write_report(finish_report(*run, prep, a.steps, "train"), a.report, prep.formats);
 
   if (!t.summary_json.empty()) {
     nlohmann::json j;

@@ -7,6 +7,7 @@
 #include "memory/check.h"
 #include "memory/size.h"
 #include "policies/dry_run.h"
+#include "profiler/scoped_range.h"
 
 #if MEMFIT_HAVE_CUDA
 #include "profiler/cuda/cupti_tracer.h"
@@ -133,6 +134,9 @@ RunSetup::RunSetup(const RunSpec& spec, RunSetupOptions options) : spec_(spec) {
   ctx_ = std::make_unique<LayerContext>(
       LayerContext{*env_.backend, *env_.alloc, kDefaultStream, p.dtype});
   try {
+    // What the model and optimizer allocate is the "setup" phase in a recording; the steps'
+    // own peak (what a dry run predicts) is told apart from it (profiler/recorder.h).
+    const ScopedRange setup(RangeKind::kSetup);
     model_ = std::make_unique<Model>(spec_.model, *ctx_, Trainer::placement(spec_.trainer.policy));
     trainer_ = std::make_unique<Trainer>(*model_, *ctx_, spec_.trainer);
   } catch (const OutOfMemory& e) {

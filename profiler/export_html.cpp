@@ -1,9 +1,12 @@
-// report.html: one self-contained page (no scripts, no external resources): an inline SVG
-// stacked-area chart of bytes by category over time with the peak marked, offload's pinned host
-// bytes by category on the same time axis (when there are any), then tables (the
-// peak by category and by block, plan vs measured, GPU activity, the allocator's stats).
-// Every name that reaches the page passes through escape(): block and tag names come from
-// users' specs and must stay text.
+// report.html: one self-contained page (nothing external; inline SVG, CSS and one small script):
+// the step peak (what a plan predicts) and the whole run's peak, each labelled; bytes by
+// category over time (profiler/html_chart.h) in memory_viz's colours for the same recording,
+// with step and phase bands, a hover readout (time, totals, bytes by category, phase, block)
+// and drag-to-zoom; offload's pinned host bytes on the same time axis; then tables (the step
+// peak by category and by block, plan vs measured, GPU activity, the allocator's statistics in
+// human units with the raw bytes on hover).
+// Every name that reaches the page passes through html::escape(), or through json_string()
+// inside the script's data: block and tag names come from users' specs and must stay text.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -12,48 +15,21 @@
 #include <vector>
 
 #include "memory/size.h"
+#include "profiler/html_chart.h"
 #include "profiler/report.h"
 
 namespace memfit {
 
 namespace {
 
+using html::escape;
+
 // Long timelines are reduced to the lowest and highest allocated sample of each of this many
 // buckets (so the chart keeps both the peak and the troughs), bounding the page's size.
 constexpr std::size_t kBuckets = 600;
-constexpr double kWidth = 960, kHeight = 360, kHostHeight = 220;
-constexpr double kLeft = 90, kRight = 20, kTop = 20, kBottom = 40;
+constexpr double kWide = 960, kNarrow = 400;
+constexpr double kPlotHeight = 300, kHostPlotHeight = 160;
 constexpr std::size_t kTopKernels = 10;
-
-const char* const kColors[kCategoryCount] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
-                                             "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
-
-std::string escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string fmt(const char* f, double v) {
   char buf[64];
@@ -61,213 +37,345 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string block_label(std::uint32_t id) {
-  const std::string_view n = interned_name(id);
-  return n.empty() ? std::string("(outside any block)") : escape(n);
+std::string ms_label(std::int64_t t_ns, std::int64_t start_ns) {
+  return fmt("%.1f ms", static_cast<double>(t_ns - start_ns) / 1e6);
 }
 
-std::string phase_label(std::uint32_t id) {
+std::string name_or(std::uint32_t id, const char* none) {
   const std::string_view n = interned_name(id);
-  return n.empty() ? std::string("(no phase)") : escape(n);
+  return n.empty() ? std::string(none) : std::string(n);
 }
 
-struct Sample {
-  std::int64_t t_ns;
-  CategoryBytes bytes;
-  std::size_t allocated;
-  std::size_t reserved;
+// A JSON string literal that is also safe inside <script>: '<' and '>' as \u escapes, so no
+// name can close the element.
+std::string json_string(std::string_view s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += static_cast<char>(c);
+    } else if (c < 0x20 || c == '<' || c == '>' || c == '&') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      o += buf;
+    } else {
+      o += static_cast<char>(c);
+    }
+  }
+  return o + "\"";
+}
+
+// ---- the device series --------------------------------------------------------------------
+
+struct Points {
+  html::Series s;
+  std::vector<std::size_t> allocated;
+  std::vector<std::uint32_t> phase, block;  // interned
 };
 
-// The timeline as chart points: the state before the first kept event, then every event, or
-// each bucket's minimum and maximum (in time order) when there are more than 2 * kBuckets.
-std::vector<Sample> samples(const Recording& rec) {
-  std::vector<Sample> out;
+// The state before the first kept event, then every event, or each bucket's minimum and maximum
+// (in time order) when there are more than 2 * kBuckets.
+Points device_points(const Recording& rec) {
+  Points p;
+  const auto push = [&](std::int64_t t, const CategoryBytes& b, std::size_t a, std::size_t r,
+                        std::uint32_t phase, std::uint32_t block) {
+    p.s.t_ns.push_back(t);
+    p.s.bytes.push_back(b);
+    p.s.reserved.push_back(r);
+    p.allocated.push_back(a);
+    p.phase.push_back(phase);
+    p.block.push_back(block);
+  };
   const std::int64_t t0 = rec.events.empty() ? rec.start_ns : rec.events.front().time_ns;
-  out.push_back(
-      {std::min(rec.start_ns, t0), rec.base_by_category, rec.base_allocated, rec.base_reserved});
+  push(std::min(rec.start_ns, t0), rec.base_by_category, rec.base_allocated, rec.base_reserved, 0,
+       0);
   const std::size_t n = rec.events.size();
   const std::size_t per_bucket = n <= 2 * kBuckets ? 1 : (n + kBuckets - 1) / kBuckets;
   CategoryBytes running = rec.base_by_category;
-  Sample lo{}, hi{};
-  std::size_t lo_i = 0, hi_i = 0;
+  struct Kept {
+    std::size_t i;
+    CategoryBytes b;
+  };
+  Kept lo{0, {}}, hi{0, {}};
+  const auto emit = [&](const Kept& k) {
+    const TimelineEvent& e = rec.events[k.i];
+    push(e.time_ns, k.b, e.allocated, e.reserved, e.phase, e.block);
+  };
   for (std::size_t i = 0; i < n; ++i) {
     const TimelineEvent& e = rec.events[i];
-    std::size_t& cat = running[category_index(e.category)];
-    if (e.kind == EventKind::kAlloc) cat += e.size;
-    if (e.kind == EventKind::kFreeRequested) cat = cat >= e.size ? cat - e.size : 0;
-    const Sample s{e.time_ns, running, e.allocated, e.reserved};
+    apply_event(running, e);
     if (per_bucket == 1) {
-      out.push_back(s);
+      emit({i, running});
       continue;
     }
     const bool bucket_start = i % per_bucket == 0;
-    if (bucket_start || s.allocated < lo.allocated) {
-      lo = s;
-      lo_i = i;
-    }
-    if (bucket_start || s.allocated > hi.allocated) {
-      hi = s;
-      hi_i = i;
-    }
+    if (bucket_start || e.allocated < rec.events[lo.i].allocated) lo = {i, running};
+    if (bucket_start || e.allocated > rec.events[hi.i].allocated) hi = {i, running};
     if (i % per_bucket == per_bucket - 1 || i + 1 == n) {
-      if (lo_i == hi_i) {
-        out.push_back(hi);
-      } else if (lo_i < hi_i) {
-        out.push_back(lo);
-        out.push_back(hi);
+      if (lo.i == hi.i) {
+        emit(hi);
       } else {
-        out.push_back(hi);
-        out.push_back(lo);
+        emit(lo.i < hi.i ? lo : hi);
+        emit(lo.i < hi.i ? hi : lo);
       }
     }
   }
-  return out;
+  return p;
 }
 
-// Host pinned memory (profiler/host_region.h) as chart points: the host base, then each
-// region's coming or going. Regions are few: no bucketing.
-std::vector<Sample> host_samples(const Recording& rec, std::int64_t t_begin) {
-  std::vector<Sample> out;
-  out.push_back({t_begin, rec.host_base, total_bytes(rec.host_base), 0});
+// Host pinned memory: the host base, then each region's coming or going (few: no buckets).
+html::Series host_series(const Recording& rec, std::int64_t t_begin) {
+  html::Series s;
+  s.t_ns.push_back(t_begin);
+  s.bytes.push_back(rec.host_base);
   for (const HostRegionEvent& e : rec.host_events) {
-    out.push_back({std::max(t_begin, e.time_ns), e.after, total_bytes(e.after), 0});
+    s.t_ns.push_back(std::max(t_begin, e.time_ns));
+    s.bytes.push_back(e.after);
   }
-  return out;
+  return s;
 }
 
-class Chart {
- public:
-  Chart(std::int64_t t_begin, std::int64_t t_end, std::size_t y_max, double height)
-      : t_begin_(t_begin),
-        t_span_(std::max<std::int64_t>(1, t_end - t_begin)),
-        y_max_(static_cast<double>(std::max<std::size_t>(1, y_max))),
-        height_(height) {}
-  double x(std::int64_t t) const {
-    return kLeft + (kWidth - kLeft - kRight) * static_cast<double>(t - t_begin_) /
-                       static_cast<double>(t_span_);
-  }
-  double y(std::size_t v) const {
-    return kTop + (height_ - kTop - kBottom) * (1.0 - static_cast<double>(v) / y_max_);
-  }
-  double y_max() const { return y_max_; }
-  double height() const { return height_; }
+// ---- bands --------------------------------------------------------------------------------
 
- private:
-  std::int64_t t_begin_, t_span_;
-  double y_max_, height_;
-};
-
-std::string point(double x, double y) { return fmt("%.1f", x) + "," + fmt("%.1f", y) + " "; }
-
-// The <svg> opening tag, the grid, the byte ticks and the time ticks (ms since the start).
-std::string svg_frame(const Chart& c, const char* id, const char* label, std::int64_t t_begin,
-                      std::int64_t t_end, std::int64_t start_ns) {
-  std::string o;
-  o += "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"" + std::string(id) + "\" width=\"" +
-       fmt("%.0f", kWidth) + "\" height=\"" + fmt("%.0f", c.height()) + "\" viewBox=\"0 0 " +
-       fmt("%.0f", kWidth) + " " + fmt("%.0f", c.height()) + "\" role=\"img\" aria-label=\"" +
-       label + "\">\n";
-  for (int i = 0; i <= 4; ++i) {
-    const auto v = static_cast<std::size_t>(c.y_max() * i / 4);
-    const double yy = c.y(v);
-    o += "<line class=\"grid\" x1=\"" + fmt("%.1f", kLeft) + "\" y1=\"" + fmt("%.1f", yy) +
-         "\" x2=\"" + fmt("%.1f", kWidth - kRight) + "\" y2=\"" + fmt("%.1f", yy) + "\"/>\n";
-    o += "<text class=\"tick\" x=\"" + fmt("%.1f", kLeft - 6) + "\" y=\"" + fmt("%.1f", yy + 4) +
-         "\" text-anchor=\"end\">" + escape(format_bytes(v)) + "</text>\n";
-    const std::int64_t t = t_begin + (t_end - t_begin) * i / 4;
-    o += "<text class=\"tick\" x=\"" + fmt("%.1f", c.x(t)) + "\" y=\"" +
-         fmt("%.1f", c.height() - kBottom + 16) + "\" text-anchor=\"middle\">" +
-         fmt("%.1f", static_cast<double>(t - start_ns) / 1e6) + " ms</text>\n";
+const char* phase_fill(RangeKind k) {
+  switch (k) {
+    case RangeKind::kSetup:
+      return "#c9c9c9";
+    case RangeKind::kForward:
+      return "#9ecae1";
+    case RangeKind::kBackward:
+      return "#fdae6b";
+    case RangeKind::kRecompute:
+      return "#a1d99b";
+    case RangeKind::kOptimizer:
+      return "#bcbddc";
+    default:
+      return "#e0e0e0";
   }
-  return o;
 }
 
-// One polygon per category, stacked in category order, as steps (a state holds until the
-// next sample).
-std::string stacked_areas(const std::vector<Sample>& pts, const Chart& c, std::int64_t t_end) {
-  std::string o;
-  std::vector<std::size_t> below(pts.size(), 0);
-  for (std::size_t cat = 0; cat < kCategoryCount; ++cat) {
-    bool any = false;
-    for (const Sample& s : pts) any = any || s.bytes[cat] > 0;
-    if (!any) continue;
-    std::string top, bottom;
-    for (std::size_t i = 0; i < pts.size(); ++i) {
-      const double x0 = c.x(pts[i].t_ns);
-      const double x1 = c.x(i + 1 < pts.size() ? pts[i + 1].t_ns : t_end);
-      const double yt = c.y(below[i] + pts[i].bytes[cat]);
-      top += point(x0, yt) + point(x1, yt);
+// Steps (alternating shades) and the main thread's phases (setup, forward, backward,
+// recompute, optimizer), neighbours of one kind closer than `merge_ns` drawn as one band.
+void make_bands(const Recording& rec, std::int64_t merge_ns, std::vector<html::Band>* steps,
+                std::vector<html::Band>* phases) {
+  std::uint64_t main_thread = 0;
+  bool found = false;
+  for (const RangeRecord& g : rec.ranges) {
+    if (g.kind == RangeKind::kStep || g.kind == RangeKind::kSetup) {
+      main_thread = g.thread;
+      found = true;
+      break;
     }
-    for (std::size_t i = pts.size(); i-- > 0;) {
-      const double x0 = c.x(pts[i].t_ns);
-      const double x1 = c.x(i + 1 < pts.size() ? pts[i + 1].t_ns : t_end);
-      const double yb = c.y(below[i]);
-      bottom += point(x1, yb) + point(x0, yb);
+  }
+  if (!found) return;
+  std::size_t k = 0;
+  RangeKind last = RangeKind::kOther;
+  for (const RangeRecord& g : rec.ranges) {
+    if (g.thread != main_thread) continue;
+    if (g.kind == RangeKind::kStep) {
+      // Numbered in the order they ran (the Trainer names every step "step").
+      ++k;
+      steps->push_back(
+          {g.begin_ns, g.end_ns, "step " + std::to_string(k), k % 2 == 1 ? "#d0d0d0" : "#e8e8e8"});
+      continue;
     }
-    for (std::size_t i = 0; i < pts.size(); ++i) below[i] += pts[i].bytes[cat];
-    const char* name = category_name(static_cast<Category>(cat));
-    o += "<polygon class=\"area\" fill=\"" + std::string(kColors[cat]) + "\" points=\"" + top +
-         bottom + "\"><title>" + escape(name) + "</title></polygon>\n";
+    switch (g.kind) {
+      case RangeKind::kSetup:
+      case RangeKind::kForward:
+      case RangeKind::kBackward:
+      case RangeKind::kRecompute:
+      case RangeKind::kOptimizer:
+        break;
+      default:
+        continue;
+    }
+    if (!phases->empty() && last == g.kind && g.begin_ns - phases->back().end_ns <= merge_ns) {
+      phases->back().end_ns = std::max(phases->back().end_ns, g.end_ns);
+      continue;
+    }
+    phases->push_back({g.begin_ns, g.end_ns, range_kind_name(g.kind), phase_fill(g.kind)});
+    last = g.kind;
   }
-  return o;
 }
 
-// The device chart's time span, which the host chart shares so the two line up.
-struct Span {
-  std::int64_t begin, end;
-};
-Span time_span(const Recording& rec, const std::vector<Sample>& pts) {
-  return {pts.front().t_ns, std::max(rec.end_ns, pts.back().t_ns)};
-}
+// ---- the hover readout's data ----------------------------------------------------------------
 
-// `pts`: samples(rec), which report_html computes once for both charts.
-std::string svg_chart(const ProfileReport& r, const std::vector<Sample>& pts) {
-  const Recording& rec = r.recording;
-  const auto [t_begin, t_end] = time_span(rec, pts);
-  std::size_t y_max = std::max(rec.peak_reserved, rec.peak.allocated);
-  for (const Sample& s : pts) y_max = std::max({y_max, s.reserved, s.allocated});
-  const Chart c(t_begin, t_end, y_max + y_max / 20, kHeight);
-
-  std::string o =
-      svg_frame(c, "timeline", "bytes by category over time", t_begin, t_end, rec.start_ns);
-  o += stacked_areas(pts, c, t_end);
-
-  std::string reserved;
-  for (std::size_t i = 0; i < pts.size(); ++i) {
-    const double yy = c.y(pts[i].reserved);
-    reserved +=
-        point(c.x(pts[i].t_ns), yy) + point(c.x(i + 1 < pts.size() ? pts[i + 1].t_ns : t_end), yy);
+// {"t": ms since the recording's start, "a": allocated, "r": reserved, "c": category names,
+//  "v": bytes per point per category of c, "p"/"b": indexes into "n", the names}.
+std::string readout_data(const char* id, const Points& p, std::int64_t start_ns) {
+  std::vector<std::size_t> used;
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    for (const CategoryBytes& b : p.s.bytes) {
+      if (b[c] > 0) {
+        used.push_back(c);
+        break;
+      }
+    }
   }
-  o += "<polyline class=\"reserved\" points=\"" + reserved +
-       "\"><title>reserved</title></polyline>\n";
-
-  // The peak, from the recording's exact figures (it may lie before the kept events).
-  const double px = c.x(std::clamp(rec.peak.time_ns, t_begin, t_end));
-  const double py = c.y(rec.peak.allocated);
-  o += "<g id=\"peak\"><line class=\"peak\" x1=\"" + fmt("%.1f", px) + "\" y1=\"" +
-       fmt("%.1f", kTop) + "\" x2=\"" + fmt("%.1f", px) + "\" y2=\"" +
-       fmt("%.1f", kHeight - kBottom) + "\"/><circle class=\"peak\" cx=\"" + fmt("%.1f", px) +
-       "\" cy=\"" + fmt("%.1f", py) + "\" r=\"4\"/><text class=\"peak\" x=\"" +
-       fmt("%.1f", std::min(px + 6, kWidth - 260)) + "\" y=\"" + fmt("%.1f", kTop + 12) +
-       "\">peak " + escape(format_bytes(rec.peak.allocated)) +
-       " allocated: " + phase_label(rec.peak.phase) + " / " + block_label(rec.peak.block) +
-       "</text></g>\n";
-  o += "</svg>\n";
-  return o;
+  std::map<std::uint32_t, std::size_t> name_index;
+  std::vector<std::uint32_t> names;
+  const auto idx = [&](std::uint32_t id) {
+    auto [it, added] = name_index.emplace(id, names.size());
+    if (added) names.push_back(id);
+    return it->second;
+  };
+  std::string t, a, r, v, ph, bl;
+  for (std::size_t i = 0; i < p.s.t_ns.size(); ++i) {
+    const char* sep = i == 0 ? "" : ",";
+    t += sep + fmt("%.3f", static_cast<double>(p.s.t_ns[i] - start_ns) / 1e6);
+    a += sep + std::to_string(p.allocated[i]);
+    r += sep + std::to_string(p.s.reserved.empty() ? 0 : p.s.reserved[i]);
+    v += std::string(sep) + "[";
+    for (std::size_t k = 0; k < used.size(); ++k) {
+      v += (k ? "," : "") + std::to_string(p.s.bytes[i][used[k]]);
+    }
+    v += "]";
+    ph += sep + std::to_string(idx(p.phase.empty() ? 0 : p.phase[i]));
+    bl += sep + std::to_string(idx(p.block.empty() ? 0 : p.block[i]));
+  }
+  std::string cats, ns;
+  for (std::size_t k = 0; k < used.size(); ++k) {
+    cats += (k ? "," : "") + json_string(category_name(static_cast<Category>(used[k])));
+  }
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    ns += (k ? "," : "") + json_string(interned_name(names[k]));
+  }
+  return "<script type=\"application/json\" data-memfit id=\"data-" + std::string(id) +
+         "\">{\"t\":[" + t + "],\"a\":[" + a + "],\"r\":[" + r + "],\"c\":[" + cats + "],\"v\":[" +
+         v + "],\"p\":[" + ph + "],\"b\":[" + bl + "],\"n\":[" + ns + "]}</script>\n";
 }
 
-// Pinned host memory by category over the device chart's time span.
-std::string svg_host_chart(const ProfileReport& r, Span span) {
-  const Recording& rec = r.recording;
-  const auto [t_begin, t_end] = span;
-  const std::vector<Sample> pts = host_samples(rec, t_begin);
-  const Chart c(t_begin, t_end, rec.host_peak + rec.host_peak / 20, kHostHeight);
-  std::string o = svg_frame(c, "host_timeline", "pinned host bytes by category over time", t_begin,
-                            t_end, rec.start_ns);
-  o += stacked_areas(pts, c, t_end);
-  o += "</svg>\n";
-  return o;
-}
+// Hover readout and drag-to-zoom over every chart (double-click resets). The readout shows the
+// state that holds at the pointer's time; zooming sets the data layers' viewBox and redraws the
+// time ticks (their round steps computed as html_chart.cpp does).
+constexpr const char* kScript = R"JS(
+(function () {
+  var tip = document.getElementById('tip');
+  function fmtBytes(b) {
+    var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (b >= 1024 && i < 4) { b /= 1024; i++; }
+    return (i ? b.toFixed(2) : b) + ' ' + u[i];
+  }
+  function nice(raw) {
+    var p = Math.pow(10, Math.floor(Math.log10(raw)));
+    var ms = [1, 2, 5, 10];
+    for (var i = 0; i < ms.length; i++) if (ms[i] * p >= raw * (1 - 1e-12)) return ms[i] * p;
+    return 10 * p;
+  }
+  function ticks(svg, t0, t1) {
+    var NS = 'http://www.w3.org/2000/svg';
+    var l = +svg.dataset.l, t = +svg.dataset.t, w = +svg.dataset.w, h = +svg.dataset.h;
+    var vw = svg.viewBox.baseVal.width;
+    svg.querySelectorAll('.xt, .xg').forEach(function (e) { e.remove(); });
+    var span = t1 - t0, sec = t1 >= 2000, unit = sec ? 1000 : 1;
+    var step = nice(span / unit / (w < 400 ? 3 : 6)) * unit;
+    var dec = 0;
+    for (var s = step / unit; dec < 6 && Math.abs(s - Math.round(s)) > 1e-9; s *= 10) dec++;
+    for (var v = Math.ceil(t0 / step) * step; v <= t1 + 1e-9 * span; v += step) {
+      var x = l + w * (v - t0) / span;
+      var g = document.createElementNS(NS, 'line');
+      g.setAttribute('class', 'grid xg');
+      g.setAttribute('x1', x); g.setAttribute('x2', x);
+      g.setAttribute('y1', t); g.setAttribute('y2', t + h);
+      svg.insertBefore(g, svg.querySelector('svg.plot'));
+      var label = v === 0 ? '0' : (v / unit).toFixed(dec) + (sec ? ' s' : ' ms');
+      if (x + 0.62 * 12 * label.length / 2 > vw - 2) continue;
+      var e = document.createElementNS(NS, 'text');
+      e.setAttribute('class', 'tick xt');
+      e.setAttribute('x', x); e.setAttribute('y', t + h + 14);
+      e.setAttribute('font-size', 12); e.setAttribute('text-anchor', 'middle');
+      e.textContent = label;
+      svg.appendChild(e);
+    }
+  }
+  function zoom(svg, t0, t1) {
+    var full0 = +svg.dataset.t0, full1 = +svg.dataset.t1;
+    svg.querySelectorAll('svg.plot').forEach(function (p) {
+      var vb = p.viewBox.baseVal;
+      p.setAttribute('viewBox', (t0 - full0) + ' 0 ' + (t1 - t0) + ' ' + vb.height);
+    });
+    svg.classList.toggle('zoomed', t0 > full0 || t1 < full1);
+    svg.dataset.v0 = t0; svg.dataset.v1 = t1;
+    ticks(svg, t0, t1);
+  }
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    var data = JSON.parse(document.getElementById('data-' + svg.dataset.chart).textContent);
+    var ov = svg.querySelector('.overlay'), sel = null, start = null;
+    function timeAt(ev) {
+      var pt = svg.createSVGPoint();
+      pt.x = ev.clientX; pt.y = ev.clientY;
+      var p = pt.matrixTransform(svg.getScreenCTM().inverse());
+      var v0 = +(svg.dataset.v0 || svg.dataset.t0), v1 = +(svg.dataset.v1 || svg.dataset.t1);
+      var f = Math.min(1, Math.max(0, (p.x - svg.dataset.l) / svg.dataset.w));
+      return {t: v0 + f * (v1 - v0), x: p.x};
+    }
+    ov.addEventListener('mousemove', function (ev) {
+      var at = timeAt(ev), lo = 0, hi = data.t.length - 1;
+      while (lo < hi) { var m = (lo + hi + 1) >> 1; if (data.t[m] <= at.t) lo = m; else hi = m - 1; }
+      var rows = '<b>' + at.t.toFixed(3) + ' ms</b><br>allocated ' + fmtBytes(data.a[lo]);
+      if (data.r[lo]) rows += ', reserved ' + fmtBytes(data.r[lo]);
+      for (var k = 0; k < data.c.length; k++) {
+        if (data.v[lo][k]) rows += '<br>' + data.c[k] + ' ' + fmtBytes(data.v[lo][k]);
+      }
+      var ph = data.n[data.p[lo]], bl = data.n[data.b[lo]];
+      if (ph) rows += '<br>phase ' + ph;
+      if (bl) rows += '<br>block ' + bl;
+      tip.innerHTML = rows;
+      tip.style.display = 'block';
+      tip.style.left = Math.min(ev.pageX + 12, window.innerWidth - tip.offsetWidth - 8) + 'px';
+      tip.style.top = (ev.pageY + 12) + 'px';
+      if (start !== null && sel) {
+        var a = Math.min(start.x, at.x), b = Math.max(start.x, at.x);
+        sel.setAttribute('x', a); sel.setAttribute('width', b - a);
+      }
+    });
+    ov.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
+    ov.addEventListener('mousedown', function (ev) {
+      start = timeAt(ev);
+      sel = document.createElementNS('http://www.w3.org/2000/svg', 'rect');
+      sel.setAttribute('class', 'selection');
+      sel.setAttribute('x', start.x); sel.setAttribute('width', 0);
+      sel.setAttribute('y', svg.dataset.t); sel.setAttribute('height', svg.dataset.h);
+      svg.insertBefore(sel, ov);
+      ev.preventDefault();
+    });
+    ov.addEventListener('mouseup', function (ev) {
+      if (start === null) return;
+      var end = timeAt(ev), a = Math.min(start.t, end.t), b = Math.max(start.t, end.t);
+      if (sel) sel.remove();
+      sel = null;
+      var whole = (+svg.dataset.t1) - (+svg.dataset.t0);
+      if (b - a > whole * 1e-4) zoom(svg, a, b);
+      start = null;
+    });
+    ov.addEventListener('dblclick', function () { zoom(svg, +svg.dataset.t0, +svg.dataset.t1); });
+  });
+})();
+)JS";
+
+constexpr const char* kStyle =
+    "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1000px}"
+    "h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.5em}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em;display:block;overflow-x:auto;"
+    "max-width:100%}p{overflow-wrap:anywhere}"
+    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}td+td{white-space:nowrap}"
+    "td:first-child,th:first-child{text-align:left}"
+    "th{background:#f4f4f4}.meta{color:#555}.scroll{overflow-x:auto}"
+    "svg.chart{width:100%;height:auto;display:block}"
+    "svg.wide{max-width:960px}svg.narrow{display:none;max-width:400px}"
+    "@media (max-width:640px){body{margin:0.6em}svg.wide{display:none}svg.narrow{display:block}}"
+    "svg .grid{stroke:#e2e2e2;stroke-width:1}svg .tick{fill:#555}svg .band{fill:#333}"
+    "svg .area{stroke:none;opacity:0.9}"
+    "svg .reserved{fill:none;stroke:#000;stroke-dasharray:4 3;stroke-width:1.2;"
+    "vector-effect:non-scaling-stroke}"
+    "svg .marker{stroke-width:1.2;vector-effect:non-scaling-stroke}"
+    "svg .overlay{fill:transparent;cursor:crosshair}"
+    "svg .selection{fill:rgba(80,120,200,0.2);pointer-events:none}"
+    "svg.zoomed .band{display:none}"
+    "#tip{position:absolute;display:none;background:#fff;border:1px solid #999;padding:4px 8px;"
+    "font-size:12px;pointer-events:none;box-shadow:0 1px 4px rgba(0,0,0,0.2);line-height:1.4}"
+    ".swatch{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
+    "vertical-align:middle}";
 
 std::string row(std::initializer_list<std::string> cells) {
   std::string s = "<tr>";
@@ -284,6 +392,11 @@ std::string head(std::initializer_list<const char*> cells) {
 std::string percent(std::size_t part, std::size_t whole) {
   return whole == 0 ? std::string("-")
                     : fmt("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+std::string bytes_cell(std::int64_t v) {
+  return "<span title=\"" + std::to_string(v) + " bytes\">" +
+         escape(format_bytes(static_cast<std::size_t>(std::max<std::int64_t>(v, 0)))) + "</span>";
 }
 
 std::string gpu_section(const ProfileReport& r) {
@@ -326,55 +439,154 @@ std::string gpu_section(const ProfileReport& r) {
   return o;
 }
 
-constexpr const char* kStyle =
-    "body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1000px}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-    "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-    "td:first-child,th:first-child{text-align:left}"
-    "th{background:#f4f4f4}.meta{color:#555}"
-    "svg .grid{stroke:#ddd;stroke-width:1}svg .tick{font-size:11px;fill:#555}"
-    "svg .area{stroke:none;opacity:0.9}"
-    "svg .reserved{fill:none;stroke:#000;stroke-dasharray:4 3;stroke-width:1.2}"
-    "svg .peak{stroke:#d00;fill:#d00;font-size:12px}"
-    ".swatch{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;"
-    "vertical-align:middle}";
+// The allocator's statistics as PyTorch's memory_stats() names them, one row per statistic of
+// the "all" pool with its current / peak / allocated / freed, bytes in binary units (the raw
+// count on hover), then the counters and the bytes by category; the per-pool rows folded away.
+std::string stats_section(const ProfileReport& r) {
+  const std::map<std::string, std::int64_t> m = r.stats.as_map();
+  const auto get = [&](const std::string& k) {
+    const auto it = m.find(k);
+    return it == m.end() ? std::int64_t{0} : it->second;
+  };
+  const auto cell = [&](const std::string& k, bool bytes) {
+    return bytes ? bytes_cell(get(k)) : std::to_string(get(k));
+  };
+  static const char* const kStats[] = {
+      "allocated_bytes",      "reserved_bytes", "active_bytes", "requested_bytes",
+      "inactive_split_bytes", "allocation",     "segment",      "active",
+      "inactive_split"};
+  const auto table = [&](const char* pool) {
+    std::string o = "<div class=\"scroll\"><table>\n" +
+                    head({"statistic", "current", "peak", "allocated", "freed"});
+    for (const char* s : kStats) {
+      const bool bytes = std::string_view(s).ends_with("_bytes");
+      const std::string p = std::string(s) + "." + pool + ".";
+      o += row({std::string(s) + (bytes ? "" : " (count)"), cell(p + "current", bytes),
+                cell(p + "peak", bytes), cell(p + "allocated", bytes), cell(p + "freed", bytes)});
+    }
+    return o + "</table></div>\n";
+  };
+  const std::string conf = r.config.to_string();
+  std::string o = "<h2>Allocator statistics</h2>\n<p>Settings: " +
+                  (conf.empty() ? std::string("the defaults (no MEMFIT_ALLOC_CONF)")
+                                : "<code>" + escape(conf) + "</code>") +
+                  ". Names as PyTorch's <code>torch.cuda.memory_stats()</code>; all pools:</p>\n" +
+                  table("all");
+  o += "<div class=\"scroll\"><table>\n" + head({"counter", "value"});
+  for (const char* k : {"num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free"}) {
+    o += row({k, std::to_string(get(k))});
+  }
+  o += "</table></div>\n<div class=\"scroll\"><table>\n" + head({"category", "current", "peak"});
+  for (std::size_t c = 0; c < kCategoryCount; ++c) {
+    const std::string p =
+        std::string("category_bytes.") + category_name(static_cast<Category>(c)) + ".";
+    o += row({category_name(static_cast<Category>(c)), cell(p + "current", true),
+              cell(p + "peak", true)});
+  }
+  o +=
+      "</table></div>\n<details><summary>The small and large pools</summary>\n<p>small_pool</p>\n" +
+      table("small_pool") + "<p>large_pool</p>\n" + table("large_pool") + "</details>\n";
+  return o;
+}
+
+std::string peak_line(const char* what, const PeakInfo& p, std::size_t reserved,
+                      std::int64_t start_ns) {
+  return std::string(what) + ": allocated <b>" + escape(format_bytes(p.allocated)) +
+         "</b>, reserved <b>" + escape(format_bytes(reserved)) + "</b>; allocated peaks at " +
+         ms_label(p.time_ns, start_ns) + " in " + escape(name_or(p.phase, "no phase")) + ", " +
+         escape(name_or(p.block, "outside any block"));
+}
 
 }  // namespace
 
 std::string report_html(const ProfileReport& r) {
   const Recording& rec = r.recording;
+  const PeakInfo& step = rec.steps_peak();
+  const std::size_t step_reserved = rec.steps_peak_reserved();
+  const bool run_differs = rec.peak.allocated > step.allocated || rec.peak_reserved > step_reserved;
+  const std::array<const char*, kCategoryCount> colors = memory_viz_colors(rec);
+
+  const std::string title = "memfit " + r.command + ": " + r.model;
   std::string o;
   o += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-  o += "<title>memfit profile: " + escape(r.model) + "</title>\n";
-  o += "<style>" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
-  o += "<h1>memfit profile: " + escape(r.model) + "</h1>\n";
+  o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n";
+  o += "<title>" + escape(title) + "</title>\n";
+  o += "<style>" + std::string(kStyle) + "</style>\n</head>\n<body>\n<div id=\"tip\"></div>\n";
+  o += "<h1>" + escape(title) + "</h1>\n";
   o += "<p class=\"meta\">backend " + escape(r.backend) + ", " + std::to_string(r.steps) +
        " steps, " + fmt("%.1f", static_cast<double>(rec.end_ns - rec.start_ns) / 1e6) + " ms; " +
        std::to_string(rec.events.size()) + " allocator events kept, " +
        std::to_string(rec.dropped_events) + " dropped; " + std::to_string(rec.ranges.size()) +
        " ranges kept, " + std::to_string(rec.dropped_ranges) + " dropped</p>\n";
-  o += "<p><code>" + escape(see_memory_usage_line(r.stats)) + "</code></p>\n";
-  o += "<p>Peak allocated <b>" + escape(format_bytes(rec.peak.allocated)) +
-       "</b>, peak reserved <b>" + escape(format_bytes(rec.peak_reserved)) + "</b>";
+
+  o += "<p>" + peak_line(rec.has_steps() ? "Step peak (what a plan predicts)" : "Peak", step,
+                         step_reserved, rec.start_ns);
   if (r.device_total_bytes > 0) {
-    o += " of " + escape(format_bytes(r.device_total_bytes)) + " on the device (" +
-         percent(rec.peak_reserved, r.device_total_bytes) + ")";
+    o += "; " + percent(step_reserved, r.device_total_bytes) + " of the device's " +
+         escape(format_bytes(r.device_total_bytes));
   }
   o += ".</p>\n";
+  if (rec.has_steps()) {
+    o += "<p>" +
+         (run_differs
+              ? peak_line("Whole run, setup included", rec.peak, rec.peak_reserved, rec.start_ns) +
+                    "."
+              : std::string("Whole run, setup included: the same peaks.")) +
+         "</p>\n";
+  }
+  o += "<p class=\"meta\">DeepSpeed's <code>see_memory_usage</code> line for this run: <code>" +
+       escape(see_memory_usage_line(r.stats)) +
+       "</code> (MA, Max_MA: allocated now and at its peak; CA, Max_CA: reserved now and at its "
+       "peak; GB there means GiB, and DeepSpeed rounds Max_CA to a whole number).</p>\n";
 
-  o += "<h2>Memory over time</h2>\n<p>Allocated bytes stacked by category; dashed: reserved.";
+  // ---- the device chart
+  const Points pts = device_points(rec);
+  const std::int64_t t_begin = pts.s.t_ns.front();
+  const std::int64_t t_end = std::max(rec.end_ns, pts.s.t_ns.back());
+  html::ChartSpec spec;
+  spec.id = "timeline";
+  spec.aria = "bytes by category over time";
+  spec.plot_height = kPlotHeight;
+  spec.t_begin = t_begin;
+  spec.t_end = t_end;
+  spec.start_ns = rec.start_ns;
+  spec.colors = colors;
+  make_bands(rec, (t_end - t_begin) / 2000, &spec.steps, &spec.phases);
+  spec.markers.push_back(
+      {step.time_ns,
+       (rec.has_steps() ? "step peak " : "peak ") + format_bytes(step.allocated) + " allocated",
+       " at " + ms_label(step.time_ns, rec.start_ns) + " (" + name_or(step.phase, "no phase") +
+           ", " + name_or(step.block, "outside any block") + ")",
+       "#c00"});
+  if (run_differs) {
+    spec.markers.push_back({rec.peak.time_ns,
+                            "whole-run peak " + format_bytes(rec.peak.allocated) + " allocated",
+                            " at " + ms_label(rec.peak.time_ns, rec.start_ns) + " (" +
+                                name_or(rec.peak.phase, "no phase") + ")",
+                            "#7a4fa0"});
+  }
+  o += "<h2>Memory over time</h2>\n<p>Allocated bytes stacked by category (memory_viz's colours "
+       "for this run's snapshot.pickle); dashed: reserved; under the time axis: steps and "
+       "phases. Hover for the values at a moment; drag across the chart to zoom, double-click "
+       "to zoom out.";
   if (rec.events.size() > 2 * kBuckets) {
     o += " " + std::to_string(rec.events.size()) +
          " events drawn as the lowest and highest point of each of " + std::to_string(kBuckets) +
          " intervals.";
   }
-  const std::vector<Sample> pts = samples(rec);
-  o += "</p>\n" + svg_chart(r, pts) + "<p>";
+  o += "</p>\n";
+  spec.width = kWide;
+  o += html::svg_chart(spec, pts.s);
+  spec.width = kNarrow;
+  o += html::svg_chart(spec, pts.s);
+  o += readout_data("timeline", pts, rec.start_ns);
+  o += "<p>";
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    o += "<span class=\"swatch\" style=\"background:" + std::string(kColors[c]) + "\"></span>" +
+    o += "<span class=\"swatch\" style=\"background:" + std::string(colors[c]) + "\"></span>" +
          escape(category_name(static_cast<Category>(c)));
   }
   o += "</p>\n";
+
   if (rec.has_host()) {
     o += "<h2>Pinned host memory over time</h2>\n<p>Offload's pinned host bytes stacked by "
          "category, on the same time axis; peak <b>" +
@@ -382,8 +594,23 @@ std::string report_html(const ProfileReport& r) {
     if (r.plan.present && r.plan.predicted_host_pinned > 0) {
       o += " (predicted " + escape(format_bytes(r.plan.predicted_host_pinned)) + ")";
     }
-    o += ".</p>\n" + svg_host_chart(r, time_span(rec, pts)) + "<table>\n" +
-         head({"category", "at the host peak"});
+    o += ".</p>\n";
+    html::ChartSpec hs = spec;
+    hs.id = "host_timeline";
+    hs.aria = "pinned host bytes by category over time";
+    hs.plot_height = kHostPlotHeight;
+    hs.steps.clear();
+    hs.phases.clear();
+    hs.markers.clear();
+    Points hp;
+    hp.s = host_series(rec, t_begin);
+    for (const CategoryBytes& b : hp.s.bytes) hp.allocated.push_back(total_bytes(b));
+    hs.width = kWide;
+    o += html::svg_chart(hs, hp.s);
+    hs.width = kNarrow;
+    o += html::svg_chart(hs, hp.s);
+    o += readout_data("host_timeline", hp, rec.start_ns);
+    o += "<table>\n" + head({"category", "at the host peak"});
     for (std::size_t c = 0; c < kCategoryCount; ++c) {
       if (rec.host_at_peak[c] == 0) continue;
       o += row({escape(category_name(static_cast<Category>(c))),
@@ -392,21 +619,23 @@ std::string report_html(const ProfileReport& r) {
     o += "</table>\n";
   }
 
-  o += "<h2>At the peak</h2>\n<p>" +
-       fmt("%.3f", static_cast<double>(rec.peak.time_ns - rec.start_ns) / 1e6) + " ms; phase " +
-       phase_label(rec.peak.phase) + ", block " + block_label(rec.peak.block) + ".</p>\n<table>\n" +
-       head({"category", "bytes", "share"});
+  o += "<h2>At the " + std::string(rec.has_steps() ? "step peak" : "peak") + "</h2>\n<p>" +
+       ms_label(step.time_ns, rec.start_ns) + "; phase " + escape(name_or(step.phase, "none")) +
+       ", block " + escape(name_or(step.block, "(outside any block)")) +
+       ".</p>\n<div class=\"scroll\"><table>\n" + head({"category", "bytes", "share"});
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
-    o += row({escape(category_name(static_cast<Category>(c))),
-              escape(format_bytes(rec.peak.by_category[c])),
-              percent(rec.peak.by_category[c], rec.peak.allocated)});
+    o += row({"<span class=\"swatch\" style=\"background:" + std::string(colors[c]) +
+                  ";margin-left:0\"></span>" + escape(category_name(static_cast<Category>(c))),
+              escape(format_bytes(step.by_category[c])),
+              percent(step.by_category[c], step.allocated)});
   }
-  o += "</table>\n<h2>Blocks at the peak</h2>\n<table>\n" + head({"block", "live bytes", "share"});
-  for (const BlockBytes& b : rec.peak.blocks) {
-    o += row({block_label(b.block), escape(format_bytes(b.bytes)),
-              percent(b.bytes, rec.peak.allocated)});
+  o += "</table></div>\n<h2>Blocks at the " + std::string(rec.has_steps() ? "step peak" : "peak") +
+       "</h2>\n<div class=\"scroll\"><table>\n" + head({"block", "live bytes", "share"});
+  for (const BlockBytes& b : step.blocks) {
+    o += row({escape(name_or(b.block, "(outside any block)")), escape(format_bytes(b.bytes)),
+              percent(b.bytes, step.allocated)});
   }
-  o += "</table>\n";
+  o += "</table></div>\n";
 
   o += "<h2>Plan vs measured</h2>\n";
   if (r.plan.present) {
@@ -414,14 +643,16 @@ std::string report_html(const ProfileReport& r) {
       return p == 0 ? std::string("-")
                     : fmt("%.3f", static_cast<double>(m) / static_cast<double>(p));
     };
-    o += "<p>" + escape(r.plan.description) + "</p>\n<table>\n" +
+    o += "<p>" + escape(r.plan.description) +
+         "; measured: the steps' peak (setup excluded, as the plan's dry run of steps)."
+         "</p>\n<table>\n" +
          head({"", "predicted", "measured", "measured / predicted"}) +
          row({"peak reserved", escape(format_bytes(r.plan.predicted_peak_reserved)),
-              escape(format_bytes(rec.peak_reserved)),
-              ratio(rec.peak_reserved, r.plan.predicted_peak_reserved)}) +
+              escape(format_bytes(step_reserved)),
+              ratio(step_reserved, r.plan.predicted_peak_reserved)}) +
          row({"peak allocated", escape(format_bytes(r.plan.predicted_peak_allocated)),
-              escape(format_bytes(rec.peak.allocated)),
-              ratio(rec.peak.allocated, r.plan.predicted_peak_allocated)});
+              escape(format_bytes(step.allocated)),
+              ratio(step.allocated, r.plan.predicted_peak_allocated)});
     if (r.plan.predicted_host_pinned > 0 || rec.has_host()) {
       o += row({"pinned host", escape(format_bytes(r.plan.predicted_host_pinned)),
                 escape(format_bytes(rec.host_peak)),
@@ -434,13 +665,8 @@ std::string report_html(const ProfileReport& r) {
   }
 
   o += gpu_section(r);
-
-  o += "<h2>Allocator statistics</h2>\n<p>Settings: <code>" + escape(r.config.to_string()) +
-       "</code></p>\n<table>\n" + head({"stat", "value"});
-  for (const auto& [key, value] : r.stats.as_map()) {
-    o += row({escape(key), std::to_string(value)});
-  }
-  o += "</table>\n</body>\n</html>\n";
+  o += stats_section(r);
+  o += "<script data-memfit>" + std::string(kScript) + "</script>\n</body>\n</html>\n";
   return o;
 }
 

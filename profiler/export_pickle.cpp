@@ -10,7 +10,8 @@
 //    "device_traces": [[{"action", "addr", "size", "stream", "time_us", "frames",
 //                        "category", ("device_free" for oom)}]],   one list per device
 //    "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF", "max_split_size", ...}}
-// memfit has one device (0). Frames are {"filename", "line", "name"}, innermost first as
+// memfit has one device (0). time_us is Unix-epoch microseconds, as PyTorch writes it (memory_viz
+// prints it as a date). Frames are {"filename", "line", "name"}, innermost first as
 // PyTorch writes them: the tensor's tag ("tensor"), the block ("block") and the phase
 // ("phase") open when the event happened, so memory_viz shows "block:0:h3" / "phase:0:forward"
 // where it would show Python source lines. A block in "segments" gets the frames of the
@@ -55,10 +56,6 @@ PickleValue frames_of(const TimelineEvent& e) {
 
 PickleValue i64(std::uint64_t v) { return PickleValue::integer(static_cast<std::int64_t>(v)); }
 
-bool is_segment_event(EventKind k) {
-  return k == EventKind::kSegmentAlloc || k == EventKind::kSegmentFree;
-}
-
 PickleValue allocator_settings(const AllocatorConfig& c) {
   PickleValue s = PickleValue::dict();
   s.add("PYTORCH_CUDA_ALLOC_CONF", PickleValue::str(c.to_string()));
@@ -96,10 +93,11 @@ std::string snapshot_pickle(const ProfileReport& r) {
     t.add("addr", i64(e.addr));
     t.add("size", i64(e.size));
     t.add("stream", i64(e.stream));
-    t.add("time_us", PickleValue::integer(e.time_ns / 1000));
+    t.add("time_us", PickleValue::integer(rec.epoch_ns(e.time_ns) / 1000));
     t.add("frames", frames_of(e));
     t.add("category",
           PickleValue::str(is_segment_event(e.kind) ? "unknown" : category_name(e.category)));
+    // (memory_viz_colors in report.cpp reads the categories in this same order.)
     if (e.kind == EventKind::kOom) {
       // What the device had free: its total less what memfit held, when the total is known.
       const std::size_t free =
@@ -113,7 +111,7 @@ std::string snapshot_pickle(const ProfileReport& r) {
   snap_entry.add("addr", PickleValue::integer(0));
   snap_entry.add("size", PickleValue::integer(0));
   snap_entry.add("stream", PickleValue::integer(0));
-  snap_entry.add("time_us", PickleValue::integer(rec.end_ns / 1000));
+  snap_entry.add("time_us", PickleValue::integer(rec.epoch_ns(rec.end_ns) / 1000));
   snap_entry.add("frames", PickleValue::list());
   snap_entry.add("category", PickleValue::str("unknown"));
   trace.append(std::move(snap_entry));

@@ -25,36 +25,46 @@ double ms_since(std::int64_t t_ns, std::int64_t start_ns) {
   return static_cast<double>(t_ns - start_ns) / 1e6;
 }
 
+json peak_json(const PeakInfo& p, std::size_t reserved, std::int64_t start_ns) {
+  json peak;
+  peak["time_ms"] = ms_since(p.time_ns, start_ns);
+  peak["allocated_bytes"] = p.allocated;
+  peak["reserved_bytes"] = reserved;
+  peak["by_category"] = by_category(p.by_category);
+  peak["phase"] = std::string(interned_name(p.phase));  // "" outside any phase
+  peak["block"] = std::string(interned_name(p.block));  // "" outside any block
+  json top = json::array();
+  for (std::size_t i = 0; i < p.blocks.size() && i < kTopBlocks; ++i) {
+    const BlockBytes& b = p.blocks[i];
+    top.push_back({{"block", std::string(interned_name(b.block))}, {"bytes", b.bytes}});
+  }
+  peak["top_blocks"] = std::move(top);
+  peak["blocks_total"] = p.blocks.size();
+  return peak;
+}
+
 }  // namespace
 
 std::string summary_json(const ProfileReport& r) {
   const Recording& rec = r.recording;
   json j;
   j["format"] = "memfit-profile-summary";
-  j["version"] = 1;
+  j["version"] = 2;
   j["model"] = r.model;
   j["backend"] = r.backend;
   j["steps"] = r.steps;
   j["duration_ms"] = ms_since(rec.end_ns, rec.start_ns);
   if (r.device_total_bytes > 0) j["device_total_bytes"] = r.device_total_bytes;
 
-  // The recording's exact peaks (whatever was dropped from the timeline).
-  j["peak_allocated_bytes"] = rec.peak.allocated;
-  j["peak_reserved_bytes"] = rec.peak_reserved;
-  json peak;
-  peak["time_ms"] = ms_since(rec.peak.time_ns, rec.start_ns);
-  peak["allocated_bytes"] = rec.peak.allocated;
-  peak["by_category"] = by_category(rec.peak.by_category);
-  peak["phase"] = std::string(interned_name(rec.peak.phase));  // "" outside any phase
-  peak["block"] = std::string(interned_name(rec.peak.block));  // "" outside any block
-  json top = json::array();
-  for (std::size_t i = 0; i < rec.peak.blocks.size() && i < kTopBlocks; ++i) {
-    const BlockBytes& b = rec.peak.blocks[i];
-    top.push_back({{"block", std::string(interned_name(b.block))}, {"bytes", b.bytes}});
-  }
-  peak["top_blocks"] = std::move(top);
-  peak["blocks_total"] = rec.peak.blocks.size();
-  j["peak"] = std::move(peak);
+  // The recording's exact peaks (whatever was dropped from the timeline). The headline is the
+  // steps' peak (from the first step on; what a plan predicts and `memfit train` prints);
+  // run_peak is the whole recording's, setup included.
+  const PeakInfo& step = rec.steps_peak();
+  j["peak_allocated_bytes"] = step.allocated;
+  j["peak_reserved_bytes"] = rec.steps_peak_reserved();
+  j["peak"] = peak_json(step, rec.steps_peak_reserved(), rec.start_ns);
+  j["peak"]["of"] = rec.has_steps() ? "steps" : "whole run (no step range recorded)";
+  j["run_peak"] = peak_json(rec.peak, rec.peak_reserved, rec.start_ns);
 
   j["end"] = {{"allocated_bytes", rec.current_allocated},
               {"reserved_bytes", rec.current_reserved},
@@ -72,17 +82,17 @@ std::string summary_json(const ProfileReport& r) {
     p["description"] = r.plan.description;
     p["predicted_peak_reserved_bytes"] = r.plan.predicted_peak_reserved;
     p["predicted_peak_allocated_bytes"] = r.plan.predicted_peak_allocated;
-    p["measured_peak_reserved_bytes"] = rec.peak_reserved;
-    p["measured_peak_allocated_bytes"] = rec.peak.allocated;
+    p["measured_peak_reserved_bytes"] = rec.steps_peak_reserved();
+    p["measured_peak_allocated_bytes"] = step.allocated;
     p["predicted_host_pinned_bytes"] = r.plan.predicted_host_pinned;
     p["measured_host_pinned_bytes"] = rec.host_peak;
     // measured / predicted; null when nothing was predicted (a ratio against 0 means nothing).
     p["reserved_ratio"] = r.plan.predicted_peak_reserved > 0
-                              ? json(static_cast<double>(rec.peak_reserved) /
+                              ? json(static_cast<double>(rec.steps_peak_reserved()) /
                                      static_cast<double>(r.plan.predicted_peak_reserved))
                               : json(nullptr);
     p["allocated_ratio"] = r.plan.predicted_peak_allocated > 0
-                               ? json(static_cast<double>(rec.peak.allocated) /
+                               ? json(static_cast<double>(step.allocated) /
                                       static_cast<double>(r.plan.predicted_peak_allocated))
                                : json(nullptr);
     j["plan"] = std::move(p);

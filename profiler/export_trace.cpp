@@ -1,5 +1,7 @@
 // trace.json in the Chrome trace event format (the "JSON Array/Object Format" that Perfetto and
-// chrome://tracing import): ts and dur in microseconds, relative to the recording's start.
+// chrome://tracing import): ts and dur in microseconds, relative to the recording's start, which
+// the first counters mark (ts 0). Ranges carry no args (viewers such as speedscope print them
+// in every label); their nesting is their time span.
 //   pid 1 "memfit host": one thread per thread that opened ranges ("X" per range), counters
 //         ("C") for each category and for allocated/reserved, instant events for OOMs, and a
 //         "pinned host" counter with one series per category (offload's host memory)
@@ -87,13 +89,14 @@ std::string trace_json(const ProfileReport& r) {
          {"pid", kHostPid},
          {"tid", g.thread},
          {"ts", us(g.begin_ns, rec.start_ns)},
-         {"dur", static_cast<double>(std::max<std::int64_t>(0, g.end_ns - g.begin_ns)) / 1e3},
-         {"args", {{"depth", g.depth}}}});
+         {"dur", static_cast<double>(std::max<std::int64_t>(0, g.end_ns - g.begin_ns)) / 1e3}});
   }
 
-  // Counters: the starting state, then a sample whenever a value changes.
+  // Counters: the starting state at time 0 (the recording's start, so every viewer's time range
+  // opens there and shows what setup allocated before the first range), then a sample whenever
+  // a value changes.
   CategoryBytes running = rec.base_by_category;
-  const double t0 = rec.events.empty() ? 0.0 : us(rec.events.front().time_ns, rec.start_ns);
+  const double t0 = 0.0;
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     events.push_back(counter(category_name(static_cast<Category>(c)), kHostPid, t0, running[c]));
   }

@@ -55,16 +55,6 @@ class Ring {
   std::size_t head_ = 0;  // the oldest element once full
 };
 
-// How an event changes bytes by category (allocated moves with it; reserved does not).
-void apply_event(CategoryBytes& by_category, const TimelineEvent& e) {
-  std::size_t& c = by_category[category_index(e.category)];
-  if (e.kind == EventKind::kAlloc) {
-    c += e.size;
-  } else if (e.kind == EventKind::kFreeRequested) {
-    c -= std::min(c, e.size);
-  }
-}
-
 // The last tags seen and their ids, so most events skip intern_name's process-wide lock and
 // hash: a direct-mapped cache on the tag's address, confirmed by comparing the text (the
 // address is only a hint: the event's tag is valid during the callback alone).
@@ -108,6 +98,7 @@ struct Recorder::State {
   bool stopped = false;
 
   std::int64_t start_ns = 0;
+  std::int64_t start_epoch_ns = 0;
   std::int64_t stop_ns = 0;
   Ring<TimelineEvent> events;
   std::uint64_t dropped_events = 0;
@@ -132,24 +123,34 @@ struct Recorder::State {
 
   PeakInfo peak;  // blocks unsorted until recording()
   std::size_t peak_reserved = 0;
+  std::int64_t steps_begin_ns = -1;  // the first step range's begin; -1: none yet
+  PeakInfo step_peak;
+  std::size_t step_peak_reserved = 0;
   std::uint64_t listener_failures = 0;
   TagCache tags;
 
-  void take_peak(std::int64_t t, std::uint32_t phase, std::uint32_t block) {
-    peak.allocated = allocated;
-    peak.time_ns = t;
-    peak.by_category = by_category;
-    peak.phase = phase;
-    peak.block = block;
-    peak.blocks.clear();
+  // The state now as `p`.
+  void take(PeakInfo& p, std::int64_t t, std::uint32_t phase, std::uint32_t block) const {
+    p.allocated = allocated;
+    p.time_ns = t;
+    p.by_category = by_category;
+    p.phase = phase;
+    p.block = block;
+    p.blocks.clear();
     for (const auto& [b, bytes] : block_live) {
-      if (bytes > 0) peak.blocks.push_back(BlockBytes{b, bytes});
+      if (bytes > 0) p.blocks.push_back(BlockBytes{b, bytes});
     }
+  }
+  void take_peak(std::int64_t t, std::uint32_t phase, std::uint32_t block) {
+    take(peak, t, phase, block);
   }
 
   // The peak and the rings restart from the state now (construction and clear()).
   void restart(std::int64_t t) {
     start_ns = t;
+    start_epoch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
     events.clear();
     ranges.clear();
     dropped_events = dropped_ranges = 0;
@@ -159,6 +160,9 @@ struct Recorder::State {
     const PhaseContext ctx = current_phase();  // the calling thread's, the best guess we have
     take_peak(t, ctx.phase, ctx.block);
     peak_reserved = reserved;
+    steps_begin_ns = -1;  // the next step range re-arms the steps' peak
+    step_peak = PeakInfo{};
+    step_peak_reserved = 0;
     host_events.clear();
     dropped_host_events = 0;
     host_base = host_at_peak = host;
@@ -223,11 +227,14 @@ void Recorder::State::on_event(const AllocatorEvent& e) {
   ev.allocated = allocated;
   ev.reserved = reserved;
   if (reserved > peak_reserved) peak_reserved = reserved;
+  const bool steps = steps_begin_ns >= 0;
+  if (steps && reserved > step_peak_reserved) step_peak_reserved = reserved;
   ev.tag = tags.id(e.tag);  // may allocate: after the totals
 
   if (e.kind == EventKind::kAlloc) {
     block_live[ctx.block] += e.size;
     if (allocated > peak.allocated) take_peak(e.time_ns, ctx.phase, ctx.block);
+    if (steps && allocated > step_peak.allocated) take(step_peak, e.time_ns, ctx.phase, ctx.block);
     live[e.addr] = ctx.block;
   } else if (e.kind == EventKind::kFreeRequested) {
     // A block made before the Recorder existed is not in `live`: it counted in block 0.
@@ -254,6 +261,12 @@ void Recorder::State::on_range(const RangeEvent& e) {
   if (stopped) return;
   std::vector<OpenRange>& stack = open[e.thread];
   if (e.begin) {
+    if (e.kind == RangeKind::kStep && steps_begin_ns < 0) {
+      // The steps begin: the state now is their first peak candidate.
+      steps_begin_ns = e.time_ns;
+      take(step_peak, e.time_ns, e.name, 0);
+      step_peak_reserved = reserved;
+    }
     stack.push_back(OpenRange{e.kind, e.name, e.time_ns, e.depth});
     return;
   }
@@ -272,6 +285,15 @@ void Recorder::State::on_range(const RangeEvent& e) {
   }
   RangeRecord old;
   if (ranges.push(r, &old)) ++dropped_ranges;
+}
+
+void apply_event(CategoryBytes& by_category, const TimelineEvent& e) {
+  std::size_t& c = by_category[category_index(e.category)];
+  if (e.kind == EventKind::kAlloc) {
+    c += e.size;
+  } else if (e.kind == EventKind::kFreeRequested) {
+    c -= std::min(c, e.size);
+  }
 }
 
 CategoryBytes Recording::by_category_at(std::size_t i) const {
@@ -375,6 +397,7 @@ Recording Recorder::recording() const {
   std::lock_guard lock(s.mu);
   Recording r;
   r.start_ns = s.start_ns;
+  r.start_epoch_ns = s.start_epoch_ns;
   r.end_ns = s.stopped ? s.stop_ns : now_ns();
   r.events = s.events.in_order();
   r.dropped_events = s.dropped_events;
@@ -401,6 +424,13 @@ Recording Recorder::recording() const {
               return a.bytes != b.bytes ? a.bytes > b.bytes : a.block < b.block;
             });
   r.peak_reserved = s.peak_reserved;
+  r.steps_begin_ns = s.steps_begin_ns;
+  r.step_peak = s.step_peak;
+  std::sort(r.step_peak.blocks.begin(), r.step_peak.blocks.end(),
+            [](const BlockBytes& a, const BlockBytes& b) {
+              return a.bytes != b.bytes ? a.bytes > b.bytes : a.block < b.block;
+            });
+  r.step_peak_reserved = s.step_peak_reserved;
   r.current_by_category = s.by_category;
   r.current_allocated = s.allocated;
   r.current_reserved = s.reserved;

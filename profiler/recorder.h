@@ -18,6 +18,10 @@
 //   peak allocated and reserved, and at the moment of the peak of allocated bytes: bytes by
 //   category, the phase and block, and live bytes per block (the block open when each live
 //   allocation was made; 0 = outside any block).
+// - The same figures for the steps alone (step_peak, step_peak_reserved): from the moment the
+//   first step range (RangeKind::kStep) begins, the state then included, to the end. That is
+//   what a plan's dry run predicts; the whole-run peak also covers setup (building the model
+//   and optimizer: RangeKind::kSetup), which can briefly hold more.
 //
 // Totals: allocated = sum of live block sizes (kAlloc adds, kFreeRequested subtracts),
 // reserved = sum of segment sizes (kSegmentAlloc / kSegmentFree), as the allocator's own
@@ -48,7 +52,7 @@
 namespace memfit {
 
 struct RecorderOptions {
-  std::size_t capacity = std::size_t{1} << 20;      // allocator events kept (>= 1)
+  std::size_t capacity = std::size_t{1} << 20;        // allocator events kept (>= 1)
   std::size_t range_capacity = std::size_t{1} << 16;  // closed ranges kept (>= 1)
 };
 
@@ -62,7 +66,7 @@ struct TimelineEvent {
   std::uint32_t tag = 0;    // interned allocation tag
   std::uint32_t phase = 0;  // interned phase name (PhaseContext::phase)
   RangeKind phase_kind = RangeKind::kOther;
-  std::uint32_t block = 0;  // interned block name
+  std::uint32_t block = 0;    // interned block name
   std::size_t allocated = 0;  // totals after this event
   std::size_t reserved = 0;
 };
@@ -90,18 +94,36 @@ struct PeakInfo {
   std::vector<BlockBytes> blocks;  // live bytes per block at the peak, largest first
 };
 
+// How an event changes bytes by category (allocated moves with it; reserved does not): an
+// alloc adds its size to its category, a free request takes it away (never below 0).
+void apply_event(CategoryBytes& by_category, const TimelineEvent& e);
+
 struct Recording {
-  std::int64_t start_ns = 0;  // the Recorder's construction
-  std::int64_t end_ns = 0;    // recording() time (or stop())
+  std::int64_t start_ns = 0;  // the Recorder's construction (steady_clock ns, as every time here)
+  // Unix-epoch ns at start_ns (system_clock), so exporters can write wall-clock times:
+  // epoch_ns(t) = start_epoch_ns + (t - start_ns).
+  std::int64_t start_epoch_ns = 0;
+  std::int64_t epoch_ns(std::int64_t t) const { return start_epoch_ns + (t - start_ns); }
+  std::int64_t end_ns = 0;            // recording() time (or stop())
   std::vector<TimelineEvent> events;  // oldest first
   std::uint64_t dropped_events = 0;
-  CategoryBytes base_by_category{};   // state just before events.front()
+  CategoryBytes base_by_category{};  // state just before events.front()
   std::size_t base_allocated = 0;
   std::size_t base_reserved = 0;
-  std::vector<RangeRecord> ranges;    // by begin time
+  std::vector<RangeRecord> ranges;  // by begin time
   std::uint64_t dropped_ranges = 0;
-  PeakInfo peak;
+  PeakInfo peak;  // the whole recording's
   std::size_t peak_reserved = 0;
+  // The steps' (see above), valid when has_steps(); steps_peak() and steps_peak_reserved() are
+  // these, else the whole recording's: what exporters report as the step peak.
+  std::int64_t steps_begin_ns = -1;
+  PeakInfo step_peak;
+  std::size_t step_peak_reserved = 0;
+  bool has_steps() const { return steps_begin_ns >= 0; }
+  const PeakInfo& steps_peak() const { return has_steps() ? step_peak : peak; }
+  std::size_t steps_peak_reserved() const {
+    return has_steps() ? step_peak_reserved : peak_reserved;
+  }
   CategoryBytes current_by_category{};
   std::size_t current_allocated = 0;
   std::size_t current_reserved = 0;

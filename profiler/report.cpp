@@ -179,6 +179,31 @@ std::vector<std::string> export_report(const ProfileReport& report, const std::s
   return written;
 }
 
+bool is_segment_event(EventKind k) {
+  return k == EventKind::kSegmentAlloc || k == EventKind::kSegmentFree;
+}
+
+std::array<const char*, kCategoryCount> memory_viz_colors(const Recording& rec) {
+  // d3's schemeTableau10, which MemoryViz.js (torch/utils/viz/MemoryViz.js) inlines.
+  static const char* const kTableau10[] = {"#4e79a7", "#f28e2c", "#e15759", "#76b7b2", "#59a14f",
+                                           "#edc949", "#af7aa1", "#ff9da7", "#9c755f", "#bab0ab"};
+  std::array<int, kCategoryCount> order;
+  order.fill(-1);
+  int next = 0;
+  const auto see = [&](Category c) {
+    int& o = order[category_index(c)];
+    if (o < 0) o = next++;
+  };
+  for (const TimelineEvent& e : rec.events) {
+    see(is_segment_event(e.kind) ? Category::kUnknown : e.category);
+  }
+  see(Category::kUnknown);  // the trace's closing "snapshot" entry
+  for (std::size_t c = 0; c < kCategoryCount; ++c) see(static_cast<Category>(c));
+  std::array<const char*, kCategoryCount> colors{};
+  for (std::size_t c = 0; c < kCategoryCount; ++c) colors[c] = kTableau10[order[c] % 10];
+  return colors;
+}
+
 std::string see_memory_usage_line(const AllocatorStats& s) {
   // deepspeed/runtime/utils.py see_memory_usage divides by 1024**3 and labels it "GB"; it
   // rounds MA, Max_MA and CA to two decimals and Max_CA to a whole number (round(x), which

@@ -8,23 +8,29 @@
 //   std::vector<std::string> written = export_report(r, "out/profile", f);
 //
 // Formats and files (one each, in `dir`):
-//   summary  summary.json   peaks, bytes by category / phase / block at the peak, top blocks,
-//                           pinned host bytes (peak and end, by category), plan vs measured,
-//                           dropped counts, allocator stats, and
-//                           "see_memory_usage": one line in DeepSpeed's style
+//   summary  summary.json   (version 2) the steps' peak as the headline (peak_allocated_bytes,
+//                           peak_reserved_bytes, "peak": bytes by category, phase, block, top
+//                           blocks; what a plan predicts) and the whole run's, setup included
+//                           ("run_peak"), pinned host bytes (peak and end, by category), plan
+//                           vs measured (on the steps' peak), dropped counts, allocator stats,
+//                           and "see_memory_usage": one line in DeepSpeed's style
 //                           ("MA 1.2 GB Max_MA 2.3 GB CA 2.5 GB Max_CA 3 GB")
 //   csv      timeline.csv   one row per kept event (allocator events and pinned host regions'
-//                           changes, in time order): time_ms, one column per category (bytes),
-//                           allocated, reserved, host_<category> and host_pinned, phase, block
-//   trace    trace.json     Chrome trace event format (Perfetto, chrome://tracing): metadata
-//                           (process/thread names), "X" events for ranges, "C" counters for
-//                           each category and for allocated/reserved, a "pinned host" counter
-//                           by category, GPU activities
+//                           changes, in time order): time_ms, event, size_bytes, category,
+//                           tensor, step, micro_batch, phase, block, then the totals after it in
+//                           <category>_bytes, allocated_bytes, reserved_bytes,
+//                           host_<category>_bytes, host_pinned_bytes (export_csv.cpp)
+//   trace    trace.json     Chrome trace event format (Perfetto, chrome://tracing, speedscope):
+//                           metadata (process/thread names), "X" events for ranges (no args),
+//                           "C" counters for each category and for allocated/reserved from time
+//                           0, a "pinned host" counter by category, GPU activities
 //   pickle   snapshot.pickle  PyTorch memory_viz snapshot, pickle protocol 2 (export_pickle.cpp);
-//                           device memory only (memory_viz has no place for host memory)
-//   html     report.html    self-contained page: SVG stacked-area timeline by category with the
-//                           peak marked, pinned host bytes by category on the same time axis,
-//                           per-block table, plan vs measured, allocator stats
+//                           device memory only (memory_viz has no place for host memory);
+//                           time_us in Unix-epoch microseconds
+//   html     report.html    self-contained page (export_html.cpp): both peaks labelled, an SVG
+//                           timeline by category in memory_viz's colours with step and phase
+//                           bands, hover readout and zoom, pinned host bytes on the same time
+//                           axis, per-block table, plan vs measured, allocator stats
 // Pinned host memory is offload's (profiler/host_region.h), as the Recording has it.
 // Every file is written to "<name>.tmp.<pid>" in `dir` and renamed into place, so a failure
 // leaves no partial file and never truncates an earlier report (profiler/atomic_file.h).
@@ -35,6 +41,7 @@
 // already renamed into place stay (each is complete).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,7 +64,7 @@ const char* gpu_activity_kind_name(GpuActivityKind k);  // "kernel", "memcpy", .
 
 struct GpuActivity {
   GpuActivityKind kind = GpuActivityKind::kKernel;
-  std::string name;           // kernel name, "HtoD"/"DtoH"/"DtoD", marker text
+  std::string name;  // kernel name, "HtoD"/"DtoH"/"DtoD", marker text
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;    // == start_ns for instantaneous records (malloc/free)
   std::uint32_t stream = 0;   // CUPTI stream id
@@ -70,25 +77,26 @@ struct PlanFigures {
   std::size_t predicted_peak_reserved = 0;
   std::size_t predicted_peak_allocated = 0;
   std::size_t predicted_host_pinned = 0;  // offload's pinned host bytes (0: none)
-  std::string description;  // "bf16, checkpoint every:2, micro-batch 4 x 4, offload"
+  std::string description;                // "bf16, checkpoint every:2, micro-batch 4 x 4, offload"
 };
 
 struct ProfileReport {
-  std::string model;    // "gpt-tiny"
-  std::string backend;  // "cpu", "cuda"
+  std::string command = "profile";  // what made it: "profile", "train" (report.html's title)
+  std::string model;                // "gpt-tiny"
+  std::string backend;              // "cpu", "cuda"
   std::int64_t steps = 0;
   std::size_t device_total_bytes = 0;  // 0: unknown (CPU)
-  AllocatorStats stats;                 // at the end
+  AllocatorStats stats;                // at the end
   AllocatorConfig config;
-  Snapshot snapshot;                    // at the end
+  Snapshot snapshot;  // at the end
   Recording recording;
   PlanFigures plan;
   std::vector<GpuActivity> gpu;
-  std::uint64_t gpu_dropped = 0;        // CUPTI records lost
+  std::uint64_t gpu_dropped = 0;  // CUPTI records lost
 };
 
-ProfileReport make_report(Recording recording, const CachingAllocator& alloc,
-                          std::string model, std::string backend);
+ProfileReport make_report(Recording recording, const CachingAllocator& alloc, std::string model,
+                          std::string backend);
 
 enum class ExportFormat : std::uint8_t { kSummary, kCsv, kTrace, kPickle, kHtml };
 const char* export_format_name(ExportFormat f);  // "summary", "csv", "trace", "pickle", "html"
@@ -108,6 +116,16 @@ std::string timeline_csv(const ProfileReport& r);
 std::string trace_json(const ProfileReport& r);
 std::string snapshot_pickle(const ProfileReport& r);  // bytes
 std::string report_html(const ProfileReport& r);
+
+// What snapshot.pickle's device trace says each event's category is: "unknown" for segment
+// events (a segment has none), the event's own otherwise.
+bool is_segment_event(EventKind k);
+// The colour memory_viz gives each category in snapshot.pickle, for report.html to use the same:
+// MemoryViz.js colours an allocation by its category's index in the order categories first
+// appear in the device trace, in d3's schemeTableau10 (10 colours, repeating), the trace's
+// final "snapshot" entry's "unknown" included. Categories the trace never names follow in
+// enum order. Indexed by category_index.
+std::array<const char*, kCategoryCount> memory_viz_colors(const Recording& rec);
 
 // DeepSpeed's see_memory_usage line: "MA <alloc> Max_MA <peak alloc> CA <reserved> Max_CA
 // <peak reserved>", as deepspeed.runtime.utils prints it: "GB" there means 1024^3 bytes, the

@@ -160,6 +160,8 @@ const char* range_kind_name(RangeKind k) {
       return "optimizer";
     case RangeKind::kOffload:
       return "offload";
+    case RangeKind::kSetup:
+      return "setup";
     case RangeKind::kBlock:
       return "block";
     case RangeKind::kOther:

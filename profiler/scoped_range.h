@@ -13,9 +13,9 @@
 // knows "phase backward, block h7" for every allocation without the allocator knowing about
 // phases.
 //
-// Kinds: step, micro_batch, forward, backward, recompute, optimizer, offload are phases; block
-// names a layer block (the executor's "h0", "h1", ..., "embedding", "head"); other is a user's
-// own range. The phase of a moment is the innermost open range whose kind is a phase; its
+// Kinds: step, micro_batch, forward, backward, recompute, optimizer, offload, setup are phases;
+// block names a layer block (the executor's "h0", "h1", ..., "embedding", "head"); other is a
+// user's own range. The phase of a moment is the innermost open range whose kind is a phase; its
 // block is the innermost open kBlock range. Both are 0 ("" when looked up) when none is open.
 //
 // Names are interned process-wide: intern_name() maps a string to a small id once (a mutex and
@@ -50,13 +50,14 @@ enum class RangeKind : std::uint8_t {
   kRecompute,
   kOptimizer,
   kOffload,
+  kSetup,  // building the model and optimizer, before the first step
   kBlock,
   kOther,
 };
-inline constexpr int kRangeKindCount = 9;
+inline constexpr int kRangeKindCount = 10;
 
-// "step", "micro_batch", "forward", "backward", "recompute", "optimizer", "offload", "block",
-// "other".
+// "step", "micro_batch", "forward", "backward", "recompute", "optimizer", "offload", "setup",
+// "block", "other".
 const char* range_kind_name(RangeKind k);
 inline bool is_phase(RangeKind k) { return k != RangeKind::kBlock && k != RangeKind::kOther; }
 
@@ -65,7 +66,7 @@ std::string_view interned_name(std::uint32_t id);  // an unknown id -> ""
 
 struct RangeFrame {
   RangeKind kind;
-  std::uint32_t name;      // interned
+  std::uint32_t name;  // interned
   std::int64_t start_ns;
 };
 
@@ -80,12 +81,12 @@ const std::vector<RangeFrame>& current_ranges();
 PhaseContext current_phase();
 
 struct RangeEvent {
-  bool begin;             // true: opened; false: closed
+  bool begin;  // true: opened; false: closed
   RangeKind kind;
   std::uint32_t name;
   std::int64_t time_ns;
-  std::uint64_t thread;   // a small per-thread number, 1 for the first thread that opened a range
-  int depth;              // 0 for an outermost range
+  std::uint64_t thread;  // a small per-thread number, 1 for the first thread that opened a range
+  int depth;             // 0 for an outermost range
 };
 using RangeListener = std::function<void(const RangeEvent&)>;
 std::uint64_t add_range_listener(RangeListener listener);

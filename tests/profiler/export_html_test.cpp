@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <regex>
 #include <string>
 
 #include "memory/size.h"
+#include "profiler/html_chart.h"
 #include "profiler/report.h"
 #include "tests/profiler/export_testutil.h"
 
@@ -33,13 +35,20 @@ TEST(ReportHtml, IsWellFormedAndSelfContained) {
   const std::string html = report_html(sample_report());
   EXPECT_EQ(html_balance_error(html), "");
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
-  EXPECT_EQ(count(html, "<svg"), 1u);
+  EXPECT_NE(html.find("<meta name=\"viewport\" content=\"width=device-width"), std::string::npos);
+  // A wide and a narrow copy of the chart, CSS showing the one that fits.
+  EXPECT_EQ(count(html, "class=\"chart wide\""), 1u);
+  EXPECT_EQ(count(html, "class=\"chart narrow\""), 1u);
+  EXPECT_NE(html.find("@media (max-width:640px)"), std::string::npos);
   EXPECT_NE(html.find("<polygon"), std::string::npos);
-  EXPECT_NE(html.find("id=\"peak\""), std::string::npos);
+  EXPECT_NE(html.find("class=\"marker\""), std::string::npos);
+  // The hover readout's data and script are inline.
+  EXPECT_EQ(count(html, "<script"), 2u);
+  EXPECT_NE(html.find("id=\"data-timeline\""), std::string::npos);
   // Nothing loads from elsewhere: the only URL is the SVG namespace, which is not fetched.
-  EXPECT_EQ(count(html, "http://") + count(html, "https://"), 1u);
-  EXPECT_EQ(count(html, "http://www.w3.org/2000/svg"), 1u);
-  for (const char* attr : {" src=", " href=", "@import", "url("}) {
+  const std::size_t urls = count(html, "http://") + count(html, "https://");
+  EXPECT_EQ(urls, count(html, "http://www.w3.org/2000/svg"));
+  for (const char* attr : {" src=", " href=", "@import", "url(", "fetch(", "XMLHttpRequest"}) {
     EXPECT_EQ(html.find(attr), std::string::npos) << attr;
   }
 }
@@ -78,6 +87,15 @@ TEST(ReportHtml, ShowsThePeakBlocksPlanAndStats) {
   EXPECT_NE(html.find(see_memory_usage_line(r.stats)), std::string::npos);
 }
 
+// The wide chart's data layer (the nested <svg class="plot">) and the chart's viewBox height.
+std::string wide_plot(const std::string& html, const std::string& chart = "timeline") {
+  const std::size_t svg = html.find("class=\"chart wide\"");
+  const std::size_t at = html.find("data-chart=\"" + chart + "\"", svg);
+  EXPECT_NE(at, std::string::npos);
+  const std::size_t plot = html.find("<svg class=\"plot\"", at);
+  return html.substr(plot, html.find("</svg>", plot) - plot);
+}
+
 // A long timeline is drawn with a bounded number of points, and the peak survives.
 TEST(ReportHtml, LongTimelinesAreDownsampledKeepingThePeak) {
   RecordingBuilder b;
@@ -100,13 +118,14 @@ TEST(ReportHtml, LongTimelinesAreDownsampledKeepingThePeak) {
   ASSERT_GT(r.recording.events.size(), 40000u);
   const std::string html = report_html(r);
   EXPECT_EQ(html_balance_error(html), "");
-  EXPECT_LT(html.size(), std::size_t{1} << 20);  // ~80 k events would be megabytes undrawn
+  EXPECT_LT(html.size(), std::size_t{2} << 20);  // ~80 k events would be megabytes undrawn
   // The highest point of the stacked areas reaches the peak: find the smallest y drawn.
-  const std::regex pt(R"((\d+\.\d),(\d+\.\d))");
-  const std::size_t first_poly = html.find("<polygon");
-  const std::size_t end_poly = html.find("<polyline");
+  const std::string plot = wide_plot(html);
+  const std::size_t first_poly = plot.find("<polygon");
+  const std::size_t end_poly = plot.find("<polyline");
   ASSERT_NE(first_poly, std::string::npos);
-  const std::string polys = html.substr(first_poly, end_poly - first_poly);
+  const std::string polys = plot.substr(first_poly, end_poly - first_poly);
+  const std::regex pt(R"((\d+\.\d),(\d+\.\d))");
   double min_y = 1e9;
   std::size_t points = 0;
   for (auto it = std::sregex_iterator(polys.begin(), polys.end(), pt); it != std::sregex_iterator();
@@ -115,13 +134,14 @@ TEST(ReportHtml, LongTimelinesAreDownsampledKeepingThePeak) {
     ++points;
   }
   EXPECT_LT(points, 20000u);
-  // y of the peak on the chart (export_html.cpp: 360 px high, margins 20 above and 40 below,
-  // the axis reaching 5% above the larger of the peaks).
-  const std::size_t top = r.recording.peak_reserved + r.recording.peak_reserved / 20;
-  const double y_peak =
-      20 + 300 * (1 - static_cast<double>(r.recording.peak.allocated) / static_cast<double>(top));
+  // The plot is 300 units high; its top is the first round byte tick at or above the larger
+  // of the peaks (html_chart.h).
+  const double top_bytes = static_cast<double>(r.recording.peak_reserved);
+  const html::Ticks t = html::byte_ticks(top_bytes, 5);
+  const double y_max = std::ceil(top_bytes / t.step) * t.step;
+  const double y_peak = 300 * (1 - static_cast<double>(r.recording.peak.allocated) / y_max);
   ASSERT_LT(y_peak, 200);  // the spike stands well above the saw-tooth
-  EXPECT_NEAR(min_y, y_peak, 1.5);
+  EXPECT_NEAR(min_y, y_peak, 0.15);
 }
 
 // Pinned host memory gets its own chart on the device chart's time axis, with its peak by
@@ -143,10 +163,8 @@ TEST(ReportHtml, PinnedHostMemoryHasItsOwnChartOnlyWhenThereIsSome) {
   r.plan.predicted_host_pinned = (4 << 20) + (512 << 10);
   const std::string html = report_html(r);
   EXPECT_EQ(html_balance_error(html), "");
-  const std::size_t chart =
-      html.find("<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"host_timeline\"");
-  ASSERT_NE(chart, std::string::npos);
-  const std::string svg = html.substr(chart, html.find("</svg>", chart) - chart);
+  ASSERT_NE(html.find("data-chart=\"host_timeline\""), std::string::npos);
+  const std::string svg = wide_plot(html, "host_timeline");
   for (const char* name : {"optimizer_state", "gradient", "activation"}) {
     EXPECT_NE(svg.find("<title>" + std::string(name) + "</title>"), std::string::npos) << name;
   }
@@ -155,6 +173,57 @@ TEST(ReportHtml, PinnedHostMemoryHasItsOwnChartOnlyWhenThereIsSome) {
             std::string::npos);
   EXPECT_NE(html.find("<td>pinned host</td>"), std::string::npos);
   EXPECT_NE(html.find("<td>1.000</td>"), std::string::npos);  // measured / predicted host
+}
+
+// Both peaks are stated and labelled, setup's never as "no phase"; plan vs measured is on the
+// steps'; the title says which command made the report; the DeepSpeed line is labelled.
+TEST(ReportHtml, StatesTheStepPeakAndTheWholeRunsEachLabelled) {
+  ProfileReport r = exporttest::setup_spike_report();
+  r.plan.present = true;
+  r.plan.description = "bf16";
+  r.plan.predicted_peak_allocated = r.recording.steps_peak().allocated;
+  r.plan.predicted_peak_reserved = r.recording.steps_peak_reserved();
+  const std::string html = report_html(r);
+  EXPECT_EQ(html_balance_error(html), "");
+  EXPECT_NE(html.find("<title>memfit train: gpt-spike</title>"), std::string::npos);
+  EXPECT_NE(html.find("Step peak (what a plan predicts): allocated <b>3.00 MiB</b>"),
+            std::string::npos);
+  EXPECT_NE(html.find("Whole run, setup included: allocated <b>5.50 MiB</b>"), std::string::npos);
+  EXPECT_NE(html.find(">step peak 3.00 MiB allocated"), std::string::npos);
+  EXPECT_NE(html.find(">whole-run peak 5.50 MiB allocated"), std::string::npos);
+  EXPECT_EQ(html.find("no phase"), std::string::npos);
+  EXPECT_NE(html.find("<td>peak allocated</td><td>3.00 MiB</td><td>3.00 MiB</td><td>1.000</td>"),
+            std::string::npos);
+  EXPECT_NE(html.find("DeepSpeed's <code>see_memory_usage</code>"), std::string::npos);
+  // Bands: the setup phase and the step, under the chart.
+  EXPECT_NE(html.find("<title>setup</title>"), std::string::npos);
+  EXPECT_NE(html.find("<title>step 1</title>"), std::string::npos);
+}
+
+// The chart's colours are the ones memory_viz gives the same run's snapshot.pickle: by first
+// appearance in its device trace (a segment's "unknown" first here), d3's schemeTableau10.
+TEST(ReportHtml, CategoryColoursAreMemoryVizsForTheSameRecording) {
+  const ProfileReport r = exporttest::setup_spike_report();
+  const auto colors = memory_viz_colors(r.recording);
+  EXPECT_STREQ(colors[category_index(Category::kUnknown)], "#4e79a7");
+  EXPECT_STREQ(colors[category_index(Category::kParameter)], "#f28e2c");
+  EXPECT_STREQ(colors[category_index(Category::kOptimizerState)], "#e15759");
+  EXPECT_STREQ(colors[category_index(Category::kTemporary)], "#76b7b2");
+  EXPECT_STREQ(colors[category_index(Category::kActivation)], "#59a14f");
+  EXPECT_STREQ(colors[category_index(Category::kGradient)], "#edc949");
+  const std::string html = report_html(r);
+  EXPECT_NE(html.find("fill=\"#59a14f\" points="), std::string::npos);  // activations' area
+  EXPECT_NE(html.find("background:#f28e2c\"></span>parameter"), std::string::npos);  // legend
+}
+
+// Names reach the hover readout's JSON escaped so that none can close the script element.
+TEST(ReportHtml, TheReadoutDataCannotBeClosedByAName) {
+  const std::string evil = "</script><script>alert(1)</script>";
+  const std::string html = report_html(sample_report(evil));
+  EXPECT_EQ(html.find(evil), std::string::npos);
+  EXPECT_NE(html.find("\\u003c/script\\u003e"), std::string::npos);
+  EXPECT_EQ(html_balance_error(html), "");
+  EXPECT_EQ(count(html, "</script>"), 2u);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -14,6 +15,7 @@
 #include "memory/null_provider.h"
 #include "memory/size.h"
 #include "profiler/pickle.h"
+#include "profiler/recorder.h"
 #include "profiler/report.h"
 #include "profiler/scoped_range.h"
 #include "profiler/snapshot_import.h"
@@ -127,6 +129,36 @@ TEST(ExportPickle, ReadsBackWithMemoryVizKeys) {
   bool stream1 = false;
   for (const PickleValue& e : trace) stream1 |= e.find("stream")->as_int() == 1;
   EXPECT_TRUE(stream1);
+}
+
+// time_us is Unix-epoch microseconds, as PyTorch writes it (memory_viz shows it as a date): the
+// recording's wall-clock start plus each event's offset on the steady clock.
+TEST(ExportPickle, TimesAreUnixEpochMicroseconds) {
+  NullProvider null;
+  CachingAllocator alloc(null);
+  const auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const std::int64_t before = now_us();
+  Recorder rec(alloc);
+  void* a = alloc.allocate_raw(kMiB, Category::kActivation, kDefaultStream, "x");
+  alloc.free(a);
+  rec.stop();
+  const std::int64_t after = now_us();
+  ProfileReport r = make_report(rec.recording(), alloc, "m", "cpu");
+  const PickleValue snap = read_pickle(snapshot_pickle(r), "snapshot.pickle");
+  const auto& trace = snap.find("device_traces")->items()[0].items();
+  ASSERT_GE(trace.size(), 3u);
+  std::int64_t last = 0;
+  for (const PickleValue& e : trace) {
+    const std::int64_t t = e.find("time_us")->as_int();
+    EXPECT_GE(t, before - 1);
+    EXPECT_LE(t, after + 1);
+    EXPECT_GE(t, last);  // in order
+    last = t;
+  }
 }
 
 TEST(ExportPickle, ImportsBackToTheRecordedLivePeak) {

@@ -111,5 +111,32 @@ TEST(SummaryJson, PinnedHostPeakAndEndByCategory) {
   EXPECT_EQ(j["plan"]["measured_host_pinned_bytes"].get<std::size_t>(), 3700u);
 }
 
+// The headline is the steps' peak (what a plan predicts and `memfit train` prints); the whole
+// run's, setup included, is its own labelled object; plan vs measured is on the steps'.
+TEST(SummaryJson, TheStepsPeakIsTheHeadlineAndTheWholeRunsIsLabelled) {
+  ProfileReport r = exporttest::setup_spike_report();
+  const Recording& rec = r.recording;
+  ASSERT_GT(rec.peak.allocated, rec.steps_peak().allocated);  // the sample's premise
+  r.plan.present = true;
+  r.plan.predicted_peak_allocated = rec.steps_peak().allocated;
+  r.plan.predicted_peak_reserved = rec.steps_peak_reserved();
+  const json j = json::parse(summary_json(r));
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["peak_allocated_bytes"].get<std::size_t>(), std::size_t{(3 << 20)});
+  EXPECT_EQ(j["peak"]["of"], "steps");
+  EXPECT_EQ(j["peak"]["phase"], "forward");
+  EXPECT_EQ(j["peak"]["block"], "h1");
+  EXPECT_EQ(j["run_peak"]["allocated_bytes"].get<std::size_t>(), std::size_t{(11 << 19)});
+  EXPECT_EQ(j["run_peak"]["phase"], "setup");
+  EXPECT_EQ(j["run_peak"]["reserved_bytes"].get<std::size_t>(), rec.peak_reserved);
+  EXPECT_DOUBLE_EQ(j["plan"]["allocated_ratio"].get<double>(), 1.0);
+  EXPECT_EQ(j["plan"]["measured_peak_allocated_bytes"].get<std::size_t>(), std::size_t{3 << 20});
+  // Without step ranges (a hand-made recording, or a Recorder around anything else) the
+  // headline is the whole run's, and says so.
+  const json plain = json::parse(summary_json(sample_report()));
+  EXPECT_EQ(plain["peak"]["of"], "whole run (no step range recorded)");
+  EXPECT_EQ(plain["peak_allocated_bytes"], plain["run_peak"]["allocated_bytes"]);
+}
+
 }  // namespace
 }  // namespace memfit

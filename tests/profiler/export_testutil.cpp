@@ -1,5 +1,6 @@
 #include "tests/profiler/export_testutil.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,29 @@ namespace memfit::exporttest {
 RecordingBuilder::RecordingBuilder(std::int64_t start_ns) : now_(start_ns) {
   rec_.start_ns = start_ns;
   rec_.end_ns = start_ns;
+}
+
+void RecordingBuilder::take(PeakInfo& p, std::int64_t t, std::uint32_t phase,
+                            std::uint32_t block) const {
+  p.allocated = rec_.current_allocated;
+  p.time_ns = t;
+  p.by_category = rec_.current_by_category;
+  p.phase = phase;
+  p.block = block;
+  std::map<std::uint32_t, std::size_t> per_block;
+  for (const auto& [addr, l] : live_) per_block[l.block] += l.size;
+  p.blocks.clear();
+  for (const auto& [b, n] : per_block) p.blocks.push_back({b, n});
+  std::stable_sort(p.blocks.begin(), p.blocks.end(),
+                   [](const BlockBytes& a, const BlockBytes& b) { return a.bytes > b.bytes; });
+}
+
+RecordingBuilder& RecordingBuilder::begin_steps() {
+  now_ += 1;  // after the last event
+  rec_.steps_begin_ns = now_;
+  take(rec_.step_peak, now_, intern_name("step 1"), 0);
+  rec_.step_peak_reserved = rec_.current_reserved;
+  return *this;
 }
 
 void RecordingBuilder::push(TimelineEvent e) {
@@ -33,19 +57,12 @@ void RecordingBuilder::push(TimelineEvent e) {
   e.allocated = rec_.current_allocated;
   e.reserved = rec_.current_reserved;
   rec_.peak_reserved = std::max(rec_.peak_reserved, rec_.current_reserved);
-  if (rec_.current_allocated > rec_.peak.allocated) {
-    PeakInfo& p = rec_.peak;
-    p.allocated = rec_.current_allocated;
-    p.time_ns = e.time_ns;
-    p.by_category = rec_.current_by_category;
-    p.phase = e.phase;
-    p.block = e.block;
-    std::map<std::uint32_t, std::size_t> per_block;
-    for (const auto& [addr, l] : live_) per_block[l.block] += l.size;
-    p.blocks.clear();
-    for (const auto& [b, n] : per_block) p.blocks.push_back({b, n});
-    std::stable_sort(p.blocks.begin(), p.blocks.end(),
-                     [](const BlockBytes& a, const BlockBytes& b) { return a.bytes > b.bytes; });
+  if (rec_.current_allocated > rec_.peak.allocated) take(rec_.peak, e.time_ns, e.phase, e.block);
+  if (rec_.has_steps()) {
+    rec_.step_peak_reserved = std::max(rec_.step_peak_reserved, rec_.current_reserved);
+    if (rec_.current_allocated > rec_.step_peak.allocated) {
+      take(rec_.step_peak, e.time_ns, e.phase, e.block);
+    }
   }
   rec_.events.push_back(e);
   rec_.end_ns = now_;
@@ -72,15 +89,18 @@ RecordingBuilder& RecordingBuilder::segment_free(std::uintptr_t addr) {
 }
 
 RecordingBuilder& RecordingBuilder::alloc(std::uintptr_t addr, std::size_t size, Category c,
-                                          const std::string& phase, const std::string& block) {
+                                          const std::string& phase, const std::string& block,
+                                          RangeKind kind) {
   TimelineEvent e;
   e.kind = EventKind::kAlloc;
   e.addr = addr;
   e.size = size;
   e.category = c;
   e.phase = intern_name(phase);
-  e.phase_kind = phase.empty() ? RangeKind::kOther : RangeKind::kForward;
+  e.phase_kind = phase.empty() ? RangeKind::kOther : kind;
   e.block = intern_name(block);
+  e.tag = tag_;
+  tag_ = 0;
   live_[addr] = {size, c, e.block};
   push(e);
   return *this;
@@ -151,6 +171,45 @@ ProfileReport sample_report(const std::string& block_name) {
   r.stats.reserved_bytes[kStatAll].peak = static_cast<std::int64_t>(rec.peak_reserved);
   r.stats.num_device_alloc = 1;
   return r;
+}
+
+ProfileReport setup_spike_report() {
+  RecordingBuilder b;
+  const std::int64_t t0 = b.now();
+  b.segment_alloc(0x100000, 8 << 20)
+      .tag("wte")
+      .alloc(0x100000, 1 << 20, Category::kParameter, "setup", "", RangeKind::kSetup)
+      .alloc(0x200000, 512 << 10, Category::kOptimizerState, "setup", "", RangeKind::kSetup)
+      .alloc(0x300000, 4 << 20, Category::kTemporary, "setup", "", RangeKind::kSetup)
+      .free(0x300000);
+  const std::int64_t t_setup = b.now();
+  b.begin_steps()
+      .alloc(0x300000, 1 << 20, Category::kActivation, "forward", "h0")
+      .alloc(0x400000, 512 << 10, Category::kActivation, "forward", "h1")
+      .free(0x400000)
+      .free(0x300000)
+      .alloc(0x300000, 1 << 20, Category::kGradient, "backward", "h0", RangeKind::kBackward)
+      .free(0x300000);
+  const std::int64_t t_end = b.now();
+  b.range(RangeKind::kSetup, "setup", t0 + 1, t_setup, 1, 0)
+      .range(RangeKind::kStep, "step", t_setup + 1, t_end, 1, 0)
+      .range(RangeKind::kForward, "forward", t_setup + 2, t_setup + 5000, 1, 1)
+      .range(RangeKind::kBackward, "backward", t_setup + 5001, t_end, 1, 1);
+  ProfileReport r;
+  r.command = "train";
+  r.model = "gpt-spike";
+  r.backend = "cpu";
+  r.steps = 1;
+  r.recording = b.build();
+  std::sort(r.recording.ranges.begin(), r.recording.ranges.end(),
+            [](const RangeRecord& a, const RangeRecord& c) { return a.begin_ns < c.begin_ns; });
+  return r;
+}
+
+std::size_t column(const std::vector<std::string>& header, const std::string& name) {
+  const auto it = std::find(header.begin(), header.end(), name);
+  EXPECT_NE(it, header.end()) << "no column " << name;
+  return static_cast<std::size_t>(it - header.begin());
 }
 
 std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
@@ -252,8 +311,18 @@ std::string html_balance_error(const std::string& html) {
     }
     if (j >= html.size()) return "an unterminated tag <" + name + ">";
     const bool self_closing = html[j - 1] == '/';
+    const std::string attrs = html.substr(name_start + name.size(), j - name_start - name.size());
     i = j + 1;
-    if (name == "script") return "a <script> element (the page must have none)";
+    if (name == "script" && !closing) {
+      // The page's own script and data carry data-memfit; any other is a name that escaped.
+      if (attrs.find("data-memfit") == std::string::npos) {
+        return "a <script> element that is not the page's own (no data-memfit)";
+      }
+      const std::size_t end = html.find("</script>", i);
+      if (end == std::string::npos) return "an unclosed <script>";
+      i = end + 9;
+      continue;
+    }
     if (closing) {
       if (open.empty() || open.back() != name) {
         return "</" + name + "> closes " +

@@ -64,6 +64,8 @@ TEST(TraceJson, RangesAreCompleteEventsInMicroseconds) {
                      static_cast<double>(g.begin_ns - rec.start_ns) / 1e3);
     EXPECT_DOUBLE_EQ(xs[i]["dur"].get<double>(), static_cast<double>(g.end_ns - g.begin_ns) / 1e3);
     EXPECT_EQ(xs[i]["tid"].get<std::uint64_t>(), g.thread);
+    // No bookkeeping args: viewers such as speedscope print them in every label.
+    EXPECT_FALSE(xs[i].contains("args")) << xs[i];
   }
   EXPECT_EQ(xs[2]["name"], "h3");
   EXPECT_EQ(xs[2]["cat"], "block");
@@ -93,6 +95,11 @@ TEST(TraceJson, CountersFollowEachCategoryAndTheTotals) {
     EXPECT_EQ(last[name], rec.current_by_category[c]) << name;
   }
   EXPECT_EQ(max["temporary"], std::size_t{256} << 10);
+  // The first counters stand at time 0, the recording's start, so a viewer's time range opens
+  // there (setup's allocations before the first range included).
+  const std::vector<json> cs = of_phase(doc, "C");
+  ASSERT_FALSE(cs.empty());
+  EXPECT_EQ(cs.front()["ts"].get<double>(), 0.0);
 }
 
 TEST(TraceJson, GpuActivitiesGoOnTheirOwnProcessPerStream) {
@@ -155,7 +162,7 @@ TEST(TraceJson, PinnedHostIsACounterWithASeriesPerCategory) {
   for (const json& c : of_phase(doc, "C")) {
     if (c["name"] == "pinned host") host.push_back(c);
   }
-  ASSERT_EQ(host.size(), 4u);  // the start, then each change
+  ASSERT_EQ(host.size(), 4u);   // the start, then each change
   for (const json& h : host) {  // every series in every sample: the categories ever used
     EXPECT_EQ(h["args"].size(), 2u) << h;
   }

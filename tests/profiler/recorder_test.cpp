@@ -269,6 +269,53 @@ TEST(Recorder, PeakNamesItsPhaseBlockAndLiveBytesPerBlock) {
   }
 }
 
+// What setup allocates (a spike freed before the first step) is the whole run's peak, not the
+// steps': the steps' peak starts from the state when the first step range begins.
+TEST(Recorder, TheStepsPeakExcludesSetupAndStartsFromTheStateAtTheFirstStep) {
+  NullProvider null;
+  CachingAllocator alloc(null);
+  Recorder rec(alloc);
+  EXPECT_FALSE(rec.recording().has_steps());
+  Block params;
+  {
+    ScopedRange setup(RangeKind::kSetup);
+    params = alloc.allocate(256 << 10, Category::kParameter);
+    Block staging = alloc.allocate(1 << 20, Category::kTemporary);  // the whole run's peak
+  }
+  {
+    const Recording before = rec.recording();
+    EXPECT_FALSE(before.has_steps());
+    EXPECT_EQ(&before.steps_peak(), &before.peak);  // no step yet: the whole run's
+  }
+  {
+    ScopedRange step(RangeKind::kStep, "step");
+    ScopedRange f(RangeKind::kForward);
+    ScopedRange b(RangeKind::kBlock, "sp_h0");
+    Block act = alloc.allocate(512 << 10, Category::kActivation);
+  }
+  {
+    ScopedRange step(RangeKind::kStep, "step");
+    Block small = alloc.allocate(64 << 10, Category::kActivation);  // below the first step's
+  }
+  const Recording r = rec.recording();
+  expect_consistent(r, alloc);
+  ASSERT_TRUE(r.has_steps());
+  EXPECT_EQ(r.peak.allocated, std::size_t{(256 << 10) + (1 << 20)});
+  EXPECT_EQ(r.peak.phase, intern_name("setup"));
+  EXPECT_EQ(r.steps_peak().allocated, std::size_t{(256 << 10) + (512 << 10)});
+  EXPECT_EQ(r.steps_peak().phase, intern_name("forward"));
+  EXPECT_EQ(r.steps_peak().block, intern_name("sp_h0"));
+  EXPECT_EQ(r.steps_peak().by_category[category_index(Category::kTemporary)], 0u);
+  EXPECT_GT(r.steps_peak().time_ns, r.steps_begin_ns);
+  // Reserved: what setup reserved is still reserved when the steps begin, so it counts.
+  EXPECT_EQ(r.steps_peak_reserved(), r.peak_reserved);
+  EXPECT_GE(r.steps_begin_ns, r.peak.time_ns);
+  params.reset();
+  // clear() re-arms: the next step range starts a new steps' peak.
+  rec.clear();
+  EXPECT_FALSE(rec.recording().has_steps());
+}
+
 TEST(Recorder, RangesOpenAtEitherEndAndPerThreadStacks) {
   NullProvider null;
   CachingAllocator alloc(null);

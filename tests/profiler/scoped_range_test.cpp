@@ -26,12 +26,12 @@ std::string unique_name(const std::string& stem) {
 }
 
 TEST(ScopedRange, KindNamesAndPhases) {
-  const char* expected[kRangeKindCount] = {"step",     "micro_batch", "forward",
-                                           "backward", "recompute",   "optimizer",
-                                           "offload",  "block",       "other"};
+  const char* expected[kRangeKindCount] = {"step",      "micro_batch", "forward", "backward",
+                                           "recompute", "optimizer",   "offload", "setup",
+                                           "block",     "other"};
   for (int k = 0; k < kRangeKindCount; ++k) {
     EXPECT_STREQ(range_kind_name(static_cast<RangeKind>(k)), expected[k]);
-    EXPECT_EQ(is_phase(static_cast<RangeKind>(k)), k < 7) << expected[k];
+    EXPECT_EQ(is_phase(static_cast<RangeKind>(k)), k < 8) << expected[k];
   }
 }
 
