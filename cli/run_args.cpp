@@ -450,9 +450,10 @@ void write_report(const ProfileReport& r, const std::string& dir,
   const Recording& rec = r.recording;
   if (rec.peak.allocated > rec.steps_peak().allocated ||
       rec.peak_reserved > rec.steps_peak_reserved()) {
+    const std::string_view phase = interned_name(rec.peak.phase);
     std::printf("  whole run (setup included): peak reserved %s, allocated %s (%s)\n",
                 format_bytes(rec.peak_reserved).c_str(), format_bytes(rec.peak.allocated).c_str(),
-                std::string(interned_name(rec.peak.phase)).c_str());
+                phase.empty() ? "outside any phase" : std::string(phase).c_str());
   }
   if (r.plan.present) {
     std::printf("  plan vs measured (the steps' peak): peak reserved %s predicted, %s measured",

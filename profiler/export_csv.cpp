@@ -39,9 +39,10 @@ void append_field(std::string& out, std::string_view s) {
 void append_number(std::string& out, std::size_t v) { out += std::to_string(v); }
 
 // The step or micro-batch each moment falls in, from the recording's ranges of that kind (any
-// thread), queried in time order; "" outside any. Steps are numbered 1, 2, ... in the order
-// they ran (the Trainer names every step "step"), micro-batches by their names' number (the
-// Trainer's "micro_batch 2" -> "2").
+// thread; the Trainer opens them on one, one at a time), queried in time order; "" outside
+// any. Steps are numbered by the Recorder's count (RangeRecord::ordinal: the Trainer names
+// every step "step"), else by their order among the kept ranges; micro-batches by their
+// names' number (the Trainer's "micro_batch 2" -> "2").
 class Enclosing {
  public:
   Enclosing(const Recording& rec, RangeKind kind, bool ordinal) : ordinal_(ordinal) {
@@ -52,9 +53,10 @@ class Enclosing {
   std::string at(std::int64_t t) {
     while (next_ < ranges_.size() && ranges_[next_]->begin_ns <= t) open_ = next_++;
     if (open_ == kNone || t > ranges_[open_]->end_ns) return {};
-    // Ranges dropped from the recording's ring shift the ordinal; the steps then count from
-    // the first kept one.
-    if (ordinal_) return std::to_string(open_ + 1);
+    if (ordinal_) {
+      const std::uint32_t n = ranges_[open_]->ordinal;
+      return std::to_string(n > 0 ? std::size_t{n} : open_ + 1);
+    }
     const std::string_view n = interned_name(ranges_[open_]->name);
     const std::size_t sp = n.rfind(' ');
     return std::string(sp == std::string_view::npos ? n : n.substr(sp + 1));

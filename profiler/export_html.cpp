@@ -173,10 +173,12 @@ void make_bands(const Recording& rec, std::int64_t merge_ns, std::vector<html::B
   for (const RangeRecord& g : rec.ranges) {
     if (g.thread != main_thread) continue;
     if (g.kind == RangeKind::kStep) {
-      // Numbered in the order they ran (the Trainer names every step "step").
+      // Numbered by the Recorder's count (the Trainer names every step "step"), else in the
+      // order they were kept.
       ++k;
+      const std::size_t n = g.ordinal > 0 ? g.ordinal : k;
       steps->push_back(
-          {g.begin_ns, g.end_ns, "step " + std::to_string(k), k % 2 == 1 ? "#d0d0d0" : "#e8e8e8"});
+          {g.begin_ns, g.end_ns, "step " + std::to_string(n), n % 2 == 1 ? "#d0d0d0" : "#e8e8e8"});
       continue;
     }
     switch (g.kind) {
@@ -251,24 +253,29 @@ std::string readout_data(const char* id, const Points& p, std::int64_t start_ns)
 constexpr const char* kScript = R"JS(
 (function () {
   var tip = document.getElementById('tip');
+  var UNITS = 1000;  // the data layers' viewBox width (html::kSpanUnits)
   function fmtBytes(b) {
     var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
     while (b >= 1024 && i < 4) { b /= 1024; i++; }
     return (i ? b.toFixed(2) : b) + ' ' + u[i];
   }
   function nice(raw) {
+    if (!(raw > 0)) return 1;
     var p = Math.pow(10, Math.floor(Math.log10(raw)));
     var ms = [1, 2, 5, 10];
     for (var i = 0; i < ms.length; i++) if (ms[i] * p >= raw * (1 - 1e-12)) return ms[i] * p;
     return 10 * p;
   }
+  // The time ticks of [t0, t1] ms, as html_chart.cpp draws them: a round step from the span,
+  // labels in s once the axis reaches 2 s, none that would cross the frame's right edge.
   function ticks(svg, t0, t1) {
     var NS = 'http://www.w3.org/2000/svg';
     var l = +svg.dataset.l, t = +svg.dataset.t, w = +svg.dataset.w, h = +svg.dataset.h;
-    var vw = svg.viewBox.baseVal.width;
+    var vw = svg.viewBox.baseVal.width, span = t1 - t0;
     svg.querySelectorAll('.xt, .xg').forEach(function (e) { e.remove(); });
-    var span = t1 - t0, sec = t1 >= 2000, unit = sec ? 1000 : 1;
-    var step = nice(span / unit / (w < 400 ? 3 : 6)) * unit;
+    if (!(span > 0)) return;
+    var sec = t1 >= 2000, unit = sec ? 1000 : 1;
+    var step = nice(span / (span >= 2000 ? 1000 : 1) / (vw < 600 ? 3 : 6)) * (span >= 2000 ? 1000 : 1);
     var dec = 0;
     for (var s = step / unit; dec < 6 && Math.abs(s - Math.round(s)) > 1e-9; s *= 10) dec++;
     for (var v = Math.ceil(t0 / step) * step; v <= t1 + 1e-9 * span; v += step) {
@@ -289,41 +296,62 @@ constexpr const char* kScript = R"JS(
     }
   }
   function zoom(svg, t0, t1) {
-    var full0 = +svg.dataset.t0, full1 = +svg.dataset.t1;
+    var full0 = +svg.dataset.t0, full1 = +svg.dataset.t1, full = full1 - full0;
     svg.querySelectorAll('svg.plot').forEach(function (p) {
       var vb = p.viewBox.baseVal;
-      p.setAttribute('viewBox', (t0 - full0) + ' 0 ' + (t1 - t0) + ' ' + vb.height);
+      p.setAttribute('viewBox', ((t0 - full0) / full * UNITS) + ' 0 ' +
+                                ((t1 - t0) / full * UNITS) + ' ' + vb.height);
     });
     svg.classList.toggle('zoomed', t0 > full0 || t1 < full1);
     svg.dataset.v0 = t0; svg.dataset.v1 = t1;
     ticks(svg, t0, t1);
   }
+  // The readout's lines, as text nodes: names come from users' specs.
+  function show(lines, ev) {
+    tip.textContent = '';
+    lines.forEach(function (s, i) {
+      var d = document.createElement(i === 0 ? 'b' : 'div');
+      d.textContent = s;
+      tip.appendChild(d);
+    });
+    tip.style.display = 'block';
+    tip.style.left = Math.max(0, Math.min(ev.pageX + 12, window.innerWidth - tip.offsetWidth - 8)) + 'px';
+    tip.style.top = (ev.pageY + 12) + 'px';
+  }
   document.querySelectorAll('svg.chart').forEach(function (svg) {
     var data = JSON.parse(document.getElementById('data-' + svg.dataset.chart).textContent);
     var ov = svg.querySelector('.overlay'), sel = null, start = null;
     function timeAt(ev) {
+      var m = svg.getScreenCTM();
+      if (!m) return null;
       var pt = svg.createSVGPoint();
       pt.x = ev.clientX; pt.y = ev.clientY;
-      var p = pt.matrixTransform(svg.getScreenCTM().inverse());
+      var p = pt.matrixTransform(m.inverse());
       var v0 = +(svg.dataset.v0 || svg.dataset.t0), v1 = +(svg.dataset.v1 || svg.dataset.t1);
       var f = Math.min(1, Math.max(0, (p.x - svg.dataset.l) / svg.dataset.w));
-      return {t: v0 + f * (v1 - v0), x: p.x};
+      return {t: v0 + f * (v1 - v0), x: Math.min(+svg.dataset.l + +svg.dataset.w,
+                                                 Math.max(+svg.dataset.l, p.x))};
+    }
+    function cancel() {
+      if (sel) sel.remove();
+      sel = null;
+      start = null;
     }
     ov.addEventListener('mousemove', function (ev) {
-      var at = timeAt(ev), lo = 0, hi = data.t.length - 1;
+      var at = timeAt(ev);
+      if (!at || data.t.length === 0) return;
+      var lo = 0, hi = data.t.length - 1;
       while (lo < hi) { var m = (lo + hi + 1) >> 1; if (data.t[m] <= at.t) lo = m; else hi = m - 1; }
-      var rows = '<b>' + at.t.toFixed(3) + ' ms</b><br>allocated ' + fmtBytes(data.a[lo]);
-      if (data.r[lo]) rows += ', reserved ' + fmtBytes(data.r[lo]);
+      var lines = [at.t.toFixed(3) + ' ms',
+                   'allocated ' + fmtBytes(data.a[lo]) +
+                   (data.r[lo] ? ', reserved ' + fmtBytes(data.r[lo]) : '')];
       for (var k = 0; k < data.c.length; k++) {
-        if (data.v[lo][k]) rows += '<br>' + data.c[k] + ' ' + fmtBytes(data.v[lo][k]);
+        if (data.v[lo][k]) lines.push(data.c[k] + ' ' + fmtBytes(data.v[lo][k]));
       }
       var ph = data.n[data.p[lo]], bl = data.n[data.b[lo]];
-      if (ph) rows += '<br>phase ' + ph;
-      if (bl) rows += '<br>block ' + bl;
-      tip.innerHTML = rows;
-      tip.style.display = 'block';
-      tip.style.left = Math.min(ev.pageX + 12, window.innerWidth - tip.offsetWidth - 8) + 'px';
-      tip.style.top = (ev.pageY + 12) + 'px';
+      if (ph) lines.push('phase ' + ph);
+      if (bl) lines.push('block ' + bl);
+      show(lines, ev);
       if (start !== null && sel) {
         var a = Math.min(start.x, at.x), b = Math.max(start.x, at.x);
         sel.setAttribute('x', a); sel.setAttribute('width', b - a);
@@ -331,7 +359,9 @@ constexpr const char* kScript = R"JS(
     });
     ov.addEventListener('mouseleave', function () { tip.style.display = 'none'; });
     ov.addEventListener('mousedown', function (ev) {
+      cancel();
       start = timeAt(ev);
+      if (!start) return;
       sel = document.createElementNS('http://www.w3.org/2000/svg', 'rect');
       sel.setAttribute('class', 'selection');
       sel.setAttribute('x', start.x); sel.setAttribute('width', 0);
@@ -339,14 +369,15 @@ constexpr const char* kScript = R"JS(
       svg.insertBefore(sel, ov);
       ev.preventDefault();
     });
-    ov.addEventListener('mouseup', function (ev) {
+    // The drag ends wherever the button is released (inside the chart or not).
+    window.addEventListener('mouseup', function (ev) {
       if (start === null) return;
-      var end = timeAt(ev), a = Math.min(start.t, end.t), b = Math.max(start.t, end.t);
-      if (sel) sel.remove();
-      sel = null;
+      var end = timeAt(ev), a = start.t;
+      cancel();
+      if (!end) return;
+      var lo = Math.min(a, end.t), hi = Math.max(a, end.t);
       var whole = (+svg.dataset.t1) - (+svg.dataset.t0);
-      if (b - a > whole * 1e-4) zoom(svg, a, b);
-      start = null;
+      if (hi - lo > whole * 1e-4) zoom(svg, lo, hi);
     });
     ov.addEventListener('dblclick', function () { zoom(svg, +svg.dataset.t0, +svg.dataset.t1); });
   });
@@ -551,6 +582,7 @@ std::string report_html(const ProfileReport& r) {
   spec.t_end = t_end;
   spec.start_ns = rec.start_ns;
   spec.colors = colors;
+  spec.top_bytes_at_least = std::max(rec.peak_reserved, rec.peak.allocated);
   make_bands(rec, (t_end - t_begin) / 2000, &spec.steps, &spec.phases);
   spec.markers.push_back(
       {step.time_ns,
@@ -602,6 +634,7 @@ std::string report_html(const ProfileReport& r) {
     hs.steps.clear();
     hs.phases.clear();
     hs.markers.clear();
+    hs.top_bytes_at_least = rec.host_peak;
     Points hp;
     hp.s = host_series(rec, t_begin);
     for (const CategoryBytes& b : hp.s.bytes) hp.allocated.push_back(total_bytes(b));
@@ -644,7 +677,8 @@ std::string report_html(const ProfileReport& r) {
                     : fmt("%.3f", static_cast<double>(m) / static_cast<double>(p));
     };
     o += "<p>" + escape(r.plan.description) +
-         "; measured: the steps' peak (setup excluded, as the plan's dry run of steps)."
+         "; measured: the steps' peak on the device (setup excluded, as the plan's dry run of "
+         "steps), the whole run's pinned host bytes (offload pins them at setup and holds them)."
          "</p>\n<table>\n" +
          head({"", "predicted", "measured", "measured / predicted"}) +
          row({"peak reserved", escape(format_bytes(r.plan.predicted_peak_reserved)),

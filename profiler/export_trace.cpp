@@ -92,11 +92,23 @@ std::string trace_json(const ProfileReport& r) {
          {"dur", static_cast<double>(std::max<std::int64_t>(0, g.end_ns - g.begin_ns)) / 1e3}});
   }
 
-  // Counters: the starting state at time 0 (the recording's start, so every viewer's time range
-  // opens there and shows what setup allocated before the first range), then a sample whenever
-  // a value changes.
+  // Counters: the starting state, then a sample whenever a value changes. With every event kept
+  // the starting state held from the recording's start, so it stands at time 0 and every
+  // viewer's time range opens there (setup's allocations before the first range included);
+  // when the ring dropped the oldest events it held only from the first kept one, and an
+  // instant event marks time 0 instead.
   CategoryBytes running = rec.base_by_category;
-  const double t0 = 0.0;
+  const double t0 = rec.dropped_events == 0 || rec.events.empty()
+                        ? 0.0
+                        : us(rec.events.front().time_ns, rec.start_ns);
+  if (t0 > 0) {
+    events.push_back({{"ph", "i"},
+                      {"s", "g"},
+                      {"name", "recording start (older events dropped)"},
+                      {"pid", kHostPid},
+                      {"tid", 0},
+                      {"ts", 0.0}});
+  }
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     events.push_back(counter(category_name(static_cast<Category>(c)), kHostPid, t0, running[c]));
   }

@@ -21,8 +21,21 @@ std::string num(double v) {
   return buf;
 }
 
-// Time in ms since t_begin, the data layer's x.
-double ms(std::int64_t t, std::int64_t t_begin) { return static_cast<double>(t - t_begin) / 1e6; }
+std::string fmt6(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.6f", v);
+  return buf;
+}
+
+double ms(std::int64_t t, std::int64_t since) { return static_cast<double>(t - since) / 1e6; }
+
+// The data layers' x: the span as 0 .. kSpanUnits, to 1e-7 of it.
+std::string ux(std::int64_t t, std::int64_t t_begin, std::int64_t span_ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f",
+                kSpanUnits * static_cast<double>(t - t_begin) / static_cast<double>(span_ns));
+  return buf;
+}
 
 // 1, 2 or 5 x 10^k, the smallest such >= raw.
 double nice(double raw) {
@@ -50,23 +63,27 @@ double left_margin(const Ticks& yt, double y_max) {
 }
 
 void bands(std::string& o, const std::vector<Band>& lane, double y, double l, double pw,
-           double span_ms, std::int64_t t_begin, const char* cls) {
+           std::int64_t t_begin, std::int64_t t_end, const char* cls) {
   if (lane.empty()) return;
+  const std::int64_t span = t_end - t_begin;
   // The rectangles zoom with the data (a nested svg on the same time axis); the labels are
   // the outer svg's, hidden by the script while zoomed.
   o += "<svg class=\"plot lane\" x=\"" + num(l) + "\" y=\"" + num(y) + "\" width=\"" + num(pw) +
-       "\" height=\"" + num(kLane - 2) + "\" viewBox=\"0 0 " + num(span_ms) + " " + num(kLane - 2) +
-       "\" preserveAspectRatio=\"none\">\n";
+       "\" height=\"" + num(kLane - 2) + "\" viewBox=\"0 0 " + num(kSpanUnits) + " " +
+       num(kLane - 2) + "\" preserveAspectRatio=\"none\">\n";
   for (const Band& b : lane) {
-    const double x0 = ms(b.begin_ns, t_begin), x1 = ms(b.end_ns, t_begin);
-    o += "<rect x=\"" + num(x0) + "\" y=\"0\" width=\"" + num(std::max(0.0, x1 - x0)) +
-         "\" height=\"" + num(kLane - 2) + "\" fill=\"" + b.fill + "\"><title>" + escape(b.label) +
-         "</title></rect>\n";
+    const std::int64_t b0 = std::clamp(b.begin_ns, t_begin, t_end);
+    const std::int64_t b1 = std::clamp(b.end_ns, b0, t_end);
+    o += "<rect x=\"" + ux(b0, t_begin, span) + "\" y=\"0\" width=\"" +
+         ux(t_begin + (b1 - b0), t_begin, span) + "\" height=\"" + num(kLane - 2) + "\" fill=\"" +
+         b.fill + "\"><title>" + escape(b.label) + "</title></rect>\n";
   }
   o += "</svg>\n";
   for (const Band& b : lane) {
-    const double x0 = l + pw * ms(b.begin_ns, t_begin) / span_ms;
-    const double x1 = l + pw * ms(b.end_ns, t_begin) / span_ms;
+    const double f0 = static_cast<double>(std::clamp(b.begin_ns, t_begin, t_end) - t_begin);
+    const double f1 = static_cast<double>(std::clamp(b.end_ns, t_begin, t_end) - t_begin);
+    const double x0 = l + pw * f0 / static_cast<double>(span);
+    const double x1 = l + pw * f1 / static_cast<double>(span);
     if (b.label.empty() || text_width(b.label, kFont - 2) + 4 > x1 - x0) continue;
     o += "<text class=\"band " + std::string(cls) + "\" x=\"" + num((x0 + x1) / 2) + "\" y=\"" +
          num(y + kLane - 4) + "\" font-size=\"" + num(kFont - 2) + "\" text-anchor=\"middle\">" +
@@ -148,9 +165,10 @@ std::string tick_label(double v, const Ticks& t) {
 std::string svg_chart(const ChartSpec& c, const Series& s) {
   const bool narrow = c.width < 600;
   const std::int64_t span_ns = std::max<std::int64_t>(1, c.t_end - c.t_begin);
+  const std::int64_t t_end = c.t_begin + span_ns;  // at least 1 ns after t_begin
   const double span_ms = static_cast<double>(span_ns) / 1e6;
 
-  std::size_t top_bytes = 1;
+  std::size_t top_bytes = std::max<std::size_t>(1, c.top_bytes_at_least);
   for (std::size_t i = 0; i < s.t_ns.size(); ++i) {
     std::size_t total = 0;
     for (std::size_t b : s.bytes[i]) total += b;
@@ -172,8 +190,8 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
        std::string(narrow ? "narrow" : "wide") + "\" viewBox=\"0 0 " + num(c.width) + " " +
        num(height) + "\" role=\"img\" aria-label=\"" + escape(c.aria) + "\" data-chart=\"" + c.id +
        "\" data-l=\"" + num(l) + "\" data-t=\"" + num(t) + "\" data-w=\"" + num(pw) +
-       "\" data-h=\"" + num(ph) + "\" data-t0=\"" + num(ms(c.t_begin, c.start_ns)) +
-       "\" data-t1=\"" + num(ms(c.t_end, c.start_ns)) + "\">\n";
+       "\" data-h=\"" + num(ph) + "\" data-t0=\"" + fmt6(ms(c.t_begin, c.start_ns)) +
+       "\" data-t1=\"" + fmt6(ms(t_end, c.start_ns)) + "\">\n";
 
   // Byte grid and ticks.
   for (double v = 0; v <= y_max * (1 + 1e-9); v += yt.step) {
@@ -183,13 +201,15 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
     o += text(l - kTickGap, y + kFont / 3, "end", "tick", tick_label(v, yt));
   }
 
-  // The data layer: x in ms since t_begin, y in plot units.
+  // The data layer: x in span units, y in plot units.
   o += "<svg class=\"plot\" x=\"" + num(l) + "\" y=\"" + num(t) + "\" width=\"" + num(pw) +
-       "\" height=\"" + num(ph) + "\" viewBox=\"0 0 " + num(span_ms) + " " + num(ph) +
+       "\" height=\"" + num(ph) + "\" viewBox=\"0 0 " + num(kSpanUnits) + " " + num(ph) +
        "\" preserveAspectRatio=\"none\">\n";
   const std::size_t n = s.t_ns.size();
   std::vector<double> below(n, 0);
-  const auto x_at = [&](std::size_t i) { return ms(i < n ? s.t_ns[i] : c.t_end, c.t_begin); };
+  const auto x_at = [&](std::size_t i) {
+    return ux(std::clamp(i < n ? s.t_ns[i] : t_end, c.t_begin, t_end), c.t_begin, span_ns);
+  };
   for (std::size_t cat = 0; cat < kCategoryCount; ++cat) {
     bool any = false;
     for (std::size_t i = 0; i < n; ++i) any = any || s.bytes[i][cat] > 0;
@@ -197,11 +217,11 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
     std::string top, bottom;
     for (std::size_t i = 0; i < n; ++i) {
       const double y = y_of(below[i] + static_cast<double>(s.bytes[i][cat]));
-      top += num(x_at(i)) + "," + num(y) + " " + num(x_at(i + 1)) + "," + num(y) + " ";
+      top += x_at(i) + "," + num(y) + " " + x_at(i + 1) + "," + num(y) + " ";
     }
     for (std::size_t i = n; i-- > 0;) {
       const double y = y_of(below[i]);
-      bottom += num(x_at(i + 1)) + "," + num(y) + " " + num(x_at(i)) + "," + num(y) + " ";
+      bottom += x_at(i + 1) + "," + num(y) + " " + x_at(i) + "," + num(y) + " ";
     }
     for (std::size_t i = 0; i < n; ++i) below[i] += static_cast<double>(s.bytes[i][cat]);
     o += "<polygon class=\"area\" fill=\"" + std::string(c.colors[cat]) + "\" points=\"" + top +
@@ -212,14 +232,14 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
     std::string pts;
     for (std::size_t i = 0; i < n; ++i) {
       const double y = y_of(static_cast<double>(s.reserved[i]));
-      pts += num(x_at(i)) + "," + num(y) + " " + num(x_at(i + 1)) + "," + num(y) + " ";
+      pts += x_at(i) + "," + num(y) + " " + x_at(i + 1) + "," + num(y) + " ";
     }
     o += "<polyline class=\"reserved\" points=\"" + pts + "\"><title>reserved</title></polyline>\n";
   }
   for (const Marker& m : c.markers) {
-    const double x = ms(std::clamp(m.t_ns, c.t_begin, c.t_end), c.t_begin);
-    o += "<line class=\"marker\" stroke=\"" + std::string(m.color) + "\" x1=\"" + num(x) +
-         "\" y1=\"0\" x2=\"" + num(x) + "\" y2=\"" + num(ph) + "\"/>\n";
+    const std::string x = ux(std::clamp(m.t_ns, c.t_begin, t_end), c.t_begin, span_ns);
+    o += "<line class=\"marker\" stroke=\"" + std::string(m.color) + "\" x1=\"" + x +
+         "\" y1=\"0\" x2=\"" + x + "\" y2=\"" + num(ph) + "\"/>\n";
   }
   o += "</svg>\n";
 
@@ -237,7 +257,11 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
   // Time ticks, counted from the recording's start; a label that would cross the frame's
   // right edge is left out (its grid line stays).
   const double t0_ms = ms(c.t_begin, c.start_ns);
-  const Ticks xt = time_ticks(t0_ms + span_ms, narrow ? 3 : 6);
+  Ticks xt = time_ticks(span_ms, narrow ? 3 : 6);  // the step from the span
+  if (t0_ms + span_ms >= 2000 && xt.unit == 1) {   // labels in s once the axis reaches 2 s
+    xt.unit = 1000;
+    xt.unit_name = "s";
+  }
   const double first = std::ceil(t0_ms / xt.step) * xt.step;
   for (double v = first; v <= t0_ms + span_ms * (1 + 1e-9); v += xt.step) {
     const double x = l + pw * (v - t0_ms) / span_ms;
@@ -251,10 +275,10 @@ std::string svg_chart(const ChartSpec& c, const Series& s) {
   // Bands under the axis.
   double y = t + ph + kAxis;
   if (!c.steps.empty()) {
-    bands(o, c.steps, y, l, pw, span_ms, c.t_begin, "steps");
+    bands(o, c.steps, y, l, pw, c.t_begin, t_end, "steps");
     y += kLane;
   }
-  if (!c.phases.empty()) bands(o, c.phases, y, l, pw, span_ms, c.t_begin, "phases");
+  if (!c.phases.empty()) bands(o, c.phases, y, l, pw, c.t_begin, t_end, "phases");
 
   // The hover and zoom surface (report.html's script).
   o += "<rect class=\"overlay\" x=\"" + num(l) + "\" y=\"" + num(t) + "\" width=\"" + num(pw) +

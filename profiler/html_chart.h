@@ -11,11 +11,13 @@
 // detail. Each <text> carries its font-size, so tests can check the geometry from the SVG alone
 // (text_width is the estimate they share).
 //
-// What report.html's script uses (hover readout and zoom): the data layer is a nested
-// <svg class="plot"> whose viewBox x is milliseconds since the chart's start (zooming sets it),
-// with data-* attributes on the outer <svg> for the frame (data-l, data-t, data-w, data-h, the
-// plot's position in design units; data-t0 / data-t1, its full time range in ms since the
-// recording's start; data-chart, the id of the JSON data the readout shows).
+// What report.html's script uses (hover readout and zoom): the data layers are nested
+// <svg class="plot"> elements whose viewBox x runs 0 to kSpanUnits over the chart's time span
+// (zooming sets it; the points are written to 1e-7 of the span, so zooming in 10^4 times still
+// draws them apart), with data-* attributes on the outer <svg> for the frame (data-l, data-t,
+// data-w, data-h, the plot's position in design units; data-t0 / data-t1, its full time range
+// in ms since the recording's start, to the ns; data-chart, the id of the JSON data the
+// readout shows).
 #pragma once
 
 #include <array>
@@ -49,12 +51,17 @@ struct Marker {
   const char* color = "#c00";
 };
 
+inline constexpr double kSpanUnits = 1000;  // the data layers' viewBox width
+
 struct ChartSpec {
   const char* id = "timeline";  // the chart's data id (data-chart)
+  // The byte axis reaches at least this (the recording's exact peaks: a long timeline's drawn
+  // points may have lost the reserved peak to downsampling).
+  std::size_t top_bytes_at_least = 0;
   const char* aria = "";
   double width = 960;  // design units (the viewBox)
   double plot_height = 300;
-  std::int64_t t_begin = 0, t_end = 0;  // the time axis (steady_clock ns)
+  std::int64_t t_begin = 0, t_end = 0;  // the time axis (steady_clock ns; t_end < t_begin: empty)
   std::int64_t start_ns = 0;            // the recording's start: tick labels count from it
   std::array<const char*, kCategoryCount> colors{};
   std::vector<Band> steps, phases;  // lanes under the plot; none drawn when empty

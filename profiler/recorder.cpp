@@ -83,6 +83,7 @@ struct OpenRange {
   std::uint32_t name;
   std::int64_t begin_ns;
   int depth;
+  std::uint32_t ordinal;  // step ranges' (RangeRecord::ordinal)
 };
 
 }  // namespace
@@ -124,6 +125,7 @@ struct Recorder::State {
   PeakInfo peak;  // blocks unsorted until recording()
   std::size_t peak_reserved = 0;
   std::int64_t steps_begin_ns = -1;  // the first step range's begin; -1: none yet
+  std::uint32_t steps_begun = 0;     // step ranges heard begin since the start (clear() keeps it)
   PeakInfo step_peak;
   std::size_t step_peak_reserved = 0;
   std::uint64_t listener_failures = 0;
@@ -144,6 +146,12 @@ struct Recorder::State {
   void take_peak(std::int64_t t, std::uint32_t phase, std::uint32_t block) {
     take(peak, t, phase, block);
   }
+  // The steps begin at t: the state now is their first peak candidate.
+  void arm_steps(std::int64_t t, std::uint32_t phase) {
+    steps_begin_ns = t;
+    take(step_peak, t, phase, 0);
+    step_peak_reserved = reserved;
+  }
 
   // The peak and the rings restart from the state now (construction and clear()).
   void restart(std::int64_t t) {
@@ -160,9 +168,18 @@ struct Recorder::State {
     const PhaseContext ctx = current_phase();  // the calling thread's, the best guess we have
     take_peak(t, ctx.phase, ctx.block);
     peak_reserved = reserved;
-    steps_begin_ns = -1;  // the next step range re-arms the steps' peak
+    // The steps' peak restarts too: from now if a step is under way (a range heard open, or
+    // one open on the calling thread, which a Recorder made inside a step has not heard),
+    // else from the next step range's begin.
+    steps_begin_ns = -1;
     step_peak = PeakInfo{};
     step_peak_reserved = 0;
+    bool in_step = false;
+    for (const auto& [thread, stack] : open) {
+      for (const OpenRange& o : stack) in_step = in_step || o.kind == RangeKind::kStep;
+    }
+    for (const RangeFrame& f : current_ranges()) in_step = in_step || f.kind == RangeKind::kStep;
+    if (in_step) arm_steps(t, ctx.phase);
     host_events.clear();
     dropped_host_events = 0;
     host_base = host_at_peak = host;
@@ -261,13 +278,12 @@ void Recorder::State::on_range(const RangeEvent& e) {
   if (stopped) return;
   std::vector<OpenRange>& stack = open[e.thread];
   if (e.begin) {
-    if (e.kind == RangeKind::kStep && steps_begin_ns < 0) {
-      // The steps begin: the state now is their first peak candidate.
-      steps_begin_ns = e.time_ns;
-      take(step_peak, e.time_ns, e.name, 0);
-      step_peak_reserved = reserved;
+    std::uint32_t ordinal = 0;
+    if (e.kind == RangeKind::kStep) {
+      ordinal = ++steps_begun;
+      if (steps_begin_ns < 0) arm_steps(e.time_ns, e.name);
     }
-    stack.push_back(OpenRange{e.kind, e.name, e.time_ns, e.depth});
+    stack.push_back(OpenRange{e.kind, e.name, e.time_ns, e.depth, ordinal});
     return;
   }
   RangeRecord r;
@@ -278,6 +294,7 @@ void Recorder::State::on_range(const RangeEvent& e) {
   r.depth = e.depth;
   if (!stack.empty() && stack.back().depth == e.depth) {
     r.begin_ns = stack.back().begin_ns;
+    r.ordinal = stack.back().ordinal;
     stack.pop_back();
   } else {
     // Opened before the Recorder started (or before clear()): it began no later than that.
@@ -407,7 +424,8 @@ Recording Recorder::recording() const {
   r.ranges = s.ranges.in_order();
   for (const auto& [thread, stack] : s.open) {
     for (const OpenRange& o : stack) {
-      r.ranges.push_back(RangeRecord{o.kind, o.name, o.begin_ns, o.begin_ns, thread, o.depth});
+      r.ranges.push_back(
+          RangeRecord{o.kind, o.name, o.begin_ns, o.begin_ns, thread, o.depth, o.ordinal});
     }
   }
   // By begin time; an enclosing range before the ranges it encloses that began in the same ns.

@@ -18,10 +18,14 @@
 //   peak allocated and reserved, and at the moment of the peak of allocated bytes: bytes by
 //   category, the phase and block, and live bytes per block (the block open when each live
 //   allocation was made; 0 = outside any block).
-// - The same figures for the steps alone (step_peak, step_peak_reserved): from the moment the
-//   first step range (RangeKind::kStep) begins, the state then included, to the end. That is
-//   what a plan's dry run predicts; the whole-run peak also covers setup (building the model
-//   and optimizer: RangeKind::kSetup), which can briefly hold more.
+// - The same figures for the steps alone (step_peak, step_peak_reserved): from when the
+//   Recorder hears the first step range (RangeKind::kStep) begin, the state then included, to
+//   the end (or, when a step range is already open at the Recorder's start or clear(), from
+//   then). That is what a plan's dry run predicts; the whole-run peak also covers setup
+//   (building the model and optimizer: RangeKind::kSetup), which can briefly hold more. "When
+//   it hears" is the order events and range begins take the Recorder's lock: an allocation
+//   on a worker thread stamped just after the step's begin but heard before it counts as
+//   setup's (the state it leaves is still the steps' first candidate).
 //
 // Totals: allocated = sum of live block sizes (kAlloc adds, kFreeRequested subtracts),
 // reserved = sum of segment sizes (kSegmentAlloc / kSegmentFree), as the allocator's own
@@ -33,7 +37,8 @@
 //   regions live when the Recorder started are its host base.
 //
 // Cost: one ring-buffer write and two hash-map operations per event under the recorder's own
-// mutex (bench/recorder_overhead_bench measures it against a training step: target <= 5%).
+// mutex, plus a copy of the per-block totals when an event sets a new peak
+// (bench/recorder_overhead_bench measures it against a training step: target <= 5%).
 // Thread-safe. The allocator must outlive the Recorder (or stop() must have been called).
 #pragma once
 
@@ -78,6 +83,10 @@ struct RangeRecord {
   std::int64_t end_ns = 0;  // == begin_ns when still open at recording() time
   std::uint64_t thread = 0;
   int depth = 0;
+  // Step ranges: 1 for the first the Recorder heard begin, 2 for the next, ... whatever the ring
+  // dropped, counted from its start (clear() does not restart the count; the Trainer names every
+  // step "step"); 0 for other ranges and for a step open before the Recorder started.
+  std::uint32_t ordinal = 0;
 };
 
 struct BlockBytes {

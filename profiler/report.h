@@ -10,9 +10,12 @@
 // Formats and files (one each, in `dir`):
 //   summary  summary.json   (version 2) the steps' peak as the headline (peak_allocated_bytes,
 //                           peak_reserved_bytes, "peak": bytes by category, phase, block, top
-//                           blocks; what a plan predicts) and the whole run's, setup included
-//                           ("run_peak"), pinned host bytes (peak and end, by category), plan
-//                           vs measured (on the steps' peak), dropped counts, allocator stats,
+//                           blocks at the allocated peak's moment, and reserved_bytes, the
+//                           reserved peak, which may come at another; what a plan predicts)
+//                           and the whole run's, setup included ("run_peak"), pinned host bytes
+//                           (peak and end, by category), plan vs measured (device bytes on the
+//                           steps' peak; pinned host bytes the whole run's, which offload pins
+//                           at setup and holds), dropped counts, allocator stats,
 //                           and "see_memory_usage": one line in DeepSpeed's style
 //                           ("MA 1.2 GB Max_MA 2.3 GB CA 2.5 GB Max_CA 3 GB")
 //   csv      timeline.csv   one row per kept event (allocator events and pinned host regions'

@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <string>
 
 #include "memory/size.h"
 #include "profiler/html_chart.h"
+#include "profiler/pickle.h"
 #include "profiler/report.h"
 #include "tests/profiler/export_testutil.h"
 
@@ -125,7 +127,7 @@ TEST(ReportHtml, LongTimelinesAreDownsampledKeepingThePeak) {
   const std::size_t end_poly = plot.find("<polyline");
   ASSERT_NE(first_poly, std::string::npos);
   const std::string polys = plot.substr(first_poly, end_poly - first_poly);
-  const std::regex pt(R"((\d+\.\d),(\d+\.\d))");
+  const std::regex pt(R"((\d+\.\d+),(\d+\.\d))");
   double min_y = 1e9;
   std::size_t points = 0;
   for (auto it = std::sregex_iterator(polys.begin(), polys.end(), pt); it != std::sregex_iterator();
@@ -224,6 +226,41 @@ TEST(ReportHtml, TheReadoutDataCannotBeClosedByAName) {
   EXPECT_NE(html.find("\\u003c/script\\u003e"), std::string::npos);
   EXPECT_EQ(html_balance_error(html), "");
   EXPECT_EQ(count(html, "</script>"), 2u);
+}
+
+// The readout writes names as text (textContent), never as markup: the page's script has no
+// innerHTML (or outerHTML / insertAdjacentHTML / document.write) at all.
+TEST(ReportHtml, TheReadoutWritesNamesAsText) {
+  const std::string html = report_html(sample_report("<img src=x onerror=alert(1)>"));
+  for (const char* sink : {"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"}) {
+    EXPECT_EQ(html.find(sink), std::string::npos) << sink;
+  }
+  EXPECT_NE(html.find("textContent"), std::string::npos);
+}
+
+// memory_viz_colors against the order read back from the same report's snapshot.pickle, as
+// MemoryViz.js's annotate_snapshot builds snapshot.categories (first appearance of each entry's
+// "category" over the device trace).
+TEST(ReportHtml, ColoursFollowTheCategoriesOrderInThePickle) {
+  for (const ProfileReport& r : {exporttest::setup_spike_report(), sample_report()}) {
+    const PickleValue snap = read_pickle(snapshot_pickle(r), "snapshot.pickle");
+    std::vector<std::string> order;
+    for (const PickleValue& e : snap.find("device_traces")->items()[0].items()) {
+      const PickleValue* c = e.find("category");
+      if (c == nullptr) continue;
+      if (std::find(order.begin(), order.end(), c->as_str()) == order.end()) {
+        order.push_back(c->as_str());
+      }
+    }
+    static const char* const kTableau10[] = {"#4e79a7", "#f28e2c", "#e15759", "#76b7b2", "#59a14f",
+                                             "#edc949", "#af7aa1", "#ff9da7", "#9c755f", "#bab0ab"};
+    const auto colors = memory_viz_colors(r.recording);
+    ASSERT_FALSE(order.empty());
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const Category c = parse_category(order[k]);
+      EXPECT_STREQ(colors[category_index(c)], kTableau10[k % 10]) << order[k];
+    }
+  }
 }
 
 }  // namespace

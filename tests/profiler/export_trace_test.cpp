@@ -178,5 +178,27 @@ TEST(TraceJson, PinnedHostIsACounterWithASeriesPerCategory) {
   }
 }
 
+// With the oldest events dropped, the starting state held only from the first kept event: the
+// counters start there, and an instant event marks time 0 so viewers still open at the start.
+TEST(TraceJson, WithDroppedEventsTheCountersStartAtTheFirstKeptOne) {
+  ProfileReport r = sample_report();
+  Recording& rec = r.recording;
+  const std::int64_t first = rec.events.front().time_ns;
+  rec.dropped_events = 3;
+  const json doc = json::parse(trace_json(r));
+  const std::vector<json> cs = of_phase(doc, "C");
+  ASSERT_FALSE(cs.empty());
+  EXPECT_DOUBLE_EQ(cs.front()["ts"].get<double>(), static_cast<double>(first - rec.start_ns) / 1e3);
+  EXPECT_GT(cs.front()["ts"].get<double>(), 0.0);
+  bool start_mark = false;
+  for (const json& i : of_phase(doc, "i")) start_mark |= i["ts"].get<double>() == 0.0;
+  EXPECT_TRUE(start_mark);
+  // Nothing dropped: no mark, the counters themselves stand at 0.
+  rec.dropped_events = 0;
+  const json whole = json::parse(trace_json(r));
+  EXPECT_TRUE(of_phase(whole, "i").empty());
+  EXPECT_EQ(of_phase(whole, "C").front()["ts"].get<double>(), 0.0);
+}
+
 }  // namespace
 }  // namespace memfit

@@ -92,6 +92,11 @@ void expect_readable(const std::string& svg, const std::string& what) {
   const double w = std::stod(vb[1]), h = std::stod(vb[2]);
   const std::vector<Label> ls = labels(svg);
   ASSERT_GE(ls.size(), 3u) << "no labels parsed";
+  std::size_t texts = 0;
+  for (std::size_t p = svg.find("<text"); p != std::string::npos; p = svg.find("<text", p + 1)) {
+    ++texts;
+  }
+  ASSERT_EQ(ls.size(), texts) << "a <text> the parser cannot read";
   for (const Label& l : ls) {
     EXPECT_GE(l.x0, 0) << "clipped left: " << l.text;
     EXPECT_LE(l.x1, w) << "clipped right: " << l.text;

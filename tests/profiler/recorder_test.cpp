@@ -528,5 +528,40 @@ TEST(Recorder, HearsOffloadsPinnedHostRegionsByCategory) {
   EXPECT_EQ(rec.recording().host_base, before);
 }
 
+// clear() inside a step (or a Recorder made inside one) starts the steps' peak at once; step
+// ranges are numbered by the Recorder's count of their begins.
+TEST(Recorder, AStepUnderWayAtClearIsTheStepsAndStepsAreNumbered) {
+  NullProvider null;
+  CachingAllocator alloc(null);
+  {
+    ScopedRange outer(RangeKind::kStep, "step");
+    Recorder inside(alloc);  // made inside a step it has not heard begin
+    Block a = alloc.allocate(128 << 10, Category::kActivation);
+    const Recording r = inside.recording();
+    ASSERT_TRUE(r.has_steps());
+    EXPECT_EQ(r.steps_peak().allocated, std::size_t{128 << 10});
+  }
+  Recorder rec(alloc);
+  for (int i = 0; i < 3; ++i) {
+    ScopedRange step(RangeKind::kStep, "step");
+    Block a = alloc.allocate(64 << 10, Category::kActivation);
+    if (i == 1) {
+      Block big = alloc.allocate(1 << 20, Category::kActivation);
+      rec.clear();  // the step under way is the steps' from here
+      Block more = alloc.allocate(256 << 10, Category::kActivation);
+      const Recording r = rec.recording();
+      ASSERT_TRUE(r.has_steps());
+      EXPECT_EQ(r.steps_peak().allocated, std::size_t{(64 << 10) + (1 << 20) + (256 << 10)});
+    }
+  }
+  const Recording r = rec.recording();
+  std::vector<std::uint32_t> ordinals;
+  for (const RangeRecord& g : r.ranges) {
+    if (g.kind == RangeKind::kStep) ordinals.push_back(g.ordinal);
+  }
+  // Counted from the Recorder's start, across clear(): the step under way then was the 2nd.
+  EXPECT_EQ(ordinals, (std::vector<std::uint32_t>{2, 3}));
+}
+
 }  // namespace
 }  // namespace memfit
