@@ -436,18 +436,17 @@ Recording Recorder::recording() const {
                      return a.depth < b.depth;
                    });
   r.dropped_ranges = s.dropped_ranges;
-  r.peak = s.peak;
-  std::sort(r.peak.blocks.begin(), r.peak.blocks.end(),
-            [](const BlockBytes& a, const BlockBytes& b) {
-              return a.bytes != b.bytes ? a.bytes > b.bytes : a.block < b.block;
-            });
+  // Each peak's blocks, largest first (ties by id, so the order is the same every time).
+  const auto sorted = [](PeakInfo p) {
+    std::sort(p.blocks.begin(), p.blocks.end(), [](const BlockBytes& a, const BlockBytes& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.block < b.block;
+    });
+    return p;
+  };
+  r.peak = sorted(s.peak);
   r.peak_reserved = s.peak_reserved;
   r.steps_begin_ns = s.steps_begin_ns;
-  r.step_peak = s.step_peak;
-  std::sort(r.step_peak.blocks.begin(), r.step_peak.blocks.end(),
-            [](const BlockBytes& a, const BlockBytes& b) {
-              return a.bytes != b.bytes ? a.bytes > b.bytes : a.block < b.block;
-            });
+  r.step_peak = sorted(s.step_peak);
   r.step_peak_reserved = s.step_peak_reserved;
   r.current_by_category = s.by_category;
   r.current_allocated = s.allocated;
