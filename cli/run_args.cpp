@@ -437,11 +437,11 @@ void write_report(const ProfileReport& r, const std::string& dir,
   std::printf("  report in %s:\n", dir.c_str());
   for (std::size_t i = 0; i < written.size(); ++i) {
     static const char* const kOpensIn[] = {
-        "peaks, plan vs measured, allocator stats",
-        "a spreadsheet: bytes by category over time",
-        "ui.perfetto.dev or chrome://tracing",
+        "the steps' and the whole run's peaks, plan vs measured, allocator stats",
+        "a spreadsheet: one row per allocator event, with the totals after it",
+        "ui.perfetto.dev, chrome://tracing or speedscope",
         "pytorch.org/memory_viz",
-        "a browser",
+        "a browser (any screen): chart with hover readout and zoom, tables",
     };
     std::printf("    %-16s %s\n", export_file_name(formats[i]),
                 kOpensIn[static_cast<int>(formats[i])]);
