@@ -16,6 +16,7 @@
 #include "core/schedule.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "profiler/atomic_file.h"
 
 namespace memfit {
 
@@ -309,11 +310,19 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
              std::to_string(p.model.seq_len) + "; valid: 1 to " + std::to_string(p.model.seq_len) +
              " (0: the model's)");
   }
-  // global_batch counts every rank's samples; each rank runs accum_steps micro-batches.
+  // global_batch counts every rank's samples; each rank runs accum_steps micro-batches. The
+  // products are of sizes from the file: one past int64 is an error, never a wrapped value.
   const std::int64_t ranks = p.ranks;
   const std::int64_t micro = p.policy.micro_batch;
-  const std::int64_t lo = ((p.accum_steps - 1) * micro + 1) * ranks;
-  const std::int64_t hi = p.accum_steps * micro * ranks;
+  std::int64_t hi = 0;
+  if (__builtin_mul_overflow(p.accum_steps, micro, &hi) || __builtin_mul_overflow(hi, ranks, &hi)) {
+    fail(src, accum_node.IsDefined() ? accum_node : global_node, "accum_steps",
+         std::to_string(p.accum_steps) + " micro-batches of " + std::to_string(micro) + " on " +
+             std::to_string(ranks) +
+             " ranks is more than 2^63-1 samples per step; valid: a "
+             "product of accum_steps, micro_batch and ranks below that");
+  }
+  const std::int64_t lo = hi - (micro - 1) * ranks;  // the last micro-batch down to 1 sample
   if (p.global_batch == 0) p.global_batch = hi;
   if (p.global_batch < lo || p.global_batch > hi || p.global_batch % ranks != 0) {
     const YAML::Node& n = global_node.IsDefined() ? global_node : accum_node;
@@ -524,22 +533,10 @@ Plan Plan::load(const std::string& path) {
 void Plan::save(const std::string& path) const {
   const std::string text = is_json_path(path) ? to_json() : to_yaml();
   // Written beside the target and renamed over it: a reader sees the old file or the new one.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw ConfigError(path + ": cannot write the plan (" + tmp + ")");
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw ConfigError(path + ": writing the plan failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw ConfigError(path + ": cannot replace the plan file: " + ec.message());
+  try {
+    write_file_atomic(path, text);
+  } catch (const Error& e) {
+    throw ConfigError(path + ": cannot write the plan: " + e.what());
   }
 }
 

@@ -1,6 +1,7 @@
 #include "policies/train_state.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +12,9 @@
 #include <set>
 #include <string>
 
+#include "memory/error.h"
 #include "memory/size.h"
+#include "profiler/atomic_file.h"
 
 namespace memfit {
 
@@ -257,9 +260,11 @@ void write_train_state(const std::string& path, const TrainStateMeta& meta,
   if (text.size() > UINT32_MAX) fail(path, "header too large");
 
   TempFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (tmp.fd < 0) fail(path, sys_error(("cannot create '" + tmp.path + "'").c_str()));
+  try {
+    tmp.fd = create_temp_beside(path, &tmp.path);  // exclusive, unpredictable name
+  } catch (const IoError& e) {
+    fail(path, e.what());
+  }
 
   Writer w(tmp.fd, path, options.fail_after_bytes);
   const std::uint32_t version = kTrainStateVersion;
@@ -314,6 +319,16 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
   if (fd < 0) fail(path, sys_error("cannot open"));
   std::vector<unsigned char> buf;
   {
+    // Only a regular file has a size to read: a directory, FIFO or device is refused before
+    // anything is read (a directory's lseek end would size a huge buffer).
+    struct stat st {};
+    const bool known = ::fstat(fd, &st) == 0;
+    if (!known || !S_ISREG(st.st_mode)) {
+      const bool dir = known && S_ISDIR(st.st_mode);
+      ::close(fd);
+      fail(path, std::string(dir ? "is a directory" : "is not a regular file") +
+                     "; valid: a training-state file written by --save");
+    }
     const off_t end = ::lseek(fd, 0, SEEK_END);
     if (end < 0 || ::lseek(fd, 0, SEEK_SET) != 0) {
       ::close(fd);

@@ -67,14 +67,28 @@ void fsync_dir(const std::string& dir, const std::string& path) {
 
 }  // namespace
 
+int create_temp_beside(const std::string& path, std::string* tmp_path) {
+  if (path.empty()) throw InvalidArgument("create_temp_beside: empty file name");
+  const std::string dir = parent_of(path);
+  const std::string name = std::filesystem::path(path).filename().string();
+  std::string t = dir + "/" + name + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(t.data(), O_CLOEXEC);
+  if (fd < 0) io_fail(path, "creating a temporary beside it in '" + dir + "'", errno);
+  if (::fchmod(fd, 0644) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(t.c_str());
+    io_fail(path, "setting the temporary's mode", err);
+  }
+  *tmp_path = std::move(t);
+  return fd;
+}
+
 void write_file_atomic(const std::string& path, std::string_view contents) {
   if (path.empty()) throw InvalidArgument("write_file_atomic: empty file name");
   const std::string dir = parent_of(path);
-  const std::string name = std::filesystem::path(path).filename().string();
-  const std::string tmp_path = dir + "/" + name + ".tmp." + std::to_string(::getpid());
-  // O_TRUNC: a temporary left by a killed earlier run with our pid is simply replaced.
-  const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail(path, "creating the temporary '" + tmp_path + "'", errno);
+  std::string tmp_path;
+  const int fd = create_temp_beside(path, &tmp_path);
   TempFile tmp(tmp_path, fd);
 
   const char* p = contents.data();

@@ -202,6 +202,17 @@ TEST(Plan, SaveIsAtomicAndLoadPicksTheFormatByExtension) {
   // A directory that does not exist: an error and nothing written.
   EXPECT_THROW(p.save(dir + "/missing/plan.yaml"), ConfigError);
   EXPECT_THROW((void)Plan::load(dir + "/absent.yaml"), ConfigError);
+  // A symlink waiting under the old predictable temporary name redirects nothing.
+  const std::string victim = dir + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  const std::string trap = dir + "/trap.yaml.tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.c_str(), trap.c_str()), 0);
+  p.save(dir + "/trap.yaml");
+  std::ifstream in(victim);
+  std::string got;
+  std::getline(in, got);
+  EXPECT_EQ(got, "precious");
+  expect_equal(p, Plan::load(dir + "/trap.yaml"));
   std::filesystem::remove_all(dir);
 }
 
@@ -246,6 +257,12 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "accum_steps: 3\nglobal_batch: 7\n",
                "p.yaml:12:15: plan.global_batch: 7 is not reached by 3 micro-batches of 2; "
                "valid: 5 to 6");
+  // A product past int64 is an error naming it, never a wrapped global batch (UBSan found
+  // micro_batch 549755813889 x accum_steps 33554432 taken as "global batch 5").
+  expect_error(m + "micro_batch: 549755813889\nactivation_dtype: bf16\ncheckpoint: none\n" +
+                   "accum_steps: 33554432\n",
+               "p.yaml:11:14: plan.accum_steps: 33554432 micro-batches of 549755813889 on 1 ranks "
+               "is more than 2^63-1 samples per step");
   expect_error(m + ok + "budget_bytes: 12 parsecs\n", "p.yaml:11:15: plan.budget_bytes:");
   expect_error(m + ok + "predicted:\n  peak_by_category:\n    weights: 3\n",
                "p.yaml:13:5: plan.predicted.peak_by_category.weights:");

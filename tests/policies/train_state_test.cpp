@@ -3,11 +3,14 @@
 // tensor is written. The trainer-level tests (resume bit-exact) are in trainer_test.cpp.
 #include "policies/train_state.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -63,6 +66,7 @@ class TrainStateTest : public testing::Test {
     write_train_state(path_, meta_, tensors(), be_, kDefaultStream, o);
   }
   float a0() const { return a_.view().data<float>()[0]; }
+  std::string dir_of_path() const { return std::filesystem::path(path_).parent_path().string(); }
 
   std::string path_;
   CpuBackend be_;
@@ -126,7 +130,9 @@ TEST_F(TrainStateTest, InterruptedSaveLeavesThePreviousFileLoadable) {
     o.fail_after_bytes = after;
     EXPECT_THROW(save(o), TrainStateError) << "after " << after;
     EXPECT_EQ(read_bytes(path_), good) << "after " << after;
-    EXPECT_FALSE(exists(path_ + ".tmp." + std::to_string(::getpid()))) << "temp file left";
+    for (const auto& e : std::filesystem::directory_iterator(dir_of_path())) {
+      EXPECT_EQ(e.path().string().find(path_ + ".tmp."), std::string::npos) << "temp file left";
+    }
   }
   const TrainStateFile f = TrainStateFile::read(path_);
   EXPECT_EQ(f.meta().steps, 42);
@@ -138,6 +144,46 @@ TEST_F(TrainStateTest, InterruptedSaveLeavesThePreviousFileLoadable) {
   fill(0.0f);
   TrainStateFile::read(path_).restore(tensors(), be_, kDefaultStream);
   EXPECT_EQ(a0(), 9.0f);
+}
+
+// --resume of a directory, a FIFO or a device: refused by name before anything is read (a
+// directory's size used to size a huge buffer).
+TEST_F(TrainStateTest, ADirectoryOrAFifoIsRefusedBeforeAnythingIsRead) {
+  const std::string dir = path_ + ".a_directory";
+  std::filesystem::create_directories(dir);
+  try {
+    (void)TrainStateFile::read(dir);
+    ADD_FAILURE() << "a directory was read";
+  } catch (const TrainStateError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir), std::string::npos) << e.what();
+  }
+  const std::string fifo = path_ + ".a_fifo";
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // O_RDONLY on a FIFO blocks until a writer opens it: hold the write end open first.
+  const int w = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(w, 0);
+  EXPECT_THROW((void)TrainStateFile::read(fifo), TrainStateError);
+  ::close(w);
+  ::unlink(fifo.c_str());
+  std::filesystem::remove(dir);
+}
+
+// A symlink waiting under the old predictable temporary name redirects nothing.
+TEST_F(TrainStateTest, APrePlacedSymlinkAtATemporarysNameRedirectsNothing) {
+  const std::string victim = path_ + ".victim";
+  { std::ofstream(victim) << "precious"; }
+  const std::string trap = path_ + ".tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.c_str(), trap.c_str()), 0);
+  save();
+  std::ifstream in(victim);
+  std::string got;
+  std::getline(in, got);
+  EXPECT_EQ(got, "precious");
+  EXPECT_NO_THROW((void)TrainStateFile::read(path_));
+  ::unlink(trap.c_str());
+  ::unlink(victim.c_str());
 }
 
 TEST_F(TrainStateTest, CorruptionAnywhereIsRejectedBeforeWriting) {

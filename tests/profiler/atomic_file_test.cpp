@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,35 @@ TEST(AtomicFile, WritesTheWholeContentsAndLeavesNoTemporary) {
   write_file_atomic(dir + "/a.bin", text);
   EXPECT_EQ(slurp(dir + "/a.bin"), text);
   EXPECT_EQ(temporaries(dir), 0);
+}
+
+// A file or symlink waiting under a temporary's name (the predictable "<name>.tmp.<pid>" that
+// earlier versions used) is never opened, followed or truncated: what it points to stays as it
+// was, and the temporaries themselves have unpredictable names, created exclusively.
+TEST(AtomicFile, APrePlacedSymlinkAtATemporarysNameRedirectsNothing) {
+  const std::string dir = temp_dir("symlink");
+  const std::string victim = dir + "/victim";
+  write_file_atomic(victim, "precious\n");
+  const std::string trap = dir + "/f.txt.tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::symlink(victim.c_str(), trap.c_str()), 0);
+  write_file_atomic(dir + "/f.txt", "new\n");
+  EXPECT_EQ(slurp(dir + "/f.txt"), "new\n");
+  EXPECT_EQ(slurp(victim), "precious\n");
+  EXPECT_TRUE(fs::is_symlink(trap));  // not ours: left alone
+  std::string a, b;
+  const int fa = create_temp_beside(dir + "/g.txt", &a);
+  const int fb = create_temp_beside(dir + "/g.txt", &b);
+  ASSERT_GE(fa, 0);
+  ASSERT_GE(fb, 0);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.rfind(dir + "/g.txt.tmp.", 0), 0u) << a;
+  struct stat st {};
+  ASSERT_EQ(::fstat(fa, &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+  ::close(fa);
+  ::close(fb);
+  ::unlink(a.c_str());
+  ::unlink(b.c_str());
 }
 
 TEST(AtomicFile, ReplacesAnExistingFile) {
