@@ -64,7 +64,9 @@ void add_profile_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "profile", "Train a few steps with the profiler on and write a memory report");
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->add_option("--steps", a->steps, "training steps to record")->required();
+  cmd->add_option("--steps", a->steps, "training steps to record")
+      ->required()
+      ->check(exact_int64());
   cmd->add_option("--out", a->report,
                   "the report's directory (created): summary.json, timeline.csv, trace.json, "
                   "snapshot.pickle, report.html")

@@ -1,9 +1,11 @@
 #include "cli/run_args.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -30,14 +32,43 @@ const char* const kPolicyFlags[] = {"--dtype", "--checkpoint", "--micro-batch", 
 
 }  // namespace
 
+namespace {
+
+template <typename T>
+CLI::Validator exact_integer(const char* desc) {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        T v{};
+        const char* end = s.data() + s.size();
+        const auto [p, ec] = std::from_chars(s.data(), end, v);
+        if (s.empty() || ec != std::errc() || p != end) {
+          return "'" + s + "' is not an integer from " +
+                 std::to_string(std::numeric_limits<T>::min()) + " to " +
+                 std::to_string(std::numeric_limits<T>::max());
+        }
+        return {};
+      },
+      desc);
+}
+
+}  // namespace
+
+CLI::Validator exact_int64() { return exact_integer<std::int64_t>("INT"); }
+CLI::Validator exact_uint64() { return exact_integer<std::uint64_t>("UINT"); }
+
 void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--model", a.model,
                   "a built-in model (gpt-tiny, llama-micro, gpt2, llama-3.1-8b, ...), a YAML "
                   "spec file or a HuggingFace config.json (required unless --plan)");
-  cmd->add_option("--batch", a.batch, "global batch (sequences per step)")->capture_default_str();
-  cmd->add_option("--micro-batch", a.micro_batch, "sequences per micro-batch (accumulated)");
-  cmd->add_option("--accum", a.accum, "or: split the batch into this many micro-batches");
-  cmd->add_option("--seq-len", a.seq_len, "tokens per sequence (default: the model's)");
+  cmd->add_option("--batch", a.batch, "global batch (sequences per step)")
+      ->capture_default_str()
+      ->check(exact_int64());
+  cmd->add_option("--micro-batch", a.micro_batch, "sequences per micro-batch (accumulated)")
+      ->check(exact_int64());
+  cmd->add_option("--accum", a.accum, "or: split the batch into this many micro-batches")
+      ->check(exact_int64());
+  cmd->add_option("--seq-len", a.seq_len, "tokens per sequence (default: the model's)")
+      ->check(exact_int64());
   cmd->add_option("--dtype", a.dtype, "weights in use and activations: f32 | f16 | bf16")
       ->capture_default_str();
   cmd->add_option("--checkpoint", a.checkpoint, "none | all | sqrt | every:K")
@@ -70,7 +101,9 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--plan", a.plan_file,
                   "train with a plan file from `memfit plan --out` (model, seq_len, batch, "
                   "policies); --lr, --clip-grad-norm, --seed, --budget still apply");
-  cmd->add_option("--seed", a.seed, "initialization and data sampling")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "initialization and data sampling")
+      ->capture_default_str()
+      ->check(exact_uint64());
   cmd->add_option("--lr", a.lr, "AdamW learning rate")->capture_default_str();
   cmd->add_option("--clip-grad-norm", a.max_grad_norm,
                   "clip the gradients' global L2 norm to this (PyTorch's clip_grad_norm_), on "
@@ -120,6 +153,31 @@ namespace {
 
 void check_common(const TrainArgs& a) {
   if (a.steps < 1) throw InvalidArgument("--steps " + std::to_string(a.steps) + " must be >= 1");
+  // A flag given with 0 or "" is a mistake, not "not given" (its default): say so.
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::int64_t>{"--micro-batch", a.micro_batch},
+        {"--accum", a.accum},
+        {"--seq-len", a.seq_len}}) {
+    if (given(a, flag) && value < 1) {
+      throw InvalidArgument(std::string(flag) + " " + std::to_string(value) +
+                            "; valid: 1 or more (leave the flag out for its default)");
+    }
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--budget", &a.budget},
+        {"--host-budget", &a.host_budget},
+        {"--alloc-conf", &a.alloc_conf},
+        {"--plan", &a.plan_file},
+        {"--model", &a.model},
+        {"--report", &a.report},
+        {"--out", &a.report},
+        {"--device", &a.device}}) {
+    if (given(a, flag) && value->empty()) {
+      throw InvalidArgument(std::string(flag) +
+                            " \"\": an empty value; valid: a value (leave the flag out for its "
+                            "default)");
+    }
+  }
   if (!std::isfinite(a.lr) || a.lr < 0) {
     throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
   }

@@ -64,6 +64,12 @@ struct TrainArgs {
 
 bool given(const TrainArgs& a, const std::string& name);
 
+// A validator for an integer option's text, run before CLI11 converts it (CLI11 clamps an
+// out-of-range number to the type's limit and reads "-1" as 2^64-1 for an unsigned): the text
+// must be a decimal integer the type holds exactly, else the option's error names the range.
+CLI::Validator exact_int64();
+CLI::Validator exact_uint64();
+
 // The options both commands take: --model/--plan, the policy flags, --budget/--device,
 // --batch/--seq-len, --seed/--lr, --alloc-conf, --predict, --backend and --formats. The
 // commands add --data, --steps and their report directory themselves.

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/run_args.h"
@@ -34,6 +35,16 @@ void put_peaks(nlohmann::json& j, const std::string& prefix, const PeakFigures& 
 }
 
 int run_train(const TrainArgs& a, const TrainOnly& t) {
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--save", &t.save},
+                                    {"--resume", &t.resume},
+                                    {"--summary-json", &t.summary_json},
+                                    {"--data", &a.data}}) {
+    if (given(a, flag) && value->empty()) {
+      throw InvalidArgument(std::string(flag) +
+                            " \"\": an empty file name; valid: a path (leave the flag out for "
+                            "none)");
+    }
+  }
   if (given(a, "--formats") && a.report.empty()) {
     throw InvalidArgument("--formats " + a.formats +
                           " chooses the report's files: give --report DIR");
@@ -193,7 +204,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--data", a->data,
                   "a text file; tokens are its bytes (data/corpus.txt is bundled)")
       ->required();
-  cmd->add_option("--steps", a->steps, "training steps to run")->required();
+  cmd->add_option("--steps", a->steps, "training steps to run")->required()->check(exact_int64());
   add_run_options(cmd, *a);
   cmd->add_option("--save", t->save, "write the training state here at the end (atomic)");
   cmd->add_option("--resume", t->resume, "continue from a saved training state");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -276,3 +277,36 @@ TEST(Examples, RunAndCheckThemselves) {
 }
 
 }  // namespace
+// are errors naming the flag (exit 2) before anything trains: no clamped step count, no
+// wrapped seed, no "given as 0" read as "not given".
+TEST(TrainCommand, OutOfRangeZeroAndEmptyFlagValuesAreErrorsNamingTheFlag) {
+  struct Bad {
+    const char* args;
+    const char* says;
+  };
+  const std::string dir = tmp("resume_dir");
+  std::filesystem::create_directories(dir);
+  const std::string resume_dir = " --resume " + dir;
+  const Bad bad[] = {
+      {" --steps 99999999999999999999", "--steps: '99999999999999999999' is not an integer"},
+      {" --seed -1", "--seed: '-1' is not an integer from 0"},
+      {" --seed 99999999999999999999999", "--seed: '99999999999999999999999' is not an integer"},
+      {" --micro-batch 0", "--micro-batch 0; valid: 1 or more"},
+      {" --seq-len 0", "--seq-len 0; valid: 1 or more"},
+      {" --accum 0", "--accum 0; valid: 1 or more"},
+      {" --budget ''", "--budget \"\": an empty value"},
+      {" --save ''", "--save \"\": an empty file name"},
+      {" --summary-json ''", "--summary-json \"\": an empty file name"},
+      {resume_dir.c_str(), "is a directory"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.args);
+    std::string args = base_args(1);
+    if (std::string(b.args).rfind(" --steps", 0) == 0) args = args.substr(0, args.find(" --steps"));
+    const ProgramRun r = run_memfit(args + b.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(b.says), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "trained: " << r.output;
+  }
+  std::filesystem::remove_all(dir);
+}
