@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "core/backend.h"  // Backend::kMaxAttentionHeadSize
+#include "core/yaml_document.h"
 #include "memory/error.h"
 
 namespace memfit {
@@ -507,7 +508,12 @@ ModelSpec ModelSpec::from_yaml_string(std::string_view text, std::string_view so
   Where w{std::string(source), {}};
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    const YamlDocument d = load_yaml_document(text);
+    if (d.more) {
+      throw ConfigError(w.at(d.second) +
+                        "a second YAML document; valid: one document (the model: map)");
+    }
+    root = d.root;
   } catch (const YAML::Exception& e) {
     throw ConfigError(w.at(e.mark) + "not valid YAML: " + e.msg);
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "core/yaml_document.h"
 #include "memory/error.h"
 #include "memory/size.h"
 
@@ -112,7 +113,12 @@ DeviceSpec parse(std::string_view text, const std::string& source,
                  const std::string& default_name) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    const YamlDocument d = load_yaml_document(text);
+    if (d.more) {
+      throw ConfigError(mark_at(source, d.second) +
+                        "a second YAML document; valid: one document (the device: map)");
+    }
+    root = d.root;
   } catch (const YAML::Exception& e) {
     throw ConfigError(mark_at(source, e.mark) + "not valid YAML: " + e.msg);
   }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/schedule.h"
+#include "core/yaml_document.h"
 #include "memory/error.h"
 #include "memory/size.h"
 #include "profiler/atomic_file.h"
@@ -154,7 +155,11 @@ ModelSpec read_model(std::string_view text, const std::string& src, const YAML::
 Plan parse(std::string_view text, const std::string& src, bool block_style) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    const YamlDocument d = load_yaml_document(text);
+    if (d.more) {
+      throw ConfigError(at(src, d.second) + "a second YAML document; valid: one plan (one map)");
+    }
+    root = d.root;
   } catch (const YAML::Exception& e) {
     throw ConfigError(at(src, e.mark) + "malformed plan: " + e.msg);
   }
@@ -171,7 +176,11 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& v = kv.second;
-    seen.insert(key);
+    if (!seen.insert(key).second) {
+      fail(src, kv.first, key,
+           "a duplicate key; valid: each key once (which one wins is not "
+           "for a plan to guess)");
+    }
     if (key == "model") {
       p.model = read_model(text, src, v, block_style && kv.first.Mark().column == 0);
     } else if (key == "device") {

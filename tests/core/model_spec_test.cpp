@@ -209,6 +209,8 @@ TEST(ModelSpec, UnknownKeysAndTypes) {
   expect_error(std::string(kTiny) + "  ln_eps: 0\n", {"model.ln_eps", "(0, 1]"});
   expect_error(std::string(kTiny) + "  ln_eps: abc\n", {"model.ln_eps", "number"});
   expect_error(std::string(kTiny) + "  vocab: 3\n", {"spec.yaml:11:", "model.vocab", "duplicate"});
+  // A second YAML document is an error, not dropped (yaml-cpp's Load reads the first only).
+  expect_error(std::string(kTiny) + "---\n" + kTiny, {"spec.yaml:12:", "a second YAML document"});
   expect_error(with("name", "name: [a]"), {"model.name", "string"});
 }
 

@@ -231,5 +231,12 @@ TEST(DeviceSpec, UnknownPresetOrFileListsThePresets) {
   EXPECT_THROW(DeviceSpec::from_yaml_file("/no/such/file.yaml"), ConfigError);
 }
 
+// A second YAML document is an error naming where it starts, not silently dropped.
+TEST(DeviceSpec, ASecondYamlDocumentIsAnError) {
+  const std::string e = error_of(std::string(kMinimal) + "---\n" + kMinimal);
+  EXPECT_NE(e.find("dev.yaml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("a second YAML document"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace memfit

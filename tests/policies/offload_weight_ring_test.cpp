@@ -180,7 +180,8 @@ TEST(WeightOffload, AModelBuiltWithDeviceWeightsIsOffloadedAtConstruction) {
   for (Parameter* q : m.parameters()) EXPECT_FALSE(q->weight_on_device()) << q->name;
   Rng data(9);
   std::vector<double> losses;
-  for (int i = 0; i < 3; ++i) losses.push_back(t.step(testing::test_corpus().sample(6, 32, data)).loss);
+  for (int i = 0; i < 3; ++i)
+    losses.push_back(t.step(testing::test_corpus().sample(6, 32, data)).loss);
   EXPECT_EQ(losses, placed.losses);
 }
 

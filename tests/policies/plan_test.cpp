@@ -304,5 +304,14 @@ TEST(Plan, JsonErrorsNameTheLineAndKeyToo) {
   expect_error(bad_heads, "model.heads", true);
 }
 
+// A duplicate key is an error at the second one, not a silent winner; so is a second YAML
+// document (yaml-cpp's Load reads the first and drops the rest).
+TEST(Plan, DuplicateKeysAndSecondDocumentsAreErrors) {
+  const std::string m = kModel;  // 7 lines
+  const std::string ok = "micro_batch: 2\nactivation_dtype: bf16\ncheckpoint: none\n";
+  expect_error(m + ok + "micro_batch: 3\n", "p.yaml:11:1: plan.micro_batch: a duplicate key");
+  expect_error(m + ok + "---\n" + m + ok, "p.yaml:12:1: a second YAML document");
+}
+
 }  // namespace
 }  // namespace memfit
