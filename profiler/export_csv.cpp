@@ -121,8 +121,7 @@ std::string timeline_csv(const ProfileReport& r) {
       reserved = e.reserved;
       event = event_kind_name(e.kind);
       size = e.size;
-      const bool segment = e.kind == EventKind::kSegmentAlloc || e.kind == EventKind::kSegmentFree;
-      category = segment ? std::string_view() : category_name(e.category);
+      category = is_segment_event(e.kind) ? std::string_view() : category_name(e.category);
       tensor = interned_name(e.tag);
       phase = e.phase == 0 ? std::string_view() : range_kind_name(e.phase_kind);
       block = interned_name(e.block);

@@ -119,8 +119,7 @@ std::string trace_json(const ProfileReport& r) {
     const double ts = us(e.time_ns, rec.start_ns);
     std::size_t& cat = running[category_index(e.category)];
     const std::size_t before = cat;
-    if (e.kind == EventKind::kAlloc) cat += e.size;
-    if (e.kind == EventKind::kFreeRequested) cat = cat >= e.size ? cat - e.size : 0;
+    apply_event(running, e);
     if (cat != before) events.push_back(counter(category_name(e.category), kHostPid, ts, cat));
     if (e.allocated != allocated) {
       allocated = e.allocated;

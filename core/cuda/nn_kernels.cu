@@ -115,6 +115,20 @@ ChunkPlan chunk_plan(i64 n) {
   return p;
 }
 
+// The end of a one-sum partials kernel: each of the block's kRowLanes rows of threads leaves
+// its running sum `aw` in sw; row 0 adds the lanes in order and stores the column's chunk sum at
+// *dst (valid: the thread has a column). Every thread of the block must call it.
+__device__ void store_chunk_sum(float (&sw)[kRowLanes][kColTile + 1], float aw, bool valid,
+                                float* dst) {
+  sw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y == 0 && valid) {
+    float tw = 0.0f;
+    for (int k = 0; k < kRowLanes; ++k) tw += sw[k][threadIdx.x];
+    *dst = tw;
+  }
+}
+
 // Stage 1. Block (x: column tile, y: chunk) of kColTile x kRowLanes threads:
 //   part_b[chunk, col] = sum of dout[r, col] over the chunk's rows,
 //   part_w[chunk, col] = sum of dout[r, col] * ((inp[r, col] - mean[r]) * rstd[r])  (kNorm).
@@ -231,13 +245,7 @@ __global__ void rmsnorm_dweight_partials_kernel(In<T> dout, In<T> inp, const flo
       aw += dout(r * c + col) * (inp(r * c + col) * rstd[r]);
     }
   }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < c) {
-    float tw = 0.0f;
-    for (int k = 0; k < kRowLanes; ++k) tw += sw[k][threadIdx.x];
-    part[chunk * c + col] = tw;
-  }
+  store_chunk_sum(sw, aw, col < c, &part[chunk * c + col]);
 }
 
 // Per-head RMSNorm of the q and k heads (Qwen3's q_norm / k_norm): head r = token * qk + h,
@@ -313,13 +321,7 @@ __global__ void qk_norm_dweight_partials_kernel(In<T> dqkv, In<T> qk_in, const f
       aw += dqkv(d.offset(r) + col) * (qk_in(r * d.hs + col) * rstd[r]);
     }
   }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < d.hs) {
-    float tw = 0.0f;
-    for (int k = 0; k < kRowLanes; ++k) tw += sw[k][threadIdx.x];
-    part[chunk * d.hs + col] = tw;
-  }
+  store_chunk_sum(sw, aw, col < d.hs, &part[chunk * d.hs + col]);
 }
 
 // RopeFreqs (core/backend.h) as a by-value kernel parameter: 516 bytes of the 4 KB that kernel
