@@ -1,4 +1,5 @@
 #include "cli/devices_command.h"
+#include "cli/terminal_text.h"
 
 #include <cstdio>
 #include <memory>
@@ -33,31 +34,31 @@ int run_devices(const std::string& format) {
   const std::vector<std::string> names = DeviceSpec::preset_names();
   if (format == "yaml") {
     for (const std::string& n : names)
-      std::printf("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
+      say("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
     return 0;
   }
-  std::printf("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", "device", "memory", "context",
+  say("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", "device", "memory", "context",
               "usable", "TF f32", "TF f16", "TF bf16", "mem GB/s", "link GB/s", "AdamW Gp/s");
   for (const std::string& n : names) {
     const DeviceSpec d = DeviceSpec::preset(n);
-    std::printf("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", n.c_str(),
+    say("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", n.c_str(),
                 format_bytes(d.memory_bytes).c_str(), format_bytes(d.context_bytes).c_str(),
                 format_bytes(d.usable_bytes()).c_str(), tera(d.flops_f32).c_str(),
                 tera(d.flops_f16).c_str(), tera(d.flops_bf16).c_str(),
                 giga(d.mem_bandwidth).c_str(), giga(d.host_link).c_str(),
                 d.cpu_adamw > 0 ? giga(d.cpu_adamw).c_str() : "measured");
   }
-  std::printf("\nmodels:");
+  say("\nmodels:");
   for (const std::string& m : ModelSpec::preset_names()) {
     const ModelSpec s = ModelSpec::preset(m);
     const double n = static_cast<double>(s.parameter_count());
     if (n < 1e6) {
-      std::printf(" %s (%.0fK)", m.c_str(), n / 1e3);
+      say(" %s (%.0fK)", m.c_str(), n / 1e3);
     } else {
-      std::printf(" %s (%.1fM)", m.c_str(), n / 1e6);
+      say(" %s (%.1fM)", m.c_str(), n / 1e6);
     }
   }
-  std::printf("\nA YAML file of the same keys (--format yaml prints them) can replace a preset.\n");
+  say("\nA YAML file of the same keys (--format yaml prints them) can replace a preset.\n");
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // The memfit program: one subcommand per file in cli/. User errors (memfit::Error) print
-// their message and exit 2; anything else is a bug and exits 3.
+// their message (control characters escaped: cli/terminal_text.h) and exit 2; anything else
+// is a bug and exits 3.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -8,6 +9,7 @@
 #include "cli/plan_command.h"
 #include "cli/profile_command.h"
 #include "cli/replay_command.h"
+#include "cli/terminal_text.h"
 #include "cli/train_command.h"
 #include "memory/error.h"
 
@@ -27,10 +29,10 @@ int main(int argc, char** argv) {
     // --help prints and succeeds; any other parse error is bad input, exit 2 as memfit::Error.
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const memfit::Error& e) {
-    std::fprintf(stderr, "memfit: error: %s\n", e.what());
+    std::fprintf(stderr, "memfit: error: %s\n", memfit::cli::shown(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memfit: internal error: %s\n", e.what());
+    std::fprintf(stderr, "memfit: internal error: %s\n", memfit::cli::shown(e.what()).c_str());
     return 3;
   }
   return exit_code;

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "cli/outputs.h"
 #include "cli/run_args.h"
+#include "cli/terminal_text.h"
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "memory/check.h"
@@ -110,10 +112,10 @@ const char* offload_column(const OffloadSwitches& o) {
 // The breakdown columns are the bytes by category at the moment of the reserved peak plus the
 // cached bytes then, so each row's columns add up to its peak.
 void print_table(const PlanResult& r, std::int64_t top) {
-  std::printf("%-5s %-10s %-8s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
+  say("%-5s %-10s %-8s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
               "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
               "activ", "other", "cached", "host", "step", "tokens/s");
-  std::printf("%s\n", std::string(140, '-').c_str());
+  say("%s\n", std::string(140, '-').c_str());
   std::int64_t shown = 0;
   for (const Plan& p : r.candidates) {
     if (top > 0 && shown == top) break;
@@ -121,7 +123,7 @@ void print_table(const PlanResult& r, std::int64_t top) {
     const PeakFigures& k = p.predicted.peaks;
     const std::size_t other = k.at_peak_of(Category::kTemporary) + k.at_peak_of(Category::kInput) +
                               k.at_peak_of(Category::kWorkspace) + k.at_peak_of(Category::kUnknown);
-    std::printf("%-5s %-10s %-8s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
+    say("%-5s %-10s %-8s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
                 dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
                 offload_column(p.policy.offload), static_cast<long long>(p.policy.micro_batch),
                 static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
@@ -134,10 +136,10 @@ void print_table(const PlanResult& r, std::int64_t top) {
                 short_rate(p.predicted.tokens_per_second).c_str());
   }
   if (shown < static_cast<std::int64_t>(r.candidates.size())) {
-    std::printf("(%lld more; --top 0 shows all)\n",
+    say("(%lld more; --top 0 shows all)\n",
                 static_cast<long long>(r.candidates.size()) - static_cast<long long>(shown));
   }
-  for (const std::string& s : r.infeasible) std::printf("does not fit: %s\n", s.c_str());
+  for (const std::string& s : r.infeasible) say("does not fit: %s\n", s.c_str());
 }
 
 void validate(const PlanArgs& a) {
@@ -219,6 +221,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
 
 int run_plan(const PlanArgs& a) {
   validate(a);
+  const std::vector<OutputLock> held = claim_outputs({{"--out", a.out}});  // before planning
   std::size_t context_was = 0;
   const PlannerOptions o = planner_options(a, &context_was);
   const PlanResult r = plan(o);
@@ -233,12 +236,12 @@ int run_plan(const PlanArgs& a) {
     j["candidates"] = nlohmann::ordered_json::array();
     for (const Plan& p : r.candidates) j["candidates"].push_back(doc(p));
     j["infeasible"] = r.infeasible;
-    std::printf("%s\n", j.dump(2).c_str());
+    say("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else if (a.format == "yaml") {
-    std::printf("%s", rec.to_yaml().c_str());
+    say("%s", rec.to_yaml().c_str());
   } else {
     const std::size_t budget = o.budget ? o.budget : o.device.usable_bytes();
-    std::printf(
+    say(
         "memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
         o.spec.name.c_str(), static_cast<long long>(o.spec.parameter_count()),
         static_cast<long long>(rec.seq_len), o.device.name.c_str(), format_bytes(budget).c_str(),
@@ -246,27 +249,27 @@ int run_plan(const PlanArgs& a) {
         o.global_batch > 0 ? ("fastest global batch of " + std::to_string(o.global_batch)).c_str()
                            : "largest micro-batch");
     if (a.measure_context) {
-      std::printf("  context measured on this GPU: %s (%s's file says %s)\n",
+      say("  context measured on this GPU: %s (%s's file says %s)\n",
                   format_bytes(o.device.context_bytes).c_str(), o.device.name.c_str(),
                   format_bytes(context_was).c_str());
     }
     if (o.ranks > 1) {
-      std::printf("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
+      say("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
     }
-    std::printf("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
+    say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
                 o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
     print_table(r, a.top);
-    std::printf(
+    say(
         "(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
         "bytes; each category's own peak: --format json, predicted.category_peaks)\n");
-    std::printf("\nrecommended: %s\n  predicted peak reserved %s, %s per step, %s tokens/s\n",
+    say("\nrecommended: %s\n  predicted peak reserved %s, %s per step, %s tokens/s\n",
                 rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
                 short_seconds(rec.predicted.step_seconds).c_str(),
                 short_rate(rec.predicted.tokens_per_second).c_str());
     const PeakFigures& pk = rec.predicted.peaks;
     // Per parameter: what the model's size sets (activation offload's room follows the batch).
     const std::size_t acts = pk.host_at_peak[category_index(Category::kActivation)];
-    std::printf("  pinned host memory: %s (%.1f bytes per parameter%s)%s\n",
+    say("  pinned host memory: %s (%.1f bytes per parameter%s)%s\n",
                 format_bytes(pk.host_pinned).c_str(),
                 static_cast<double>(pk.host_pinned - std::min(pk.host_pinned, acts)) /
                     static_cast<double>(o.spec.parameter_count()),
@@ -279,13 +282,20 @@ int run_plan(const PlanArgs& a) {
       parts += (parts.empty() ? "" : ", ") + std::string(category_name(static_cast<Category>(c))) +
                " " + format_bytes(pk.host_at_peak[c]);
     }
-    if (!parts.empty()) std::printf("    by category: %s\n", parts.c_str());
-    std::printf("  why: %s\n", rec.why.c_str());
+    if (!parts.empty()) say("    by category: %s\n", parts.c_str());
+    say("  why: %s\n", rec.why.c_str());
   }
   if (!a.out.empty()) {
-    rec.save(a.out);
-    // stderr when stdout carries JSON or YAML, so it stays parseable.
-    std::fprintf(a.format == "table" ? stdout : stderr, "plan written to %s\n", a.out.c_str());
+    std::vector<std::string> failed;
+    write_or_rescue(
+        "--out", a.out, false,
+        [&](const std::string& path) {
+          rec.save(path);
+          // stderr when stdout carries JSON or YAML, so it stays parseable.
+          say_to(a.format == "table" ? stdout : stderr, "plan written to %s\n", path.c_str());
+        },
+        failed);
+    finish_outputs(failed);
   }
   return 0;
 }
@@ -308,30 +318,44 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--host-budget", a->host_budget,
                   "pinned host memory a plan may take (offload); default: no limit, the host "
                   "bytes of each plan are printed");
-  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)");
+  cmd->add_option("--seq-len", a->seq_len, "tokens per sequence (default: the model's)")
+      ->check(exact_int64());
   cmd->add_option("--loss", a->loss,
                   "chunked (the loss's logits in chunks of rows, recomputed in the backward: "
                   "never more memory, one more head GEMM) | whole (all saved)")
       ->capture_default_str();
   cmd->add_option("--global-batch", a->global_batch,
-                  "throughput mode: the fastest plan for this many sequences per step");
+                  "throughput mode: the fastest plan for this many sequences per step")
+      ->check(exact_int64());
   cmd->add_option("--ranks", a->ranks, "data-parallel ranks (per-rank bytes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(exact_int64());
   cmd->add_option("--zero", a->zero, "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(exact_int64());
   cmd->add_flag("--calibrate", a->calibrate,
                 "fit the cost model from profiled steps on this machine instead of analytic");
   cmd->add_option("--format", a->format, "table | json | yaml (the recommended plan)")
       ->capture_default_str();
   cmd->add_option("--out", a->out, "write the recommended plan here (.yaml/.yml or .json)");
-  cmd->add_option("--top", a->top, "table rows to show (0: all)")->capture_default_str();
+  cmd->add_option("--top", a->top, "table rows to show (0: all)")
+      ->capture_default_str()
+      ->check(exact_int64());
   cmd->add_option("--alloc-conf", a->alloc_conf,
                   "allocator settings for the dry runs, MEMFIT_ALLOC_CONF syntax (default: the "
                   "variable)");
   cmd->add_flag("--measure-context", a->measure_context,
                 "CUDA builds with a GPU: measure what the CUDA context and cuBLASLt/cuDNN handles "
                 "take (cudaMemGetInfo) and use it instead of the device's context figure");
-  cmd->callback([a, &exit_code] {
+  cmd->callback([a, cmd, &exit_code] {
+    // A flag given as "" is a mistake, not "leave it out" (which would pick a default).
+    for (const char* flag : {"--model", "--device", "--budget", "--host-budget", "--out",
+                             "--alloc-conf", "--format", "--loss"}) {
+      if (cmd->count(flag) > 0 && cmd->get_option(flag)->as<std::string>().empty()) {
+        throw InvalidArgument(std::string(flag) +
+                              " \"\": an empty value; leave the flag out for its default");
+      }
+    }
     if (a->alloc_conf.empty()) {
       if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;
     }

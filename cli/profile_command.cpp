@@ -5,7 +5,9 @@
 #include <memory>
 #include <string>
 
+#include "cli/outputs.h"
 #include "cli/run_args.h"
+#include "cli/terminal_text.h"
 #include "core/text_dataset.h"
 #include "memory/size.h"
 #include "profiler/atomic_file.h"
@@ -29,6 +31,7 @@ TextDataset synthetic_data(std::int64_t seq_len) {
 
 int run_profile(const TrainArgs& a) {
   if (a.report.empty()) throw InvalidArgument("--out DIR is required");
+  const std::vector<OutputLock> held = claim_outputs({{"--out", a.report, /*dir=*/true}});
   Prepared prep = prepare(a);
   const RunSpec& p = prep.run;
   const std::int64_t seq_len = p.resolved_seq_len();
@@ -38,22 +41,26 @@ int run_profile(const TrainArgs& a) {
   // Plan vs measured whenever there is something to compare against: a plan, or a budget the
   // command line's policies must fit (a dry run says what they should take).
   predict(prep, a, !a.budget.empty());
-  ensure_writable_dir(a.report);
 
   const std::unique_ptr<RunSetup> run = open_run(prep, a, /*record=*/true);
-  std::printf("memfit profile: %s (%lld parameters), backend %s, %lld steps on %s\n",
+  say("memfit profile: %s (%lld parameters), backend %s, %lld steps on %s\n",
               p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
               run->runtime().name(), static_cast<long long>(a.steps), data.source().c_str());
   std::fflush(stdout);
   for (std::int64_t i = 1; i <= a.steps; ++i) {
     const Batch b = data.sample(p.batch, seq_len, run->trainer().rng());
     const StepResult r = train_step(*run, a, b);
-    std::printf("%s\n", progress_line(r, i, a.steps, static_cast<double>(r.tokens) / r.seconds,
+    say("%s\n", progress_line(r, i, a.steps, static_cast<double>(r.tokens) / r.seconds,
                                       run->trainer().scaler().enabled(), /*tty=*/false)
                             .c_str());
     std::fflush(stdout);
   }
-  write_report(finish_report(*run, prep, a.steps, "profile"), a.report, prep.formats);
+  const ProfileReport r = finish_report(*run, prep, a.steps, "profile");
+  std::vector<std::string> failed;
+  write_or_rescue(
+      "--out", a.report, true,
+      [&](const std::string& dir) { write_report(r, dir, prep.formats); }, failed);
+  finish_outputs(failed);
   return 0;
 }
 

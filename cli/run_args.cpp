@@ -1,4 +1,5 @@
 #include "cli/run_args.h"
+#include "cli/terminal_text.h"
 
 #include <algorithm>
 #include <charconv>
@@ -225,7 +226,7 @@ void require_text_vocab(const ModelSpec& spec, const std::string& where) {
 ModelSpec load_model(const std::string& name) {
   std::vector<std::string> notes;
   ModelSpec spec = ModelSpec::load(name, &notes);
-  for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  for (const std::string& n : notes) say_to(stderr, "note: %s\n", n.c_str());
   return spec;
 }
 
@@ -412,23 +413,23 @@ void print_plan_source(const char* command, const TrainArgs& a, const Prepared& 
   if (!p.src.plan) return;
   const Plan& pl = *p.src.plan;
   if (p.src.kind == "planner") {
-    std::printf("memfit %s: planned %s under %s on %s (%s): %zu plans fit\n", command,
+    say("memfit %s: planned %s under %s on %s (%s): %zu plans fit\n", command,
                 pl.model.name.c_str(), format_bytes(pl.budget).c_str(), pl.device.c_str(),
                 given(a, "--batch") ? "fastest for --batch" : "largest micro-batch",
                 p.src.feasible);
   } else {
-    std::printf("memfit %s: plan %s (made for %s on %s)\n", command, a.plan_file.c_str(),
+    say("memfit %s: plan %s (made for %s on %s)\n", command, a.plan_file.c_str(),
                 format_bytes(pl.budget).c_str(), pl.device.c_str());
   }
-  std::printf("  plan: %s; predicted peak reserved %s\n", pl.describe().c_str(),
+  say("  plan: %s; predicted peak reserved %s\n", pl.describe().c_str(),
               format_bytes(pl.predicted.peaks.reserved).c_str());
-  if (!pl.why.empty()) std::printf("  why: %s\n", pl.why.c_str());
+  if (!pl.why.empty()) say("  why: %s\n", pl.why.c_str());
 }
 
 std::unique_ptr<RunSetup> open_run(const Prepared& p, const TrainArgs& a, bool record) {
   try {
     auto run = std::make_unique<RunSetup>(p.run, RunSetupOptions{.record = record});
-    for (const std::string& n : run->notes()) std::printf("  (%s)\n", n.c_str());
+    for (const std::string& n : run->notes()) say("  (%s)\n", n.c_str());
     return run;
   } catch (const BudgetError& e) {
     throw InvalidArgument(budget_text(e, a, p.run));
@@ -492,7 +493,7 @@ ProfileReport finish_report(RunSetup& run, const Prepared& p, std::int64_t steps
 void write_report(const ProfileReport& r, const std::string& dir,
                   const std::vector<ExportFormat>& formats) {
   const std::vector<std::string> written = export_report(r, dir, formats);
-  std::printf("  report in %s:\n", dir.c_str());
+  say("  report in %s:\n", dir.c_str());
   for (std::size_t i = 0; i < written.size(); ++i) {
     static const char* const kOpensIn[] = {
         "the steps' and the whole run's peaks, plan vs measured, allocator stats",
@@ -501,31 +502,31 @@ void write_report(const ProfileReport& r, const std::string& dir,
         "pytorch.org/memory_viz",
         "a browser (any screen): chart with hover readout and zoom, tables",
     };
-    std::printf("    %-16s %s\n", export_file_name(formats[i]),
+    say("    %-16s %s\n", export_file_name(formats[i]),
                 kOpensIn[static_cast<int>(formats[i])]);
   }
-  std::printf("  DeepSpeed's see_memory_usage line: %s\n", see_memory_usage_line(r.stats).c_str());
+  say("  DeepSpeed's see_memory_usage line: %s\n", see_memory_usage_line(r.stats).c_str());
   const Recording& rec = r.recording;
   if (rec.peak.allocated > rec.steps_peak().allocated ||
       rec.peak_reserved > rec.steps_peak_reserved()) {
     const std::string_view phase = interned_name(rec.peak.phase);
-    std::printf("  whole run (setup included): peak reserved %s, allocated %s (%s)\n",
+    say("  whole run (setup included): peak reserved %s, allocated %s (%s)\n",
                 format_bytes(rec.peak_reserved).c_str(), format_bytes(rec.peak.allocated).c_str(),
                 phase.empty() ? "outside any phase" : std::string(phase).c_str());
   }
   if (r.plan.present) {
-    std::printf("  plan vs measured (the steps' peak): peak reserved %s predicted, %s measured",
+    say("  plan vs measured (the steps' peak): peak reserved %s predicted, %s measured",
                 format_bytes(r.plan.predicted_peak_reserved).c_str(),
                 format_bytes(rec.steps_peak_reserved()).c_str());
     if (r.plan.predicted_peak_reserved > 0) {
-      std::printf(" (measured/predicted %.3f)",
+      say(" (measured/predicted %.3f)",
                   static_cast<double>(rec.steps_peak_reserved()) /
                       static_cast<double>(r.plan.predicted_peak_reserved));
     }
-    std::printf("\n");
+    say("\n");
   }
   if (r.recording.dropped_events > 0 || r.recording.dropped_ranges > 0 || r.gpu_dropped > 0) {
-    std::printf("  dropped: %llu allocator events, %llu ranges, %llu GPU records (peaks exact)\n",
+    say("  dropped: %llu allocator events, %llu ranges, %llu GPU records (peaks exact)\n",
                 static_cast<unsigned long long>(r.recording.dropped_events),
                 static_cast<unsigned long long>(r.recording.dropped_ranges),
                 static_cast<unsigned long long>(r.gpu_dropped));

@@ -12,7 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include "cli/outputs.h"
 #include "cli/run_args.h"
+#include "cli/terminal_text.h"
 #include "core/text_dataset.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -49,6 +51,10 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     throw InvalidArgument("--formats " + a.formats +
                           " chooses the report's files: give --report DIR");
   }
+  // Before anything is computed: every target writable, and no other run writing it.
+  const std::vector<OutputLock> held = claim_outputs({{"--save", t.save},
+                                                      {"--summary-json", t.summary_json},
+                                                      {"--report", a.report, /*dir=*/true}});
   Prepared prep = prepare(a);
   const RunSpec& p = prep.run;
   const std::int64_t seq_len = p.resolved_seq_len();
@@ -58,17 +64,16 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   predict(prep, a);
   const std::optional<PeakFigures>& predicted = prep.predicted;
   const bool report = !a.report.empty();
-  if (report) ensure_writable_dir(a.report);  // before training: a bad directory costs nothing
 
   const std::unique_ptr<RunSetup> run = open_run(prep, a, report);
   Trainer& trainer = run->trainer();
   if (!t.resume.empty()) trainer.load(t.resume);
   const std::int64_t start = trainer.steps_attempted();
 
-  std::printf("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n",
+  say("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n",
               p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
               a.data.c_str(), static_cast<long long>(data.size()), run->runtime().name());
-  std::printf("  schedule %s, %s, loss scaling %s%s%s\n", trainer.schedule().name().c_str(),
+  say("  schedule %s, %s, loss scaling %s%s%s\n", trainer.schedule().name().c_str(),
               trainer.optimizer().name(), trainer.scaler().enabled() ? "on" : "off",
               p.alloc.budget ? (", budget " + format_bytes(p.alloc.budget)).c_str() : "",
               t.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
@@ -95,30 +100,42 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const std::string line =
         progress_line(r, start + i, start + a.steps, static_cast<double>(r.tokens) / r.seconds,
                       trainer.scaler().enabled(), tty);
-    std::printf(tty ? "\r%s\033[K" : "%s\n", line.c_str());
+    std::printf(tty ? "\r%s\033[K" : "%s\n", shown(line).c_str());  // raw: our own escapes
     std::fflush(stdout);
   }
-  if (tty) std::printf("\n");
-  if (!t.save.empty()) trainer.save(t.save);
+  if (tty) say("\n");
+  // Each output on its own: one that fails (a full disk) is written to the temp directory
+  // instead, and the others are still written (cli/outputs.h).
+  std::vector<std::string> failed;
+  std::string saved_to = t.save;
+  if (!t.save.empty()) {
+    write_or_rescue(
+        "--save", t.save, false,
+        [&](const std::string& path) {
+          trainer.save(path);
+          saved_to = path;
+        },
+        failed);
+  }
 
   const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;
-  std::printf("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n",
+  say("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n",
               losses.front(), losses.back(), static_cast<long long>(a.steps),
               static_cast<long long>(skipped), tps, seconds);
-  std::printf("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
+  say("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
               format_bytes(measured.allocated).c_str());
   if (predicted) {
-    std::printf(
+    say(
         "; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
         format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
         predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }
-  std::printf("\n  at the peak, by category:%s\n", predicted ? "    measured    predicted" : "");
+  say("\n  at the peak, by category:%s\n", predicted ? "    measured    predicted" : "");
   auto row = [&](const char* name, std::size_t m, std::size_t q) {
     if (m == 0 && (!predicted || q == 0)) return;
-    std::printf("    %-22s %12s", name, format_bytes(m).c_str());
-    if (predicted) std::printf(" %12s", format_bytes(q).c_str());
-    std::printf("\n");
+    say("    %-22s %12s", name, format_bytes(m).c_str());
+    if (predicted) say(" %12s", format_bytes(q).c_str());
+    say("\n");
   };
   for (std::size_t c = 0; c < kCategoryCount; ++c) {
     row(category_name(static_cast<Category>(c)), measured.at_peak[c],
@@ -130,8 +147,18 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const std::string name = std::string("  host ") + category_name(static_cast<Category>(c));
     row(name.c_str(), measured.host_at_peak[c], predicted ? predicted->host_at_peak[c] : 0);
   }
-  if (!t.save.empty()) std::printf("  state: %s\n", t.save.c_str());
-  if (report) write_report(finish_report(*run, prep, a.steps, "train"), a.report, prep.formats);
+  if (!t.save.empty()) say("  state: %s\n", saved_to.c_str());
+  std::string report_dir = a.report;
+  if (report) {
+    const ProfileReport r = finish_report(*run, prep, a.steps, "train");
+    write_or_rescue(
+        "--report", a.report, true,
+        [&](const std::string& dir) {
+          write_report(r, dir, prep.formats);
+          report_dir = dir;
+        },
+        failed);
+  }
 
   if (!t.summary_json.empty()) {
     nlohmann::json j;
@@ -183,12 +210,20 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
       if (prep.src.kind == "file") j["plan_file"] = a.plan_file;
     }
     j["allocator_stats"] = run->allocator().stats().as_map();
-    if (!t.save.empty()) j["saved_to"] = t.save;
+    if (!t.save.empty()) j["saved_to"] = saved_to;
     if (!t.resume.empty()) j["resumed_from"] = t.resume;
-    if (report) j["report_dir"] = a.report;
-    write_file_atomic(t.summary_json, j.dump(2) + "\n");
-    std::printf("  summary: %s\n", t.summary_json.c_str());
+    if (report) j["report_dir"] = report_dir;
+    // A file name need not be UTF-8: such bytes become U+FFFD rather than failing the dump.
+    const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    write_or_rescue(
+        "--summary-json", t.summary_json, false,
+        [&](const std::string& path) {
+          write_file_atomic(path, text);
+          say("  summary: %s\n", path.c_str());
+        },
+        failed);
   }
+  finish_outputs(failed);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 
 #include "memory/error.h"
 
@@ -28,32 +29,11 @@ std::string parent_of(const std::string& path) {
   return parent.empty() ? std::string(".") : parent.string();
 }
 
-// Closes the descriptor and removes the temporary unless released, so every early exit
-// (an exception included) cleans up.
-class TempFile {
- public:
-  TempFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!renamed_) ::unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
+WriteProbe g_probe = nullptr;
 
-  int fd() const { return fd_; }
-  // Closing can report a deferred write error (NFS): the caller checks it.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-  void renamed() { renamed_ = true; }
-
- private:
-  std::string path_;
-  int fd_;
-  bool renamed_ = false;
-};
+void probe(WriteStage stage, const std::string& path) {
+  if (g_probe != nullptr) g_probe(stage, path);
+}
 
 void fsync_dir(const std::string& dir, const std::string& path) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -84,31 +64,103 @@ int create_temp_beside(const std::string& path, std::string* tmp_path) {
   return fd;
 }
 
-void write_file_atomic(const std::string& path, std::string_view contents) {
-  if (path.empty()) throw InvalidArgument("write_file_atomic: empty file name");
-  const std::string dir = parent_of(path);
-  std::string tmp_path;
-  const int fd = create_temp_beside(path, &tmp_path);
-  TempFile tmp(tmp_path, fd);
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) throw InvalidArgument("atomic write: empty file name");
+  fd_ = create_temp_beside(path_, &tmp_);
+  probe(WriteStage::kCreated, path_);
+}
 
-  const char* p = contents.data();
-  std::size_t left = contents.size();
-  while (left > 0) {
-    const ssize_t n = ::write(tmp.fd(), p, left);
-    if (n < 0) {
+AtomicFile::AtomicFile(AtomicFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      tmp_(std::move(other.tmp_)),
+      fd_(other.fd_),
+      committed_(other.committed_) {
+  other.fd_ = -1;
+  other.committed_ = true;  // the moved-from object owns no temporary
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, std::size_t n) {
+  if (fd_ < 0) throw InvalidArgument("atomic write of '" + path_ + "': written after finish()");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0) {
       if (errno == EINTR) continue;
-      io_fail(path, "writing the temporary '" + tmp_path + "'", errno);
+      io_fail(path_, "writing the temporary '" + tmp_ + "'", errno);
     }
-    p += n;
-    left -= static_cast<std::size_t>(n);
+    p += w;
+    n -= static_cast<std::size_t>(w);
   }
-  if (::fsync(tmp.fd()) != 0) io_fail(path, "syncing the temporary '" + tmp_path + "'", errno);
-  if (tmp.close() != 0) io_fail(path, "closing the temporary '" + tmp_path + "'", errno);
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    io_fail(path, "renaming '" + tmp_path + "' into place", errno);
+  probe(WriteStage::kWrote, path_);
+}
+
+void AtomicFile::finish(bool sync) {
+  if (fd_ < 0) return;
+  if (sync && ::fsync(fd_) != 0) io_fail(path_, "syncing the temporary '" + tmp_ + "'", errno);
+  // Closing can report a deferred write error (NFS).
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) io_fail(path_, "closing the temporary '" + tmp_ + "'", errno);
+  probe(WriteStage::kSynced, path_);
+}
+
+void AtomicFile::commit(bool sync) {
+  if (committed_) return;
+  finish(sync);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    io_fail(path_, "renaming '" + tmp_ + "' into place", errno);
   }
-  tmp.renamed();
-  fsync_dir(dir, path);
+  committed_ = true;
+  probe(WriteStage::kRenamed, path_);
+  if (sync) fsync_dir(parent_of(path_), path_);
+  probe(WriteStage::kDirSynced, path_);
+}
+
+void AtomicFileSet::stage(const std::string& path, std::string_view contents) {
+  AtomicFile f(path);
+  f.write(contents);
+  f.finish();
+  files_.push_back(std::move(f));
+}
+
+void AtomicFileSet::commit() {
+  for (AtomicFile& f : files_) f.commit();
+  files_.clear();
+}
+
+void write_file_atomic(const std::string& path, std::string_view contents) {
+  AtomicFile f(path);
+  f.write(contents);
+  f.commit();
+}
+
+void set_write_probe(WriteProbe p) { g_probe = p; }
+
+void check_writable_file(const std::string& path, std::string_view what) {
+  const std::string label = std::string(what) + " '" + path + "'";
+  if (path.empty()) throw InvalidArgument(std::string(what) + ": an empty file name");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InvalidArgument(label + " is a directory; valid: a file name");
+  }
+  const std::string dir = parent_of(path);
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InvalidArgument(label + ": its directory '" + dir + "' does not exist");
+  }
+  std::string tmp;
+  int fd = -1;
+  try {
+    fd = create_temp_beside(path, &tmp);
+  } catch (const IoError& e) {
+    throw InvalidArgument(label + " cannot be written: " + e.what());
+  }
+  ::close(fd);
+  ::unlink(tmp.c_str());
 }
 
 void ensure_writable_dir(const std::string& dir) {

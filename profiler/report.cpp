@@ -152,6 +152,9 @@ std::vector<std::string> export_report(const ProfileReport& report, const std::s
     }
   }
   ensure_writable_dir(dir);
+  // Every file is written and synced before any replaces its old version: a failure on the
+  // last (a full disk) leaves the whole earlier report as it was (profiler/atomic_file.h).
+  AtomicFileSet files;
   std::vector<std::string> written;
   for (ExportFormat f : formats) {
     std::string text;
@@ -173,9 +176,10 @@ std::vector<std::string> export_report(const ProfileReport& report, const std::s
         break;
     }
     const std::string path = dir + "/" + export_file_name(f);
-    write_file_atomic(path, text);
+    files.stage(path, text);
     written.push_back(path);
   }
+  files.commit();
   return written;
 }
 

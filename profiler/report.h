@@ -35,8 +35,9 @@
 //                           bands, hover readout and zoom, pinned host bytes on the same time
 //                           axis, per-block table, plan vs measured, allocator stats
 // Pinned host memory is offload's (profiler/host_region.h), as the Recording has it.
-// Every file is written to "<name>.tmp.<pid>" in `dir` and renamed into place, so a failure
-// leaves no partial file and never truncates an earlier report (profiler/atomic_file.h).
+// Every file is written and synced to a fresh temporary in `dir` before any is renamed into
+// place (AtomicFileSet, profiler/atomic_file.h), so a failure leaves the earlier report exactly
+// as it was and no partial file under a report's name.
 //
 // Errors (InvalidArgument, before anything is written): unknown format names (the message
 // lists the valid ones), an empty list, `dir` not creatable or not writable (names the path
