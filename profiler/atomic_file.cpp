@@ -145,8 +145,14 @@ void check_writable_file(const std::string& path, std::string_view what) {
   const std::string label = std::string(what) + " '" + path + "'";
   if (path.empty()) throw InvalidArgument(std::string(what) + ": an empty file name");
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st)) {
     throw InvalidArgument(label + " is a directory; valid: a file name");
+  }
+  // A device, FIFO or socket would be replaced by the rename (as root, /dev/null itself).
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    throw InvalidArgument(label + " exists and is not a regular file (a device, FIFO or "
+                          "socket); valid: a regular file or a new name");
   }
   const std::string dir = parent_of(path);
   if (!std::filesystem::is_directory(dir, ec)) {

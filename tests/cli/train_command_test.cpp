@@ -12,8 +12,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "memory/size.h"
+#include "profiler/output_lock.h"
 #include "tests/cli/cli_testutil.h"
 
 namespace {
@@ -309,4 +311,65 @@ TEST(TrainCommand, OutOfRangeZeroAndEmptyFlagValuesAreErrorsNamingTheFlag) {
     EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "trained: " << r.output;
   }
   std::filesystem::remove_all(dir);
+}
+
+// ---- outputs (issue 17) ----------------------------------------------------------------------
+
+TEST(TrainCommand, ASecondRunWritingTheSameStateRefusesBeforeTraining) {
+  const std::string st = tmp("locked.mfstate");
+  const memfit::OutputLock held(st, "--save");  // as a run already writing it holds it
+  const ProgramRun r = run_memfit(base_args(2) + " --save " + st);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--save '" + st + "' is being written by another process"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << "it trained first:\n" << r.output;
+  EXPECT_FALSE(std::filesystem::exists(st));
+}
+
+TEST(TrainCommand, BadTargetsAreRefusedBeforeTheFirstStep) {
+  for (const std::string& flags : std::vector<std::string>{
+           " --save " + testing::TempDir(), " --summary-json /dev/null",
+           " --save " + tmp("missing_dir") + "/x.mfstate", " --report /dev/null/r"}) {
+    const ProgramRun r = run_memfit(base_args(2) + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << flags << "\n" << r.output;
+  }
+}
+
+TEST(TrainCommand, AnOutputThatFailsAfterTrainingDoesNotCostTheOthers) {
+  // A file-size limit the state file passes (the shell ignores SIGXFSZ, so the write fails
+  // with EFBIG): the state cannot be saved anywhere, but the small summary is written and
+  // the exit status and message say what was lost.
+  const std::string st = tmp("big.mfstate");
+  const std::string js = tmp("after_fail.json");
+  const std::string cmd = "trap '' XFSZ; ulimit -f 16; " + memfit_binary() + " " + base_args(1) +
+                          " --save " + st + " --summary-json " + js + " 2>&1";
+  FILE* p = popen(("bash -c \"" + cmd + "\"").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("step 1/1"), std::string::npos) << out;
+  EXPECT_NE(out.find("not every output could be written"), std::string::npos) << out;
+  EXPECT_NE(out.find("--save '" + st + "'"), std::string::npos) << out;
+  EXPECT_NE(out.find("failed too"), std::string::npos) << out;  // the rescue hit the limit too
+  EXPECT_FALSE(std::filesystem::exists(st));
+  const nlohmann::json j = read_json(js);  // written, after the failed save
+  EXPECT_EQ(j["steps"], 1);
+}
+
+TEST(TrainCommand, TextFromFilesCannotDriveTheTerminal) {
+  const std::string m = tmp("escape_model.yaml");
+  std::ofstream(m) << "model:\n  kind: gpt\n  name: \"evil\\e[2J\\e]0;pwned\\a\"\n  vocab: 256\n"
+                      "  seq_len: 32\n  layers: 2\n  hidden: 32\n  heads: 4\n  mlp_ratio: 4\n";
+  const ProgramRun r = run_memfit("train --model " + m + " --data " + kCorpus +
+                                  " --steps 1 --batch 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << "a raw ESC reached the terminal";
+  EXPECT_EQ(r.output.find('\a'), std::string::npos);
+  EXPECT_NE(r.output.find("evil\\x1b[2J\\x1b]0;pwned\\x07"), std::string::npos) << r.output;
 }
