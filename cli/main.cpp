@@ -17,6 +17,11 @@ int main(int argc, char** argv) {
   CLI::App app{"memfit: fit neural-network training into a memory budget"};
   app.set_version_flag("--version", "memfit 0.1.0");
   app.require_subcommand(1);
+  // A flag CLI11 refuses reads like every other error (and is escaped like them).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "memfit: error: " + memfit::cli::shown(e.what()) +
+           "\nRun with --help for more information.\n";
+  });
   int exit_code = 0;
   memfit::cli::add_train_command(app, exit_code);
   memfit::cli::add_plan_command(app, exit_code);

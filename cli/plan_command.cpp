@@ -329,10 +329,10 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(exact_int64());
   cmd->add_option("--ranks", a->ranks, "data-parallel ranks (per-rank bytes)")
       ->capture_default_str()
-      ->check(exact_int64());
+      ->check(exact_int32());
   cmd->add_option("--zero", a->zero, "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads)")
       ->capture_default_str()
-      ->check(exact_int64());
+      ->check(exact_int32());
   cmd->add_flag("--calibrate", a->calibrate,
                 "fit the cost model from profiled steps on this machine instead of analytic");
   cmd->add_option("--format", a->format, "table | json | yaml (the recommended plan)")

@@ -54,6 +54,7 @@ CLI::Validator exact_integer(const char* desc) {
 
 }  // namespace
 
+CLI::Validator exact_int32() { return exact_integer<std::int32_t>("INT"); }
 CLI::Validator exact_int64() { return exact_integer<std::int64_t>("INT"); }
 CLI::Validator exact_uint64() { return exact_integer<std::uint64_t>("UINT"); }
 
@@ -179,8 +180,12 @@ void check_common(const TrainArgs& a) {
                             "default)");
     }
   }
-  if (!std::isfinite(a.lr) || a.lr < 0) {
-    throw InvalidArgument("--lr " + std::to_string(a.lr) + " must be a finite value >= 0");
+  // Past 1e6 AdamW's step size stops being a number worth training with (1e308 overflows it
+  // to -inf); std::to_string would print 1e308 as 309 digits, so the text is %g.
+  if (!std::isfinite(a.lr) || a.lr < 0 || a.lr > 1e6) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", a.lr);
+    throw InvalidArgument(std::string("--lr ") + text + "; valid: a learning rate in [0, 1e6]");
   }
   if (!std::isfinite(a.max_grad_norm) || a.max_grad_norm < 0) {
     throw InvalidArgument("--clip-grad-norm " + std::to_string(a.max_grad_norm) +

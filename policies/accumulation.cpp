@@ -8,10 +8,6 @@
 namespace memfit {
 namespace {
 
-// A vector of micro-batch sizes is held in memory; beyond this many the request is a mistake
-// (a batch of 2^31 micro-batches would take days per step), not a plan.
-constexpr std::int64_t kMaxMicroBatches = std::int64_t{1} << 31;
-
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 // K micro-batches of ceil(B / K), the last holding what is left: it must hold at least one.
@@ -24,7 +20,7 @@ bool splits(std::int64_t batch, std::int64_t accum) {
 
 }  // namespace
 
-std::vector<std::int64_t> split_batch(std::int64_t batch, std::int64_t accum) {
+Split split_shape(std::int64_t batch, std::int64_t accum) {
   const std::string call =
       "split_batch(batch = " + std::to_string(batch) + ", accum = " + std::to_string(accum) + ")";
   if (batch < 1) bad(call + ": batch must be >= 1");
@@ -49,12 +45,10 @@ std::vector<std::int64_t> split_batch(std::int64_t batch, std::int64_t accum) {
         "), or another accumulation count");
   }
   const std::int64_t m = ceil_div(batch, accum);
-  std::vector<std::int64_t> out(static_cast<std::size_t>(accum), m);
-  out.back() = batch - (accum - 1) * m;
-  return out;
+  return {m, accum, batch - (accum - 1) * m};
 }
 
-std::vector<std::int64_t> micro_batch_split(std::int64_t batch, std::int64_t micro) {
+Split micro_batch_shape(std::int64_t batch, std::int64_t micro) {
   const std::string call = "micro_batch_split(batch = " + std::to_string(batch) +
                            ", micro = " + std::to_string(micro) + ")";
   if (batch < 1) bad(call + ": batch must be >= 1");
@@ -64,9 +58,21 @@ std::vector<std::int64_t> micro_batch_split(std::int64_t batch, std::int64_t mic
     bad(call + ": " + std::to_string(count) + " micro-batches; valid: at most " +
         std::to_string(kMaxMicroBatches) + " (a larger micro)");
   }
-  std::vector<std::int64_t> out(static_cast<std::size_t>(count), micro);
-  out.back() = batch - (count - 1) * micro;
+  return {micro, count, batch - (count - 1) * micro};
+}
+
+std::vector<std::int64_t> sizes_of(const Split& s) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(s.count), s.size);
+  out.back() = s.last;
   return out;
+}
+
+std::vector<std::int64_t> split_batch(std::int64_t batch, std::int64_t accum) {
+  return sizes_of(split_shape(batch, accum));
+}
+
+std::vector<std::int64_t> micro_batch_split(std::int64_t batch, std::int64_t micro) {
+  return sizes_of(micro_batch_shape(batch, micro));
 }
 
 }  // namespace memfit

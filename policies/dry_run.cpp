@@ -15,6 +15,8 @@ namespace memfit {
 
 namespace {
 
+constexpr std::int64_t kMaxDryMicroBatches = 64;
+
 struct Work {
   double gemm_flops = 0;
   double bytes = 0;
@@ -24,13 +26,17 @@ Work work_of(const MetaStats& s) {
   return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved())};
 }
 
-// Watches the allocator between micro-batches: once two full ones in a row take no segment
-// from the provider, return none and leave the allocator's counters where the one before
-// left them, the rest would repeat them. One is not enough: the small-block free cache and a
-// tight budget's release-and-retry can change the next micro-batch's layout (a proof test
-// caught a third micro-batch that ran out of memory where the second fitted).
+// Watches the allocator between micro-batches: once the full ones take no segment from the
+// provider and the allocator's counters repeat with a period p (1, or 2 when a tight budget
+// alternates between two layouts, ...) for two periods in a row, the rest would repeat them,
+// and skipping a multiple of p of them leaves the allocator where the skipped ones would have.
+// One quiet micro-batch is not enough: the small-block free cache and a tight budget's
+// release-and-retry can change the next micro-batch's layout (a proof test caught a third
+// micro-batch that ran out of memory where the second fitted).
 class RepeatWatch {
  public:
+  static constexpr int kMaxPeriod = 4;
+
   RepeatWatch(const CachingAllocator& alloc, const NullProvider& device, const MetaBackend& meta)
       : alloc_(alloc), device_(device), meta_(meta) {}
 
@@ -39,24 +45,35 @@ class RepeatWatch {
     calls_ = provider_calls();
     before_ = work_of(meta_.stats());
     quiet_ = 0;
+    history_.clear();
   }
 
-  // After a full micro-batch: true when the rest may be skipped.
-  bool settled() {
+  // After a full micro-batch: the period the allocator repeats with, or 0 while it does not.
+  int period() {
     const Work now = work_of(meta_.stats());
     last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes};
     before_ = now;
     const AllocatorStats st = alloc_.stats();
-    const std::array<std::int64_t, 5> sig{
+    const Signature sig{
         st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
         st.active_bytes[kStatAll].current, st.inactive_split_bytes[kStatAll].current,
         st.num_alloc_retries};
     const std::int64_t calls = provider_calls();
-    const bool no_calls = calls == calls_;
+    quiet_ = calls == calls_ ? quiet_ + 1 : 0;
     calls_ = calls;
-    quiet_ = no_calls && (quiet_ == 0 || sig == sig_) ? quiet_ + 1 : 0;
-    sig_ = sig;
-    return quiet_ >= 2;
+    history_.push_back(sig);
+    if (history_.size() > 2 * kMaxPeriod) history_.erase(history_.begin());
+    const auto n = static_cast<int>(history_.size());
+    for (int p = 1; p <= kMaxPeriod; ++p) {
+      if (quiet_ < 2 * p || n < 2 * p) continue;
+      bool repeats = true;
+      for (int i = 1; i <= p && repeats; ++i) {
+        repeats = history_[static_cast<std::size_t>(n - i)] ==
+                  history_[static_cast<std::size_t>(n - i - p)];
+      }
+      if (repeats) return p;
+    }
+    return 0;
   }
 
   Work last_micro_batch() const { return last_; }
@@ -68,8 +85,9 @@ class RepeatWatch {
   const NullProvider& device_;
   const MetaBackend& meta_;
   std::int64_t calls_ = 0;
+  using Signature = std::array<std::int64_t, 5>;
   int quiet_ = 0;
-  std::array<std::int64_t, 5> sig_{};
+  std::vector<Signature> history_;
   Work before_, last_;
 };
 
@@ -81,7 +99,19 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
     throw InvalidArgument("dry_run: steps = " + std::to_string(steps) + "; valid: 1 or 2");
   }
   const std::int64_t seq_len = run.resolved_seq_len();
-  const std::vector<std::int64_t> sizes = run.trainer.policy.micro_batches(run.batch);
+  const Split split = run.trainer.policy.split(run.batch);
+  // A step of more than kMaxDryMicroBatches micro-batches runs as one of that many (the same
+  // micro-batch size and last micro-batch): the allocator settles within a few and the rest
+  // repeat them, so the peaks are the same and the work is extrapolated, in time and memory
+  // independent of the batch (a planner may ask for a global batch of 10^12).
+  TrainerOptions options = run.trainer;
+  std::int64_t samples = run.batch;
+  if (split.count > kMaxDryMicroBatches) {
+    options.policy.accum = 0;
+    options.policy.micro_batch = split.size;
+    samples = (kMaxDryMicroBatches - 1) * split.size + split.last;
+  }
+  const std::int64_t count = split.count;
 
   MetaBackend meta;
   NullProvider device;
@@ -100,33 +130,45 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
   bool in_step = false;
   try {
     Model model(run.model, ctx, Trainer::placement(run.trainer.policy));
-    Trainer trainer(model, ctx, run.trainer, &host);
+    Trainer trainer(model, ctx, options, &host);
     r.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
     r.host_pinned = trainer.host_bytes();
 
     RepeatWatch watch(alloc, device, meta);
     std::int64_t skipped = 0;
+    bool settled = false;
     trainer.set_repeat_check([&](std::int64_t m) {
-      if (!watch.settled()) return false;
-      skipped = static_cast<std::int64_t>(sizes.size()) - 2 - m;
+      const int p = watch.period();
+      // Skipping to the last micro-batch passes count - 2 - m full ones: a whole number of
+      // periods, or wait for the next micro-batch.
+      if (p == 0 || (count - 2 - m) % p != 0) return false;
+      settled = true;
+      skipped = count - 2 - m;  // of the whole step's micro-batches
       return true;
     });
     Batch b;
-    b.batch = run.batch;
+    b.batch = samples;
     b.seq_len = seq_len;
-    b.tokens.assign(static_cast<std::size_t>(run.batch * seq_len), 0);
+    b.tokens.assign(static_cast<std::size_t>(samples * seq_len), 0);
     b.targets = b.tokens;
     in_step = true;
     meta.reset_stats();
     watch.start();
     const StepResult s = trainer.step(b);
+    if (count > kMaxDryMicroBatches && !settled) {
+      throw InvalidArgument(
+          "dry run of " + std::to_string(count) + " micro-batches: the allocator did not settle "
+          "into a repeating state within " + std::to_string(kMaxDryMicroBatches) +
+          ", so the step cannot be predicted from a shorter one; valid: at most " +
+          std::to_string(kMaxDryMicroBatches) + " micro-batches (a larger micro-batch)");
+    }
     r.fits = true;
     r.step = s.peaks;
     const Work total = work_of(meta.stats());
     const Work repeat = watch.last_micro_batch();
     r.gemm_flops = total.gemm_flops + repeat.gemm_flops * static_cast<double>(skipped);
     r.bytes_moved = total.bytes + repeat.bytes * static_cast<double>(skipped);
-    r.micro_batches_run = static_cast<std::int64_t>(sizes.size()) - skipped;
+    r.micro_batches_run = count - skipped;
     if (steps == 2) {
       // From the cache the first step left: where every later step starts.
       watch.start();

@@ -21,6 +21,9 @@ namespace memfit {
 
 namespace {
 
+// ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b near INT64_MAX.
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 // One (dtype, checkpointing, offload) combination and what the search found for it.
 struct Combo {
   Combo(DType d, Checkpointing c, OffloadSwitches o) : dtype(d), ck(std::move(c)), offload(o) {}
@@ -388,7 +391,7 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     for (std::int64_t b = 1; b <= m; b *= 2) cand.push_back(b);
     const std::int64_t parts = optimal ? 8 : 512;
     for (std::int64_t k = 1; k <= parts; ++k) {
-      const std::int64_t b = (per_rank + k - 1) / k;
+      const std::int64_t b = ceil_div(per_rank, k);
       if (b <= m) cand.push_back(b);
     }
     cand.push_back(m);
@@ -405,7 +408,8 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
   pol.offload = combo.offload;
   pol.loss = c.o.loss;
   for (std::int64_t b : cand) {
-    const std::int64_t accum = (per_rank + b - 1) / b;
+    const std::int64_t accum = ceil_div(per_rank, b);
+    if (accum > kMaxMicroBatches) continue;  // past what a step may hold (accumulation.h)
     Schedule sched;
     if (optimal) {
       const auto& f = s.at(b);
@@ -422,7 +426,7 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
   // The best few confirmed with their real accumulation (an uneven last micro-batch included).
   for (std::size_t i = 0; i < timed.size() && i < 4; ++i) {
     const std::int64_t b = timed[i].micro;
-    const std::int64_t accum = (per_rank + b - 1) / b;
+    const std::int64_t accum = ceil_div(per_rank, b);
     const std::int64_t last = per_rank - (accum - 1) * b;
     Schedule sched;
     const std::int64_t uneven = last == b ? 0 : last;
@@ -431,6 +435,12 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     const std::optional<DryRunResult> r = s.confirm(b, accum, uneven, sched);
     if (!r) continue;
     combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
+    return;
+  }
+  if (ceil_div(per_rank, m) > kMaxMicroBatches) {
+    combo.infeasible = combo.name() + ": a per-rank batch of " + std::to_string(per_rank) +
+                       " needs more than " + std::to_string(kMaxMicroBatches) +
+                       " micro-batches of at most " + std::to_string(m);
     return;
   }
   combo.infeasible =

@@ -191,9 +191,14 @@ void MemoryPolicy::validate() const {
 }
 
 std::vector<std::int64_t> MemoryPolicy::micro_batches(std::int64_t batch) const {
-  if (accum > 0) return split_batch(batch, accum);
-  if (micro_batch > 0) return micro_batch_split(batch, micro_batch);
-  return {batch};
+  return sizes_of(split(batch));
+}
+
+Split MemoryPolicy::split(std::int64_t batch) const {
+  if (accum > 0) return split_shape(batch, accum);
+  if (micro_batch > 0) return micro_batch_shape(batch, micro_batch);
+  if (batch < 1) throw InvalidArgument("batch " + std::to_string(batch) + " must be >= 1");
+  return {batch, 1, batch};
 }
 
 std::string MemoryPolicy::describe() const {

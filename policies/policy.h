@@ -31,6 +31,7 @@
 #include "core/dtype.h"
 #include "core/layers/lm_head.h"  // LossMode
 #include "core/schedule.h"
+#include "policies/accumulation.h"
 
 namespace memfit {
 
@@ -117,8 +118,10 @@ struct MemoryPolicy {
   // InvalidArgument: a negative micro-batch or accumulation count, both given, delayed update,
   // gradient or weight offload without optimizer offload, weight offload with delayed update.
   void validate() const;
-  // The micro-batch sizes of one step of `batch` samples (policies/accumulation.h's splits).
+  // The micro-batch sizes of one step of `batch` samples (policies/accumulation.h's splits);
+  // split(): the same as {size, count, last}, in O(1).
   std::vector<std::int64_t> micro_batches(std::int64_t batch) const;
+  Split split(std::int64_t batch) const;
   // One line: "bf16, checkpoint every:2, offload optimizer, micro-batch 4" (", whole logits"
   // when loss is kWhole).
   std::string describe() const;

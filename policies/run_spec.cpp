@@ -13,7 +13,7 @@ void RunSpec::validate() const {
   checked_mul(
       checked_mul(static_cast<std::size_t>(batch), static_cast<std::size_t>(t), "batch * seq_len"),
       sizeof(std::int32_t), "batch * seq_len token bytes");
-  (void)trainer.policy.micro_batches(batch);  // an accumulation count the batch cannot take
+  (void)trainer.policy.split(batch);  // an accumulation count the batch cannot take
   (void)trainer.policy.checkpoint.schedule(static_cast<int>(model.layers));
 }
 

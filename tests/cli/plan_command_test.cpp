@@ -257,6 +257,12 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
       {"--model gpt2 --device h100-80g --ranks 0", {"--ranks 0"}},
       {"--device h100-80g", {"--model", "gpt2-large"}},
       {"--model gpt2", {"--device", "v100-32g"}},
+      // Issue 17: huge or empty values are errors naming the flag, never clamped or wrapped.
+      {"--model gpt-tiny --device cpu --budget 64MiB --global-batch 9223372036854775807",
+       {"9223372036854775807", "2147483648 micro-batches"}},
+      {"--model gpt2 --device h100-80g --seq-len 99999999999999999999", {"--seq-len"}},
+      {"--model gpt2 --device h100-80g --ranks 99999999999999999999", {"--ranks"}},
+      {"--model gpt2 --device h100-80g --budget ''", {"--budget", "empty"}},
   };
   for (const Case& c : cases) {
     std::ofstream(out) << "sentinel\n";
@@ -276,6 +282,19 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
   EXPECT_TRUE(contains(r.output, ".yaml")) << r.output;
   EXPECT_FALSE(std::ifstream(txt).good());
   for (const auto& p : {out, bad_yaml, bad_model}) std::remove(p.c_str());
+}
+
+// The planner's time does not grow with --global-batch (it grew linearly: 10^6 took 100 s).
+TEST(PlanCommand, AHugeGlobalBatchPlansAsFastAsASmallOne) {
+  const ProgramRun r = run_memfit(
+      "plan --model gpt-tiny --device cpu --budget 64MiB --global-batch 1000000000 --format json",
+      false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  const nlohmann::json& rec = j["recommended"];
+  EXPECT_EQ(rec["global_batch"], 1000000000);
+  EXPECT_EQ(rec["micro_batch"].get<std::int64_t>() * rec["accum_steps"].get<std::int64_t>(),
+            1000000000);
 }
 
 TEST(DevicesCommand, ListsEveryDevicePresetAndTheModels) {

@@ -232,6 +232,8 @@ TEST(TrainCommand, BadInputIsAClearErrorWithExitCode2) {
       {"train --model gpt5 --data " + kCorpus + " --steps 1", "gpt5"},
       {"train --model gpt-micro --data " + kCorpus + " --steps 1", "vocab"},
       {base_args(1) + " --resume " + tmp("nothing.mfstate"), "nothing.mfstate"},
+      {base_args(1) + " --lr 1e308", "--lr 1e+308; valid: a learning rate in [0, 1e6]"},
+      {base_args(1) + " --steps 99999999999999999999", "memfit: error: --steps"},
   };
   for (const Case& c : cases) {
     const ProgramRun r = run_memfit(c.args);

@@ -80,5 +80,33 @@ TEST(MicroBatchSplit, Cases) {
   EXPECT_THROW(micro_batch_split(std::numeric_limits<std::int64_t>::max(), 1), InvalidArgument);
 }
 
+// The O(1) shapes describe exactly the vectors, and reach sizes no vector could hold.
+TEST(SplitShape, DescribesTheSplitsWithoutTheVector) {
+  for (std::int64_t b = 1; b <= 40; ++b) {
+    for (std::int64_t k = 1; k <= b; ++k) {
+      try {
+        EXPECT_EQ(sizes_of(split_shape(b, k)), split_batch(b, k)) << b << " / " << k;
+      } catch (const InvalidArgument&) {
+        EXPECT_THROW(split_batch(b, k), InvalidArgument);
+      }
+      EXPECT_EQ(sizes_of(micro_batch_shape(b, k)), micro_batch_split(b, k)) << b << " by " << k;
+    }
+  }
+  const std::int64_t big = std::int64_t{1} << 40;
+  EXPECT_EQ(micro_batch_shape(big + 5, 1024), (Split{1024, (big >> 10) + 1, 5}));
+  EXPECT_EQ(split_shape(big, 1 << 20), (Split{big >> 20, 1 << 20, big >> 20}));
+  // Past kMaxMicroBatches: an error naming the limit, never a clamp or an overflow.
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  try {
+    micro_batch_shape(max, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(kMaxMicroBatches)), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(micro_batch_shape(max, max), (Split{max, 1, max}));
+  EXPECT_EQ(micro_batch_shape(max, max / 2).count, 3);
+}
+
 }  // namespace
 }  // namespace memfit

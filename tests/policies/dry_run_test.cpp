@@ -10,6 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -367,6 +370,45 @@ TEST(DryRun, WorkCountsCoverEveryMicroBatchAndTheUnevenLastOne) {
   EXPECT_DOUBLE_EQ(uneven.gemm_flops, 2 * one.gemm_flops + single.gemm_flops);
   // Accumulating changes no peak: the gradients are there either way.
   EXPECT_EQ(five.step.reserved, one.step.reserved);
+}
+
+// A step of more micro-batches than the dry run runs (it runs at most 64 and extrapolates the
+// repeats): peaks still equal a real step's, under no budget and under one so tight that the
+// allocator releases and retries; and a step of 10^9 micro-batches is predicted in the time
+// of a few (the planner's --global-batch may be any size).
+TEST(DryRun, ManyMicroBatchesArePredictedExactlyInBoundedTime) {
+  const ModelSpec gpt = small_gpt(2);
+  for (const Case& c : {Case{gpt, DType::kBF16, Checkpointing::all(), true, 1, 0, 100, 8},
+                        Case{gpt, DType::kF16, Checkpointing::none(), false, 1, 0, 100, 8},
+                        Case{gpt, DType::kF32, Checkpointing::every(2), true, 0, 90, 90, 8, true}}) {
+    const DryRunResult free_run = dry_run(c.run(0), 2);
+    EXPECT_LT(free_run.micro_batches_run, 64) << c.str();
+    expect_same_peaks(c, free_run, real_step(c, 0));
+    // Tight: the smallest budget the setup and one micro-batch fit in, plus a little.
+    Case one = c;
+    one.batch = 1;
+    one.accum = c.accum > 0 ? 1 : 0;
+    const DryRunResult small = dry_run(one.run(0), 2);
+    const std::size_t budget = std::max(small.step.reserved, small.setup_peak_reserved) + 2 * kMiB;
+    const DryRunResult tight = dry_run(c.run(budget), 2);
+    const Measured m = real_step(c, budget);
+    ASSERT_EQ(tight.fits, m.step.has_value()) << c.str() << ": " << tight.failure << m.oom;
+    if (tight.fits) expect_same_peaks(c, tight, m);
+  }
+  Case huge{gpt, DType::kBF16, Checkpointing::all(), true, 1, 0, 1'000'000'000, 8};
+  Case single = huge;
+  single.batch = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const DryRunResult d = dry_run(huge.run(0));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(d.fits) << d.failure;
+  EXPECT_LE(d.micro_batches_run, 64);
+  EXPECT_NEAR(d.gemm_flops / dry_run(single.run(0)).gemm_flops, 1e9, 1.0);
+  EXPECT_EQ(d.step.reserved, dry_run(Case{huge.spec, huge.dtype, huge.checkpoint, true, 1, 0, 100,
+                                          8}.run(0)).step.reserved);
+  std::printf("a dry run of 10^9 micro-batches: %.3f s, %lld run\n", seconds,
+              static_cast<long long>(d.micro_batches_run));
 }
 
 TEST(DryRun, OffloadKeepsNoOptimizerStateOnTheDeviceAndSaysWhatTheHostHolds) {
