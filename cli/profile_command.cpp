@@ -37,6 +37,7 @@ int run_profile(const TrainArgs& a) {
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data = a.data.empty() ? synthetic_data(seq_len) : TextDataset(a.data);
   data.require_seq_len(seq_len);
+  check_fits_machine(prep, a);  // before anything is allocated
   print_plan_source("profile", a, prep);
   // Plan vs measured whenever there is something to compare against: a plan, or a budget the
   // command line's policies must fit (a dry run says what they should take).

@@ -15,6 +15,7 @@
 #include "policies/device_spec.h"
 #include "policies/dry_run.h"
 #include "policies/planner.h"
+#include "policies/runtime_env.h"
 #include "profiler/atomic_file.h"
 
 namespace memfit::cli {
@@ -412,6 +413,55 @@ void predict(Prepared& p, const TrainArgs& a, bool want) {
     unbudgeted.alloc.budget = 0;
     p.predicted = dry_run(unbudgeted).step;
   }
+}
+
+void check_fits_machine(const Prepared& p, const TrainArgs& a) {
+  if (p.run.device != DeviceKind::kCpu || p.run.alloc.budget > 0) return;
+  const HostMemory mem = host_memory();
+  if (mem.available == 0) return;  // /proc/meminfo unreadable: nothing to check against
+  // The same margin the host budget keeps (policies/runtime_env.h): filling the machine to the
+  // last byte stalls or kills it.
+  const std::size_t margin = std::max(kGiB, mem.total / 10);
+  const std::size_t usable = mem.available > margin ? mem.available - margin : 0;
+  RunSpec unbudgeted = p.run;
+  unbudgeted.alloc.budget = 0;
+  const DryRunResult d = dry_run(unbudgeted);
+  const std::size_t tokens = 2 * sizeof(std::int32_t) * static_cast<std::size_t>(p.run.batch) *
+                             static_cast<std::size_t>(p.run.resolved_seq_len());
+  const std::size_t need =
+      std::max(d.step.reserved, d.setup_peak_reserved) + d.host_pinned + tokens;
+  if (need <= usable) return;
+  std::string msg = p.run.describe() + " needs " + format_bytes(need) +
+                    " on the cpu backend (a dry run of one step: " +
+                    format_bytes(std::max(d.step.reserved, d.setup_peak_reserved)) +
+                    " for the step, " + format_bytes(d.host_pinned) +
+                    " pinned for offload), but this machine has " + format_bytes(mem.available) +
+                    " available, " + format_bytes(usable) + " after a margin of " +
+                    format_bytes(margin) + "; nothing was allocated.";
+  try {
+    PlannerOptions o;
+    o.spec = p.run.model;
+    o.device = DeviceSpec::load("cpu");
+    o.budget = usable;
+    o.seq_len = p.run.resolved_seq_len();
+    o.alloc_conf = p.run.alloc;
+    o.alloc_conf.budget = 0;
+    o.loss = p.run.trainer.policy.loss;
+    o.host_budget = host_budget_of(a, usable);
+    o.global_batch = p.run.batch;  // the fastest way to this run's batch
+    const PlanResult r = plan(o);
+    const std::string budget = std::to_string(usable >> 20) + "MiB";
+    msg += "\nWhat fits here for a batch of " + std::to_string(p.run.batch) + ": " +
+           r.recommended.describe() + " (`memfit plan --model " + (a.model.empty() ? p.run.model.name : a.model) +
+           " --device cpu --budget " + budget + " --global-batch " +
+           std::to_string(p.run.batch) + "`); to train with it, give --budget " + budget +
+           " and no policy flags.";
+  } catch (const InvalidArgument& e) {
+    const std::string why = e.what();
+    msg += "\nNo plan fits in " + format_bytes(usable) + " either (" +
+           why.substr(0, why.find('\n')) + "): a smaller model or a shorter --seq-len.";
+  }
+  throw InvalidArgument(msg);
 }
 
 void print_plan_source(const char* command, const TrainArgs& a, const Prepared& p) {

@@ -107,6 +107,11 @@ Prepared prepare(const TrainArgs& a);
 // Fills p.predicted: the plan's figures, else with --predict or `want` a dry run's.
 void predict(Prepared& p, const TrainArgs& a, bool want = false);
 
+// The CPU backend with no budget: the step's dry-run peak (and offload's pinned bytes) must fit
+// this machine's available memory less a margin, checked before anything is allocated; else an
+// InvalidArgument with the figures and the plan the planner finds for the memory there is.
+void check_fits_machine(const Prepared& p, const TrainArgs& a);
+
 // Prints how the plan was chosen (when it came from a file or the planner).
 void print_plan_source(const char* command, const TrainArgs& a, const Prepared& p);
 

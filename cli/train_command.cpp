@@ -60,6 +60,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data(a.data);
   data.require_seq_len(seq_len);
+  check_fits_machine(prep, a);  // before anything is allocated
   print_plan_source("train", a, prep);
   predict(prep, a);
   const std::optional<PeakFigures>& predicted = prep.predicted;

@@ -375,3 +375,25 @@ TEST(TrainCommand, TextFromFilesCannotDriveTheTerminal) {
   EXPECT_EQ(r.output.find('\a'), std::string::npos);
   EXPECT_NE(r.output.find("evil\\x1b[2J\\x1b]0;pwned\\x07"), std::string::npos) << r.output;
 }
+
+// The CPU backend with no --budget: a step larger than this machine's memory is refused after a
+// dry run, before anything is allocated (it allocated until the OOM killer came), with the
+// plan that fits. 8192 x 2048 tokens of a 6.7B model need far more than any machine has.
+TEST(TrainCommand, AStepLargerThanThisMachineIsRefusedBeforeAllocating) {
+  for (const char* cmd : {"train --data ", "profile --out "}) {
+    const std::string target = std::string(cmd).find("train") != std::string::npos
+                                   ? kCorpus
+                                   : tmp("huge_profile");
+    const ProgramRun r = run_memfit(std::string(cmd) + target +
+                                    " --model gpt3-6.7b --batch 8192 --steps 1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("on the cpu backend (a dry run of one step"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("available"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("nothing was allocated"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  }
+  // A tiny one fits and trains as before.
+  const ProgramRun ok = run_memfit(base_args(1));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
