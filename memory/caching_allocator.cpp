@@ -158,6 +158,20 @@ void CachingAllocator::set_budget(std::size_t bytes) {
   impl_->config.budget = bytes;
 }
 
+void CachingAllocator::fail_allocation(std::int64_t nth) {
+  if (nth < 0) {
+    throw InvalidArgument("fail_allocation(" + std::to_string(nth) +
+                          "); valid: 0 (off) or n >= 1 (the nth allocation from now fails)");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->fail_countdown = nth;
+}
+
+std::int64_t CachingAllocator::pending_fault() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->fail_countdown;
+}
+
 std::size_t CachingAllocator::budget() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->config.budget;

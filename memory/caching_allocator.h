@@ -66,6 +66,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -115,6 +116,16 @@ class CachingAllocator {
 
   void set_budget(std::size_t bytes);  // 0 = unlimited; takes effect on the next allocation
   std::size_t budget() const;
+
+  // Test hook: the nth allocate()/allocate_raw() from now (1: the next; persistent or not,
+  // served from the cache or not) throws the OutOfMemory a budget failure throws (num_ooms
+  // counts it, its message says it was injected), before anything of that request changes the
+  // allocator; later calls succeed again. 0 disarms; negative: InvalidArgument. Counting costs
+  // one predicted branch per allocation under the lock, nothing else, when off.
+  // pending_fault() is what is left of the count (0: fired or off).
+  //   alloc.fail_allocation(k);  try { trainer.step(b); } catch (const OutOfMemory&) { ... }
+  void fail_allocation(std::int64_t nth);
+  std::int64_t pending_fault() const;
 
   AllocatorStats stats() const;
   void reset_peak_stats();         // every peak := current

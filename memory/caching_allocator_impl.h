@@ -315,7 +315,8 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   std::size_t reserved_high = 0;     // the most ever reserved (reset_peak_stats leaves it)
   std::uint64_t free_seq = 0;
   std::uint64_t segment_seq = 0;  // segments made so far (Segment::seq)
-  enum class Failure { kNone, kBudget, kProvider } last_failure = Failure::kNone;
+  enum class Failure { kNone, kBudget, kProvider, kInjected } last_failure = Failure::kNone;
+  std::int64_t fail_countdown = 0;  // fail_allocation(): the malloc that takes it to 0 throws
   AllocatorStats stats;
 
   std::unordered_set<std::string, alloc_detail::StringHash, std::equal_to<>> tags;

@@ -144,8 +144,9 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, C
                     std::to_string(bytes) + " bytes requested; category " + category_name(category);
   if (tag != nullptr) msg += ", tag '" + *tag + "'";
   msg += ", stream " + std::to_string(stream) + ") from provider '" + provider.name() + "'";
-  msg += last_failure == Failure::kBudget ? ", which would exceed the budget"
-                                          : ", which returned no memory";
+  msg += last_failure == Failure::kBudget     ? ", which would exceed the budget"
+         : last_failure == Failure::kInjected ? ", failed on purpose (fail_allocation, a test's)"
+                                              : ", which returned no memory";
   msg += "; allocated " + format_bytes(info.allocated_bytes) + ", reserved " +
          format_bytes(info.reserved_bytes) + ", budget " +
          (info.budget_bytes != 0 ? format_bytes(info.budget_bytes) : std::string("unlimited")) +

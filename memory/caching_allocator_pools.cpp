@@ -302,6 +302,12 @@ BlockNode* CachingAllocator::Impl::malloc(std::size_t bytes, Category category, 
           ? nullptr
           : (last_tag != nullptr && *last_tag == tag_text ? last_tag : intern(tag_text));
   const std::size_t size = round_size(bytes);
+  // A test's injected fault (fail_allocation), before anything changes: the allocator is then
+  // exactly as a budget OutOfMemory that found nothing to release leaves it.
+  if (__builtin_expect(fail_countdown != 0, 0) && --fail_countdown == 0) {
+    last_failure = Failure::kInjected;
+    out_of_memory(bytes, stream, category, tag);
+  }
   const int pool_id = alloc_detail::pool_index(size > kSmallSize, persistent_pool_for(category));
   PoolSet& pool = pools[pool_id];
   // What a split and the live map may need, obtained before anything changes.

@@ -5,6 +5,7 @@ namespace memfit {
 void* FaultInjectingProvider::allocate(std::size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
     bool fail = fail_all_;
     if (countdown_ > 0 && --countdown_ == 0) fail = true;
     if (limit_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) fail = true;
@@ -54,6 +55,11 @@ std::int64_t FaultInjectingProvider::live_allocations() const {
 std::int64_t FaultInjectingProvider::failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failures_;
+}
+
+std::int64_t FaultInjectingProvider::calls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_;
 }
 
 }  // namespace memfit

@@ -6,7 +6,9 @@
 //   faulty.fail_call(3);            // the 3rd allocate() from now returns nullptr
 //   faulty.set_byte_limit(64 << 20) // any allocate() that would exceed 64 MiB in use fails
 //
-// It tracks what is live through it, so a test can assert that nothing leaked.
+// It tracks what is live through it, so a test can assert that nothing leaked, and counts the
+// calls, so a test can fail each allocate() of an operation in turn (calls() before and after
+// one clean run of it gives the n to pass to fail_call).
 // Thread-safe.
 #pragma once
 
@@ -28,13 +30,14 @@ class FaultInjectingProvider final : public MemoryProvider {
   MemoryKind kind() const override { return inner_.kind(); }
   std::size_t alignment() const override { return inner_.alignment(); }
 
-  void fail_call(std::int64_t n);               // nth allocate() from now fails once; 0 = off
-  void fail_every_call(bool on);                // every allocate() fails while on
-  void set_byte_limit(std::size_t bytes);       // 0 = no limit
+  void fail_call(std::int64_t n);          // nth allocate() from now fails once; 0 = off
+  void fail_every_call(bool on);           // every allocate() fails while on
+  void set_byte_limit(std::size_t bytes);  // 0 = no limit
 
   std::size_t bytes_in_use() const;
   std::int64_t live_allocations() const;
-  std::int64_t failures() const;                // allocate() calls that returned nullptr
+  std::int64_t failures() const;  // allocate() calls that returned nullptr
+  std::int64_t calls() const;     // allocate() calls, failed or not
 
  private:
   MemoryProvider& inner_;
@@ -45,6 +48,7 @@ class FaultInjectingProvider final : public MemoryProvider {
   std::size_t in_use_ = 0;
   std::int64_t live_ = 0;
   std::int64_t failures_ = 0;
+  std::int64_t calls_ = 0;
 };
 
 }  // namespace memfit

@@ -562,14 +562,16 @@ void OffloadOptimizer::step(LayerContext& ctx, double grad_scale) {
   m.timing.wait_grads_s = seconds_since(t0);
   m.wait_h2d();                   // already complete; releases their events
   if (m.wring) m.wring->drain();  // the update rewrites the host weights the fetches read
-  ++m.steps;
   if (m.options.delayed_update) {
     // The masters, moments and staging belong to the update until finish_update(); the next
-    // gradient copy, optimizer call, state() or flush() waits for it.
+    // gradient copy, optimizer call, state() or flush() waits for it. The step counts once the
+    // update is started: a thread that cannot be made (std::system_error) leaves steps as it was.
     m.update = std::async(std::launch::async, [&m, k] { return m.run_adamw(k); });
+    ++m.steps;
     m.update_unlanded = true;
     return;
   }
+  ++m.steps;
   m.timing.adamw_s = m.run_adamw(k);
   m.copy_weights_back(ctx);
 }

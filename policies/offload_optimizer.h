@@ -111,9 +111,9 @@ class OffloadOptimizer final : public Optimizer {
   // policies/loss_scaler.h, applies).
   SumSqResult grads_sumsq(LayerContext& ctx);
   bool grads_nonfinite(LayerContext& ctx) { return grads_sumsq(ctx).nonfinite; }
-  // A step that failed before its last micro-batch's gradients were reported: the copies in
-  // flight are waited for and every lent gradient and weight is taken back; nothing else
-  // changes (skip() also lands a delayed update).
+  // A step that failed, before or after its last micro-batch's gradients were reported: the
+  // copies in flight are waited for and every lent gradient and weight is taken back; nothing
+  // else changes: the step before's delayed update stays in flight, unlanded (skip() lands it).
   void abandon_step(LayerContext& ctx);
   // Device bytes of the gradient ring (0 without gradient offload) and of the weight ring (0
   // without weight offload).

@@ -303,13 +303,16 @@ StepResult Trainer::step(const Batch& batch) {
   } catch (...) {
     // Nothing of the training state changed yet: drop what the optimizer was told, if anything
     // (skip() leaves parameters, moments and steps as they are), and let the error through.
+    // An offloading optimizer abandons the step instead, reported gradients or not: skip() would
+    // land the previous step's delayed update now, and the retried step would then compute
+    // with weights one update newer than the same step without the failure.
     model_.release_saved();
     if (stash_) stash_->reset(ctx_);
     try {
-      if (reported) {
+      if (offload_opt_ != nullptr) {
+        if (reported || lent) offload_opt_->abandon_step(ctx_);
+      } else if (reported) {
         optimizer_->skip(ctx_);
-      } else if (lent && offload_opt_ != nullptr) {
-        offload_opt_->abandon_step(ctx_);  // not skip(): a delayed update lands as it would have
       }
     } catch (...) {  // the original error is the one to report
     }

@@ -32,7 +32,10 @@
 // allocator's, reset at the start of the step (r.peaks: PeakFigures, with the pinned host
 // bytes the optimizer holds). An exception during a step (an OutOfMemory above all) leaves
 // parameters, optimizer state, scaler and step count as they were before it; the trainer
-// stays usable (try a smaller micro-batch).
+// stays usable (try a smaller micro-batch). Under the delayed update that includes the update
+// in flight: the previous step's stays unlanded, and the next step's optimizer call lands it,
+// as it would have without the failure (tests/policies/trainer_oom_test.cpp fails every
+// allocation of a step in turn, under every policy).
 // The optimizer is built before init(): an offloading one binds pinned host masters that the
 // initialization writes directly (core/model.h). Gradient offload (policy.offload.gradients)
 // runs the executor's stage hooks into the optimizer in every micro-batch and checks the loss

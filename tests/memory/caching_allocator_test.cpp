@@ -564,5 +564,52 @@ TEST(CachingAllocator, ProviderAlignedTo256Bytes) {
   EXPECT_EQ(a.snapshot().segments.size(), 2u);
 }
 
+// fail_allocation(n): the nth allocation from now throws the budget path's OutOfMemory, whether
+// a cached block would serve it (no provider call) or a new segment, persistent pool or not;
+// nothing of the failed request changes the allocator; later requests succeed.
+TEST(CachingAllocator, FailAllocationFailsTheNthRequestFromNowAndChangesNothing) {
+  HostProvider host;
+  FaultInjectingProvider counted(host);
+  CachingAllocator a(counted, checked());
+  {
+    Block warm = a.allocate(4096, kAct);  // a segment now cached: the next 4 KiB is a cache hit
+  }
+  const AllocatorStats s0 = a.stats();
+  const std::int64_t calls0 = counted.calls();
+  a.fail_allocation(3);
+  EXPECT_EQ(a.pending_fault(), 3);
+  Block x = a.allocate(4096, kAct);                 // 1: from the cache
+  Block g = a.allocate(8192, Category::kGradient);  // 2: a persistent pool's segment
+  const AllocatorStats s1 = a.stats();
+  const Snapshot snap1 = a.snapshot();
+  try {
+    (void)a.allocate_raw(4096, Category::kOptimizerState);  // 3: fails
+    ADD_FAILURE() << "no OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("fail_allocation"), std::string::npos) << e.what();
+    EXPECT_EQ(e.info().requested_bytes, 4096u);
+  }
+  EXPECT_EQ(a.pending_fault(), 0);
+  a.check_invariants();
+  const AllocatorStats s2 = a.stats();
+  EXPECT_EQ(s2.num_ooms, s1.num_ooms + 1);
+  EXPECT_EQ(s2.allocation[kStatAll].allocated, s1.allocation[kStatAll].allocated);
+  EXPECT_EQ(s2.allocated_bytes[kStatAll].current, s1.allocated_bytes[kStatAll].current);
+  EXPECT_EQ(s2.reserved_bytes[kStatAll].current, s1.reserved_bytes[kStatAll].current);
+  EXPECT_EQ(a.snapshot().segments.size(), snap1.segments.size());
+  EXPECT_EQ(counted.calls(), calls0 + 1);  // only the gradient's segment reached the provider
+  Block y = a.allocate(4096, kAct);        // disarmed once fired
+  EXPECT_EQ(a.stats().allocation[kStatAll].allocated, s0.allocation[kStatAll].allocated + 3);
+
+  // 0 disarms before it fires; a negative count is refused and changes nothing.
+  a.fail_allocation(1);
+  a.fail_allocation(0);
+  Block z = a.allocate(512, kAct);
+  EXPECT_THROW(a.fail_allocation(-1), InvalidArgument);
+  EXPECT_EQ(a.pending_fault(), 0);
+  Block w = a.allocate(512, kAct);
+  EXPECT_EQ(a.stats().num_ooms, s1.num_ooms + 1);
+}
+
 }  // namespace
 }  // namespace memfit
