@@ -14,6 +14,7 @@
 
 #include "cli/outputs.h"
 #include "cli/run_args.h"
+#include "cli/step_series.h"
 #include "cli/terminal_text.h"
 #include "core/text_dataset.h"
 #include "memory/error.h"
@@ -82,7 +83,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   PeakFigures measured;
-  std::vector<double> losses, grad_norms;
+  StepSeries losses, grad_norms;
   std::int64_t clipped = 0;
   std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
   double seconds = 0, last_scale = 1;
@@ -90,8 +91,8 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const Batch b = data.sample(p.batch, seq_len, trainer.rng());
     const StepResult r = train_step(*run, a, b);
     measured.take_max(r.peaks);
-    losses.push_back(r.loss);
-    grad_norms.push_back(std::isfinite(r.grad_norm) ? r.grad_norm : -1.0);
+    losses.add(r.loss);
+    grad_norms.add(std::isfinite(r.grad_norm) ? r.grad_norm : -1.0);
     clipped += r.clipped ? 1 : 0;
     skipped += r.skipped ? 1 : 0;
     tokens += r.tokens;
@@ -121,7 +122,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
 
   const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;
   say("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n",
-              losses.front(), losses.back(), static_cast<long long>(a.steps),
+              losses.first(), losses.last(), static_cast<long long>(a.steps),
               static_cast<long long>(skipped), tps, seconds);
   say("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
               format_bytes(measured.allocated).c_str());
@@ -189,14 +190,15 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["start_step"] = start;
     j["steps"] = a.steps;
     j["skipped_steps"] = skipped;
-    j["losses"] = losses;
+    j["losses"] = losses.kept();  // every step's, or every losses_stride-th on long runs
+    if (losses.stride() > 1) j["losses_stride"] = losses.stride();
     if (a.max_grad_norm > 0) {
       j["max_grad_norm"] = a.max_grad_norm;
-      j["grad_norms"] = grad_norms;  // -1: not finite (the step was skipped)
+      j["grad_norms"] = grad_norms.kept();  // -1: not finite (the step was skipped)
       j["clipped_steps"] = clipped;
     }
-    j["first_loss"] = losses.front();
-    j["final_loss"] = losses.back();
+    j["first_loss"] = losses.first();
+    j["final_loss"] = losses.last();
     j["seconds"] = seconds;
     j["tokens"] = tokens;
     j["tokens_per_second"] = tps;
