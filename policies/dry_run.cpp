@@ -2,6 +2,7 @@
 
 #include <array>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "core/meta/meta_backend.h"
@@ -177,6 +178,11 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
     // Activation offload reserves its room in the step.
     r.host_pinned = trainer.host_bytes();
     r.step.host_at_peak = trainer.host_by_category();
+  } catch (const InvalidArgument& e) {
+    // Sizes past 64 bits (seq_len 2^31: "layer cost overflows ...") say which run they came
+    // from; a subclass (a caller may catch it by type) goes on as it is.
+    if (typeid(e) != typeid(InvalidArgument)) throw;
+    throw InvalidArgument(std::string(e.what()) + " (in a dry run of " + run.describe() + ")");
   } catch (const OutOfMemory& e) {
     r.fits = false;
     r.failed_request = e.info().requested_bytes;

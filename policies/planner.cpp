@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <typeinfo>
 
 #include "memory/check.h"
 #include "memory/error.h"
@@ -519,8 +520,17 @@ PlanResult plan(const PlannerOptions& o) {
     throw InvalidArgument("plan: no budget: device '" + o.device.name +
                           "' has no usable memory (memory - context); give a budget");
   }
-  const CostModel cm = o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2, o.loss)
-                                   : CostModel::analytic(o.spec, seq_len, o.loss);
+  const CostModel cm = [&] {
+    try {
+      return o.calibrate ? CostModel::calibrate(o.spec, seq_len, 1, 2, o.loss)
+                         : CostModel::analytic(o.spec, seq_len, o.loss);
+    } catch (const InvalidArgument& e) {
+      if (typeid(e) != typeid(InvalidArgument)) throw;
+      // A size past 64 bits ("layer cost overflows: ..."): name the model and seq_len it is.
+      throw InvalidArgument("plan: " + o.spec.name + " at seq_len " + std::to_string(seq_len) +
+                            ": " + e.what() + "; valid: a shorter seq_len or a smaller model");
+    }
+  }();
   const Context c{o, cm, seq_len, budget, static_cast<int>(o.spec.layers)};
   if (const auto msg = weights_shortfall(c)) throw InvalidArgument("plan: " + *msg);
 

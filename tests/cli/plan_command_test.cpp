@@ -238,6 +238,13 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
   const std::string bad_model = tmp("bad_model.yaml");
   std::ofstream(bad_model) << "model:\n  kind: gpt\n  vocab: 256\n  seq_len: 64\n  layers: 2\n"
                               "  hidden: 30\n  heads: 4\n";
+  const std::string huge_seq = tmp("huge_seq.yaml");
+  std::ofstream(huge_seq) << "model:\n  kind: gpt\n  name: big-seq\n  vocab: 256\n"
+                             "  seq_len: 2147483648\n  layers: 2\n  hidden: 32\n  heads: 4\n";
+  const std::string slow_device = tmp("slow_device.yaml");
+  std::ofstream(slow_device) << "device:\n  name: slow\n  kind: cpu\n  memory: 16GiB\n"
+                                "  flops_f32: 1e-300\n  flops_f16: 1e9\n  flops_bf16: 1e9\n"
+                                "  mem_bandwidth: 1e9\n  host_link: 1e9\n";
   struct Case {
     std::string args;
     std::vector<std::string> expect;
@@ -263,6 +270,10 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
       {"--model gpt2 --device h100-80g --seq-len 99999999999999999999", {"--seq-len"}},
       {"--model gpt2 --device h100-80g --ranks 99999999999999999999", {"--ranks"}},
       {"--model gpt2 --device h100-80g --budget ''", {"--budget", "empty"}},
+      {"--model " + huge_seq + " --device cpu --budget 1GiB",
+       {"big-seq at seq_len 2147483648", "overflows", "a shorter seq_len"}},
+      {"--model gpt2 --device " + slow_device, {slow_device + ":5:", "flops_f32", "1e-300",
+                                                "from 1 to 1e21"}},
   };
   for (const Case& c : cases) {
     std::ofstream(out) << "sentinel\n";
@@ -281,7 +292,7 @@ TEST(PlanCommand, BadInputIsAClearErrorAndLeavesOutUntouched) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, ".yaml")) << r.output;
   EXPECT_FALSE(std::ifstream(txt).good());
-  for (const auto& p : {out, bad_yaml, bad_model}) std::remove(p.c_str());
+  for (const auto& p : {out, bad_yaml, bad_model, huge_seq, slow_device}) std::remove(p.c_str());
 }
 
 // The planner's time does not grow with --global-batch (it grew linearly: 10^6 took 100 s).
