@@ -226,6 +226,7 @@ std::int64_t fail_each_allocation(Rig& r, const Batch& b, Counts n, const char* 
         return cases;
       }
       ++cases;
+      EXPECT_TRUE(reached) << "an OutOfMemory other than the injected one";
       r.alloc.check_invariants();
       EXPECT_FALSE(r.model.any_saved());
       EXPECT_TRUE(held(r) == held_before) << "a failed step kept memory";
