@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, then
 #   1. builds with the CUDA backend when nvcc is found (MEMFIT_CUDA=AUTO) and runs every test;
-#   2. builds CPU-only with AddressSanitizer + UndefinedBehaviorSanitizer and runs them again.
+#   2. builds CPU-only with AddressSanitizer + UndefinedBehaviorSanitizer and runs them again;
+#   3. builds the memory, core and policies tests CPU-only with ThreadSanitizer and runs the
+#      threaded ones: worker streams, offload (copy streams, the CPU AdamW thread), the
+#      allocator under threads. OpenMP at 1 thread (libgomp is not instrumented); no
+#      suppressions.
 # GPU tests (tests/gpu) are built in step 1 and skip, saying why, when no GPU is present.
 # Both builds treat warnings in memfit's C++ as errors (MEMFIT_WERROR).
 set -euo pipefail
@@ -21,4 +25,11 @@ cmake -S . -B build-asan -G Ninja -DMEMFIT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -j "$jobs" --timeout 1800
+echo "== build (CPU-only, thread sanitizer): worker streams, offload, allocator threads"
+cmake -S . -B build-tsan -G Ninja -DMEMFIT_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DMEMFIT_SANITIZE=thread -DMEMFIT_BUILD_BENCH=OFF -DMEMFIT_WERROR=ON
+cmake --build build-tsan -j "$jobs" --target memfit_memory_tests memfit_core_tests memfit_policies_tests
+OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build-tsan -j "$jobs" --timeout 1800 --no-tests=error \
+  -R 'WorkerStreams|Offload|CachingAllocatorThreads|PinnedHostProvider'
 echo "== all tests passed"
