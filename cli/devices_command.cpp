@@ -1,10 +1,10 @@
 #include "cli/devices_command.h"
-#include "cli/terminal_text.h"
 
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "cli/terminal_text.h"
 #include "core/model_spec.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -33,20 +33,18 @@ int run_devices(const std::string& format) {
   }
   const std::vector<std::string> names = DeviceSpec::preset_names();
   if (format == "yaml") {
-    for (const std::string& n : names)
-      say("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
+    for (const std::string& n : names) say("---\n%s", DeviceSpec::preset(n).to_yaml().c_str());
     return 0;
   }
   say("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", "device", "memory", "context",
-              "usable", "TF f32", "TF f16", "TF bf16", "mem GB/s", "link GB/s", "AdamW Gp/s");
+      "usable", "TF f32", "TF f16", "TF bf16", "mem GB/s", "link GB/s", "AdamW Gp/s");
   for (const std::string& n : names) {
     const DeviceSpec d = DeviceSpec::preset(n);
     say("%-12s %11s %11s %11s | %8s %8s %8s | %8s %8s %10s\n", n.c_str(),
-                format_bytes(d.memory_bytes).c_str(), format_bytes(d.context_bytes).c_str(),
-                format_bytes(d.usable_bytes()).c_str(), tera(d.flops_f32).c_str(),
-                tera(d.flops_f16).c_str(), tera(d.flops_bf16).c_str(),
-                giga(d.mem_bandwidth).c_str(), giga(d.host_link).c_str(),
-                d.cpu_adamw > 0 ? giga(d.cpu_adamw).c_str() : "measured");
+        format_bytes(d.memory_bytes).c_str(), format_bytes(d.context_bytes).c_str(),
+        format_bytes(d.usable_bytes()).c_str(), tera(d.flops_f32).c_str(),
+        tera(d.flops_f16).c_str(), tera(d.flops_bf16).c_str(), giga(d.mem_bandwidth).c_str(),
+        giga(d.host_link).c_str(), d.cpu_adamw > 0 ? giga(d.cpu_adamw).c_str() : "measured");
   }
   say("\nmodels:");
   for (const std::string& m : ModelSpec::preset_names()) {

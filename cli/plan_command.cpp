@@ -113,31 +113,31 @@ const char* offload_column(const OffloadSwitches& o) {
 // cached bytes then, so each row's columns add up to its peak.
 void print_table(const PlanResult& r, std::int64_t top) {
   say("%-5s %-10s %-8s %6s %5s | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n", "dtype",
-              "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim",
-              "activ", "other", "cached", "host", "step", "tokens/s");
+      "checkpoint", "offload", "micro", "accum", "peak res.", "params", "grads", "optim", "activ",
+      "other", "cached", "host", "step", "tokens/s");
   say("%s\n", std::string(140, '-').c_str());
-  std::int64_t shown = 0;
+  std::int64_t rows = 0;
   for (const Plan& p : r.candidates) {
-    if (top > 0 && shown == top) break;
-    ++shown;
+    if (top > 0 && rows == top) break;
+    ++rows;
     const PeakFigures& k = p.predicted.peaks;
     const std::size_t other = k.at_peak_of(Category::kTemporary) + k.at_peak_of(Category::kInput) +
                               k.at_peak_of(Category::kWorkspace) + k.at_peak_of(Category::kUnknown);
     say("%-5s %-10s %-8s %6lld %5lld | %9s = %8s %8s %8s %8s %8s %8s | %8s | %9s %9s\n",
-                dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
-                offload_column(p.policy.offload), static_cast<long long>(p.policy.micro_batch),
-                static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
-                short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
-                short_bytes(k.at_peak_of(Category::kGradient)).c_str(),
-                short_bytes(k.at_peak_of(Category::kOptimizerState)).c_str(),
-                short_bytes(k.at_peak_of(Category::kActivation)).c_str(),
-                short_bytes(other).c_str(), short_bytes(k.cached()).c_str(),
-                short_bytes(k.host_pinned).c_str(), short_seconds(p.predicted.step_seconds).c_str(),
-                short_rate(p.predicted.tokens_per_second).c_str());
+        dtype_name(p.policy.dtype), p.policy.checkpoint.name().c_str(),
+        offload_column(p.policy.offload), static_cast<long long>(p.policy.micro_batch),
+        static_cast<long long>(p.accum_steps), short_bytes(k.reserved).c_str(),
+        short_bytes(k.at_peak_of(Category::kParameter)).c_str(),
+        short_bytes(k.at_peak_of(Category::kGradient)).c_str(),
+        short_bytes(k.at_peak_of(Category::kOptimizerState)).c_str(),
+        short_bytes(k.at_peak_of(Category::kActivation)).c_str(), short_bytes(other).c_str(),
+        short_bytes(k.cached()).c_str(), short_bytes(k.host_pinned).c_str(),
+        short_seconds(p.predicted.step_seconds).c_str(),
+        short_rate(p.predicted.tokens_per_second).c_str());
   }
-  if (shown < static_cast<std::int64_t>(r.candidates.size())) {
+  if (rows < static_cast<std::int64_t>(r.candidates.size())) {
     say("(%lld more; --top 0 shows all)\n",
-                static_cast<long long>(r.candidates.size()) - static_cast<long long>(shown));
+        static_cast<long long>(r.candidates.size()) - static_cast<long long>(rows));
   }
   for (const std::string& s : r.infeasible) say("does not fit: %s\n", s.c_str());
 }
@@ -241,8 +241,7 @@ int run_plan(const PlanArgs& a) {
     say("%s", rec.to_yaml().c_str());
   } else {
     const std::size_t budget = o.budget ? o.budget : o.device.usable_bytes();
-    say(
-        "memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
+    say("memfit plan: %s (%lld parameters, seq_len %lld) on %s, budget %s%s, %s\n",
         o.spec.name.c_str(), static_cast<long long>(o.spec.parameter_count()),
         static_cast<long long>(rec.seq_len), o.device.name.c_str(), format_bytes(budget).c_str(),
         o.budget ? "" : " (the device's memory less its context)",
@@ -250,32 +249,31 @@ int run_plan(const PlanArgs& a) {
                            : "largest micro-batch");
     if (a.measure_context) {
       say("  context measured on this GPU: %s (%s's file says %s)\n",
-                  format_bytes(o.device.context_bytes).c_str(), o.device.name.c_str(),
-                  format_bytes(context_was).c_str());
+          format_bytes(o.device.context_bytes).c_str(), o.device.name.c_str(),
+          format_bytes(context_was).c_str());
     }
     if (o.ranks > 1) {
       say("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
     }
     say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
-                o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
+        o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
     print_table(r, a.top);
-    say(
-        "(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
+    say("(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
         "bytes; each category's own peak: --format json, predicted.category_peaks)\n");
     say("\nrecommended: %s\n  predicted peak reserved %s, %s per step, %s tokens/s\n",
-                rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
-                short_seconds(rec.predicted.step_seconds).c_str(),
-                short_rate(rec.predicted.tokens_per_second).c_str());
+        rec.describe().c_str(), format_bytes(rec.predicted.peaks.reserved).c_str(),
+        short_seconds(rec.predicted.step_seconds).c_str(),
+        short_rate(rec.predicted.tokens_per_second).c_str());
     const PeakFigures& pk = rec.predicted.peaks;
     // Per parameter: what the model's size sets (activation offload's room follows the batch).
     const std::size_t acts = pk.host_at_peak[category_index(Category::kActivation)];
     say("  pinned host memory: %s (%.1f bytes per parameter%s)%s\n",
-                format_bytes(pk.host_pinned).c_str(),
-                static_cast<double>(pk.host_pinned - std::min(pk.host_pinned, acts)) /
-                    static_cast<double>(o.spec.parameter_count()),
-                acts > 0 ? (" + " + format_bytes(acts) + " of offloaded checkpoints").c_str() : "",
-                o.host_budget > 0 ? (" of a host budget of " + format_bytes(o.host_budget)).c_str()
-                                  : "; no host budget given (--host-budget)");
+        format_bytes(pk.host_pinned).c_str(),
+        static_cast<double>(pk.host_pinned - std::min(pk.host_pinned, acts)) /
+            static_cast<double>(o.spec.parameter_count()),
+        acts > 0 ? (" + " + format_bytes(acts) + " of offloaded checkpoints").c_str() : "",
+        o.host_budget > 0 ? (" of a host budget of " + format_bytes(o.host_budget)).c_str()
+                          : "; no host budget given (--host-budget)");
     std::string parts;
     for (std::size_t c = 0; c < kCategoryCount; ++c) {
       if (pk.host_at_peak[c] == 0) continue;

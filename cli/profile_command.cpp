@@ -44,23 +44,23 @@ int run_profile(const TrainArgs& a) {
   predict(prep, a, !a.budget.empty());
 
   const std::unique_ptr<RunSetup> run = open_run(prep, a, /*record=*/true);
-  say("memfit profile: %s (%lld parameters), backend %s, %lld steps on %s\n",
-              p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
-              run->runtime().name(), static_cast<long long>(a.steps), data.source().c_str());
+  say("memfit profile: %s (%lld parameters), backend %s, %lld steps on %s\n", p.describe().c_str(),
+      static_cast<long long>(run->model().parameter_count()), run->runtime().name(),
+      static_cast<long long>(a.steps), data.source().c_str());
   std::fflush(stdout);
   for (std::int64_t i = 1; i <= a.steps; ++i) {
     const Batch b = data.sample(p.batch, seq_len, run->trainer().rng());
     const StepResult r = train_step(*run, a, b);
     say("%s\n", progress_line(r, i, a.steps, static_cast<double>(r.tokens) / r.seconds,
-                                      run->trainer().scaler().enabled(), /*tty=*/false)
-                            .c_str());
+                              run->trainer().scaler().enabled(), /*tty=*/false)
+                    .c_str());
     std::fflush(stdout);
   }
   const ProfileReport r = finish_report(*run, prep, a.steps, "profile");
   std::vector<std::string> failed;
   write_or_rescue(
-      "--out", a.report, true,
-      [&](const std::string& dir) { write_report(r, dir, prep.formats); }, failed);
+      "--out", a.report, true, [&](const std::string& dir) { write_report(r, dir, prep.formats); },
+      failed);
   finish_outputs(failed);
   return 0;
 }

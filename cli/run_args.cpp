@@ -1,5 +1,4 @@
 #include "cli/run_args.h"
-#include "cli/terminal_text.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "cli/terminal_text.h"
 #include "core/text_dataset.h"
 #include "memory/size.h"
 #include "policies/device_spec.h"
@@ -452,10 +452,10 @@ void check_fits_machine(const Prepared& p, const TrainArgs& a) {
     const PlanResult r = plan(o);
     const std::string budget = std::to_string(usable >> 20) + "MiB";
     msg += "\nWhat fits here for a batch of " + std::to_string(p.run.batch) + ": " +
-           r.recommended.describe() + " (`memfit plan --model " + (a.model.empty() ? p.run.model.name : a.model) +
-           " --device cpu --budget " + budget + " --global-batch " +
-           std::to_string(p.run.batch) + "`); to train with it, give --budget " + budget +
-           " and no policy flags.";
+           r.recommended.describe() + " (`memfit plan --model " +
+           (a.model.empty() ? p.run.model.name : a.model) + " --device cpu --budget " + budget +
+           " --global-batch " + std::to_string(p.run.batch) +
+           "`); to train with it, give --budget " + budget + " and no policy flags.";
   } catch (const InvalidArgument& e) {
     const std::string why = e.what();
     msg += "\nNo plan fits in " + format_bytes(usable) + " either (" +
@@ -469,15 +469,14 @@ void print_plan_source(const char* command, const TrainArgs& a, const Prepared& 
   const Plan& pl = *p.src.plan;
   if (p.src.kind == "planner") {
     say("memfit %s: planned %s under %s on %s (%s): %zu plans fit\n", command,
-                pl.model.name.c_str(), format_bytes(pl.budget).c_str(), pl.device.c_str(),
-                given(a, "--batch") ? "fastest for --batch" : "largest micro-batch",
-                p.src.feasible);
+        pl.model.name.c_str(), format_bytes(pl.budget).c_str(), pl.device.c_str(),
+        given(a, "--batch") ? "fastest for --batch" : "largest micro-batch", p.src.feasible);
   } else {
     say("memfit %s: plan %s (made for %s on %s)\n", command, a.plan_file.c_str(),
-                format_bytes(pl.budget).c_str(), pl.device.c_str());
+        format_bytes(pl.budget).c_str(), pl.device.c_str());
   }
   say("  plan: %s; predicted peak reserved %s\n", pl.describe().c_str(),
-              format_bytes(pl.predicted.peaks.reserved).c_str());
+      format_bytes(pl.predicted.peaks.reserved).c_str());
   if (!pl.why.empty()) say("  why: %s\n", pl.why.c_str());
 }
 
@@ -557,8 +556,7 @@ void write_report(const ProfileReport& r, const std::string& dir,
         "pytorch.org/memory_viz",
         "a browser (any screen): chart with hover readout and zoom, tables",
     };
-    say("    %-16s %s\n", export_file_name(formats[i]),
-                kOpensIn[static_cast<int>(formats[i])]);
+    say("    %-16s %s\n", export_file_name(formats[i]), kOpensIn[static_cast<int>(formats[i])]);
   }
   say("  DeepSpeed's see_memory_usage line: %s\n", see_memory_usage_line(r.stats).c_str());
   const Recording& rec = r.recording;
@@ -566,25 +564,24 @@ void write_report(const ProfileReport& r, const std::string& dir,
       rec.peak_reserved > rec.steps_peak_reserved()) {
     const std::string_view phase = interned_name(rec.peak.phase);
     say("  whole run (setup included): peak reserved %s, allocated %s (%s)\n",
-                format_bytes(rec.peak_reserved).c_str(), format_bytes(rec.peak.allocated).c_str(),
-                phase.empty() ? "outside any phase" : std::string(phase).c_str());
+        format_bytes(rec.peak_reserved).c_str(), format_bytes(rec.peak.allocated).c_str(),
+        phase.empty() ? "outside any phase" : std::string(phase).c_str());
   }
   if (r.plan.present) {
     say("  plan vs measured (the steps' peak): peak reserved %s predicted, %s measured",
-                format_bytes(r.plan.predicted_peak_reserved).c_str(),
-                format_bytes(rec.steps_peak_reserved()).c_str());
+        format_bytes(r.plan.predicted_peak_reserved).c_str(),
+        format_bytes(rec.steps_peak_reserved()).c_str());
     if (r.plan.predicted_peak_reserved > 0) {
-      say(" (measured/predicted %.3f)",
-                  static_cast<double>(rec.steps_peak_reserved()) /
-                      static_cast<double>(r.plan.predicted_peak_reserved));
+      say(" (measured/predicted %.3f)", static_cast<double>(rec.steps_peak_reserved()) /
+                                            static_cast<double>(r.plan.predicted_peak_reserved));
     }
     say("\n");
   }
   if (r.recording.dropped_events > 0 || r.recording.dropped_ranges > 0 || r.gpu_dropped > 0) {
     say("  dropped: %llu allocator events, %llu ranges, %llu GPU records (peaks exact)\n",
-                static_cast<unsigned long long>(r.recording.dropped_events),
-                static_cast<unsigned long long>(r.recording.dropped_ranges),
-                static_cast<unsigned long long>(r.gpu_dropped));
+        static_cast<unsigned long long>(r.recording.dropped_events),
+        static_cast<unsigned long long>(r.recording.dropped_ranges),
+        static_cast<unsigned long long>(r.gpu_dropped));
   }
 }
 

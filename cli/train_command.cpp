@@ -72,13 +72,13 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   if (!t.resume.empty()) trainer.load(t.resume);
   const std::int64_t start = trainer.steps_attempted();
 
-  say("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n",
-              p.describe().c_str(), static_cast<long long>(run->model().parameter_count()),
-              a.data.c_str(), static_cast<long long>(data.size()), run->runtime().name());
+  say("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n", p.describe().c_str(),
+      static_cast<long long>(run->model().parameter_count()), a.data.c_str(),
+      static_cast<long long>(data.size()), run->runtime().name());
   say("  schedule %s, %s, loss scaling %s%s%s\n", trainer.schedule().name().c_str(),
-              trainer.optimizer().name(), trainer.scaler().enabled() ? "on" : "off",
-              p.alloc.budget ? (", budget " + format_bytes(p.alloc.budget)).c_str() : "",
-              t.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
+      trainer.optimizer().name(), trainer.scaler().enabled() ? "on" : "off",
+      p.alloc.budget ? (", budget " + format_bytes(p.alloc.budget)).c_str() : "",
+      t.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
   std::fflush(stdout);
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
@@ -121,14 +121,13 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   }
 
   const double tps = seconds > 0 ? static_cast<double>(tokens) / seconds : 0;
-  say("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n",
-              losses.first(), losses.last(), static_cast<long long>(a.steps),
-              static_cast<long long>(skipped), tps, seconds);
+  say("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n", losses.first(),
+      losses.last(), static_cast<long long>(a.steps), static_cast<long long>(skipped), tps,
+      seconds);
   say("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
-              format_bytes(measured.allocated).c_str());
+      format_bytes(measured.allocated).c_str());
   if (predicted) {
-    say(
-        "; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
+    say("; predicted (dry run) reserved %s, allocated %s (measured/predicted %.3f)",
         format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
         predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }

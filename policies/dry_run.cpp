@@ -55,10 +55,9 @@ class RepeatWatch {
     last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes};
     before_ = now;
     const AllocatorStats st = alloc_.stats();
-    const Signature sig{
-        st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
-        st.active_bytes[kStatAll].current, st.inactive_split_bytes[kStatAll].current,
-        st.num_alloc_retries};
+    const Signature sig{st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
+                        st.active_bytes[kStatAll].current,
+                        st.inactive_split_bytes[kStatAll].current, st.num_alloc_retries};
     const std::int64_t calls = provider_calls();
     quiet_ = calls == calls_ ? quiet_ + 1 : 0;
     calls_ = calls;
@@ -158,8 +157,10 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
     const StepResult s = trainer.step(b);
     if (count > kMaxDryMicroBatches && !settled) {
       throw InvalidArgument(
-          "dry run of " + std::to_string(count) + " micro-batches: the allocator did not settle "
-          "into a repeating state within " + std::to_string(kMaxDryMicroBatches) +
+          "dry run of " + std::to_string(count) +
+          " micro-batches: the allocator did not settle "
+          "into a repeating state within " +
+          std::to_string(kMaxDryMicroBatches) +
           ", so the step cannot be predicted from a shorter one; valid: at most " +
           std::to_string(kMaxDryMicroBatches) + " micro-batches (a larger micro-batch)");
     }
@@ -191,8 +192,7 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
     if (in_step) {
       r.step = PeakFigures::of(alloc.stats());
     } else {
-      r.setup_peak_reserved =
-          static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
+      r.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
     }
   }
   r.step.host_pinned = r.host_pinned;

@@ -151,7 +151,8 @@ void check_writable_file(const std::string& path, std::string_view what) {
   }
   // A device, FIFO or socket would be replaced by the rename (as root, /dev/null itself).
   if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
-    throw InvalidArgument(label + " exists and is not a regular file (a device, FIFO or "
+    throw InvalidArgument(label +
+                          " exists and is not a regular file (a device, FIFO or "
                           "socket); valid: a regular file or a new name");
   }
   const std::string dir = parent_of(path);

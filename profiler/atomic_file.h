@@ -35,9 +35,9 @@
 // removing a probe file there (permission bits alone say nothing when running as root, and
 // nothing about read-only mounts). Failure: InvalidArgument naming the path and the reason.
 // check_writable_file does the same for a file target: its directory exists and takes a new
-// file, and the path is not a directory, device, FIFO or socket (the rename would replace it). Both run before a long job, so a bad target costs
-// nothing. Errors name the path and the OS's reason (strerror). All are thread-safe for
-// distinct paths.
+// file, and the path is not a directory, device, FIFO or socket (the rename would replace it). Both
+// run before a long job, so a bad target costs nothing. Errors name the path and the OS's reason
+// (strerror). All are thread-safe for distinct paths.
 #pragma once
 
 #include <cstddef>

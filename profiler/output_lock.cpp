@@ -38,11 +38,13 @@ OutputLock::OutputLock(std::string lock_path, std::string target, std::string_vi
       ::close(fd);
       if (err == EWOULDBLOCK) {
         throw InvalidArgument(what + " is being written by another process (it holds '" +
-                              lock_path_ + "'); wait for that run to finish or choose another path");
+                              lock_path_ +
+                              "'); wait for that run to finish or choose another path");
       }
       throw InvalidArgument(what + ": locking '" + lock_path_ + "': " + std::strerror(err));
     }
-    struct stat held {}, named {};
+    struct stat held {
+    }, named{};
     if (::fstat(fd, &held) == 0 && ::lstat(lock_path_.c_str(), &named) == 0 &&
         held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
       fd_ = fd;

@@ -19,8 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path scratch(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("memfit_outputs_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p =
+      fs::temp_directory_path() / ("memfit_outputs_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
@@ -41,7 +41,7 @@ TEST(Outputs, ClaimChecksEveryTargetAndLocksIt) {
   {
     const std::vector<OutputLock> held =
         claim_outputs({{"--save", save}, {"--report", (d / "r").string(), true}, {"--x", ""}});
-    EXPECT_EQ(held.size(), 2u);  // the empty one is "not given"
+    EXPECT_EQ(held.size(), 2u);              // the empty one is "not given"
     EXPECT_TRUE(fs::is_directory(d / "r"));  // created
     EXPECT_TRUE(fs::exists(save + ".lock"));
     // Another claim of either target refuses, naming the flag, the path and what to do.
@@ -88,9 +88,9 @@ TEST(Outputs, AFailedWriteGoesToTheTempDirectoryAndIsListed) {
   // A write that succeeds adds nothing; one whose rescue fails too says it was not saved.
   write_or_rescue("--summary-json", (d / "ok.json").string(), false, write, failed);
   EXPECT_EQ(failed.size(), 1u);
-  write_or_rescue("--save", target, false, [&](const std::string& p) {
-    throw IoError("cannot write '" + p + "'");
-  }, failed);
+  write_or_rescue(
+      "--save", target, false,
+      [&](const std::string& p) { throw IoError("cannot write '" + p + "'"); }, failed);
   ASSERT_EQ(failed.size(), 2u);
   EXPECT_NE(failed[1].find("not saved"), std::string::npos) << failed[1];
 

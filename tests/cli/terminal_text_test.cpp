@@ -11,17 +11,20 @@ namespace {
 TEST(TerminalText, EscapesControlCharactersAndKeepsText) {
   EXPECT_EQ(shown("gpt2 model, 124M"), "gpt2 model, 124M");
   EXPECT_EQ(shown("two\nlines\tand a tab"), "two\nlines\tand a tab");
-  EXPECT_EQ(shown("caf\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80");
-  EXPECT_EQ(shown("x\x1b[2Jy"), "x\\x1b[2Jy");       // clear screen
+  EXPECT_EQ(shown("caf\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80"),
+            "caf\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80");
+  EXPECT_EQ(shown("x\x1b[2Jy"), "x\\x1b[2Jy");                 // clear screen
   EXPECT_EQ(shown("\x1b]0;title\x07"), "\\x1b]0;title\\x07");  // window title, BEL
   EXPECT_EQ(shown("a\rb"), "a\\x0db");
   EXPECT_EQ(shown(std::string("nul\0here", 8)), "nul\\x00here");
   EXPECT_EQ(shown("del\x7f"), "del\\x7f");
-  EXPECT_EQ(shown("csi\xc2\x9b" "31m"), "csi\\u009b31m");  // C1 CSI, as UTF-8
-  EXPECT_EQ(shown("raw\x9b"), "raw\\x9b");                // C1 CSI as a raw byte: not UTF-8
-  EXPECT_EQ(shown("bad\xc3"), "bad\\xc3");                // truncated sequence
-  EXPECT_EQ(shown("\xc0\xaf"), "\\xc0\\xaf");             // overlong '/'
-  EXPECT_EQ(shown("\xed\xa0\x80"), "\\xed\\xa0\\x80");    // a surrogate
+  EXPECT_EQ(shown("csi\xc2\x9b"
+                  "31m"),
+            "csi\\u009b31m");                           // C1 CSI, as UTF-8
+  EXPECT_EQ(shown("raw\x9b"), "raw\\x9b");              // C1 CSI as a raw byte: not UTF-8
+  EXPECT_EQ(shown("bad\xc3"), "bad\\xc3");              // truncated sequence
+  EXPECT_EQ(shown("\xc0\xaf"), "\\xc0\\xaf");           // overlong '/'
+  EXPECT_EQ(shown("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
 }
 
 TEST(TerminalText, EveryByteAloneComesOutAsPrintableAscii) {

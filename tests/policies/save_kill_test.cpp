@@ -215,8 +215,7 @@ Batch batch_of(const RunSpec& r, int salt) {
 }
 
 fs::path test_dir(const std::string& name) {
-  return fs::temp_directory_path() /
-         ("memfit_kill_" + name + "_" + std::to_string(::getpid()));
+  return fs::temp_directory_path() / ("memfit_kill_" + name + "_" + std::to_string(::getpid()));
 }
 
 TEST(SaveKill, TrainingStateSurvivesAKillAtEveryPoint) {
@@ -235,8 +234,7 @@ TEST(SaveKill, TrainingStateSurvivesAKillAtEveryPoint) {
   crash_test(
       dir, [&] { std::ofstream(path, std::ios::binary) << old_bytes; },
       [&] { run.trainer().save(path); },
-      [&](const fs::path& d) { (void)TrainStateFile::read((d / "run.mfstate").string()); },
-      o);
+      [&](const fs::path& d) { (void)TrainStateFile::read((d / "run.mfstate").string()); }, o);
   EXPECT_GE(o.points, 50);
   EXPECT_EQ(o.killed, o.points);
   EXPECT_GT(o.old_left, 0);
@@ -265,15 +263,14 @@ TEST(SaveKill, PlanSurvivesAKillAtEveryPoint) {
   Outcome o;
   crash_test(
       dir, [&] { p.save(path); }, [&] { q.save(path); },
-      [&](const fs::path& d) { (void)Plan::load((d / "plan.yaml").string()); },
-      o);
+      [&](const fs::path& d) { (void)Plan::load((d / "plan.yaml").string()); }, o);
   EXPECT_GE(o.points, 50);
   EXPECT_EQ(o.killed, o.points);
   EXPECT_GT(o.old_left, 0);
   EXPECT_GT(o.new_left, 0);
   EXPECT_EQ(o.mixed, 0);
-  std::printf("plan: %d kill points, %d left the old file, %d the new one\n", o.points,
-              o.old_left, o.new_left);
+  std::printf("plan: %d kill points, %d left the old file, %d the new one\n", o.points, o.old_left,
+              o.new_left);
   fs::remove_all(dir);
 }
 
@@ -305,9 +302,10 @@ TEST(SaveKill, ReportSurvivesAKillAtEveryPoint) {
   // Files are swapped in only after every one is written: a kill leaves a mix of old and new
   // files only between the first rename and the last (at most one kill point per file).
   EXPECT_LE(o.mixed, static_cast<int>(all.size()) * 2);
-  std::printf("report: %d kill points, %d left the old report, %d the new one, %d a mix of whole "
-              "files (killed between renames)\n",
-              o.points, o.old_left, o.new_left, o.mixed);
+  std::printf(
+      "report: %d kill points, %d left the old report, %d the new one, %d a mix of whole "
+      "files (killed between renames)\n",
+      o.points, o.old_left, o.new_left, o.mixed);
   fs::remove_all(dir);
 }
 
