@@ -31,13 +31,14 @@ TextDataset synthetic_data(std::int64_t seq_len) {
 
 int run_profile(const TrainArgs& a) {
   if (a.report.empty()) throw InvalidArgument("--out DIR is required");
-  const std::vector<OutputLock> held = claim_outputs({{"--out", a.report, /*dir=*/true}});
   Prepared prep = prepare(a);
   const RunSpec& p = prep.run;
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data = a.data.empty() ? synthetic_data(seq_len) : TextDataset(a.data);
   data.require_seq_len(seq_len);
   check_fits_machine(prep, a);  // before anything is allocated
+  // Input checked: the report directory (created now), locked for this run.
+  const std::vector<OutputLock> held = claim_outputs({{"--out", a.report, /*dir=*/true}});
   print_plan_source("profile", a, prep);
   // Plan vs measured whenever there is something to compare against: a plan, or a budget the
   // command line's policies must fit (a dry run says what they should take).

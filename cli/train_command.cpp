@@ -52,16 +52,17 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     throw InvalidArgument("--formats " + a.formats +
                           " chooses the report's files: give --report DIR");
   }
-  // Before anything is computed: every target writable, and no other run writing it.
-  const std::vector<OutputLock> held = claim_outputs({{"--save", t.save},
-                                                      {"--summary-json", t.summary_json},
-                                                      {"--report", a.report, /*dir=*/true}});
   Prepared prep = prepare(a);
   const RunSpec& p = prep.run;
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data(a.data);
   data.require_seq_len(seq_len);
   check_fits_machine(prep, a);  // before anything is allocated
+  // The input is good: every target writable and no other run writing it, before step 1
+  // (a bad run creates nothing, not even the report directory).
+  const std::vector<OutputLock> held = claim_outputs({{"--save", t.save},
+                                                      {"--summary-json", t.summary_json},
+                                                      {"--report", a.report, /*dir=*/true}});
   print_plan_source("train", a, prep);
   predict(prep, a);
   const std::optional<PeakFigures>& predicted = prep.predicted;
