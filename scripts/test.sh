@@ -31,5 +31,5 @@ cmake -S . -B build-tsan -G Ninja -DMEMFIT_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDe
 cmake --build build-tsan -j "$jobs" --target memfit_memory_tests memfit_core_tests memfit_policies_tests
 OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build-tsan -j "$jobs" --timeout 1800 --no-tests=error \
-  -R 'WorkerStreams|Offload|CachingAllocatorThreads|PinnedHostProvider'
+  -R 'WorkerStreams|Offload|CachingAllocatorThreads|PinnedHostProvider|TrainerOom.AFailedStep'
 echo "== all tests passed"
