@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -61,13 +62,6 @@ std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 }
 
 std::string sys_error(const char* op) { return std::string(op) + ": " + std::strerror(errno); }
-
-std::string dir_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
 
 nlohmann::json shape_json(const Shape& s) {
   nlohmann::json a = nlohmann::json::array();
@@ -162,16 +156,6 @@ TrainStateMeta meta_from_json(const nlohmann::json& j) {
 }
 
 // Closes and removes the temporary file unless released (the rename happened).
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool keep = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!keep) ::unlink(path.c_str());
-  }
-};
-
 }  // namespace
 
 // ---- Hash64 -----------------------------------------------------------------------------------
@@ -259,14 +243,14 @@ void write_train_state(const std::string& path, const TrainStateMeta& meta,
   const std::string text = header.dump();
   if (text.size() > UINT32_MAX) fail(path, "header too large");
 
-  TempFile tmp;
+  std::optional<AtomicFile> tmp;  // exclusive, unpredictable temporary name
   try {
-    tmp.fd = create_temp_beside(path, &tmp.path);  // exclusive, unpredictable name
+    tmp.emplace(path);
   } catch (const IoError& e) {
     fail(path, e.what());
   }
 
-  Writer w(tmp.fd, path, options.fail_after_bytes);
+  Writer w(tmp->fd(), path, options.fail_after_bytes);
   const std::uint32_t version = kTrainStateVersion;
   const auto hbytes = static_cast<std::uint32_t>(text.size());
   const std::uint64_t dbytes = data_bytes;
@@ -292,21 +276,12 @@ void write_train_state(const std::string& path, const TrainStateMeta& meta,
   w.write(&sum, 8, /*hash=*/false);
   w.write(kEndMagic, sizeof kEndMagic, /*hash=*/false);
 
-  if (options.fsync && ::fsync(tmp.fd) != 0) fail(path, sys_error("fsync"));
-  if (::close(tmp.fd) != 0) {
-    tmp.fd = -1;
-    fail(path, sys_error("close"));
-  }
-  tmp.fd = -1;
-  if (::rename(tmp.path.c_str(), path.c_str()) != 0) fail(path, sys_error("rename"));
-  tmp.keep = true;
-  if (options.fsync) {
-    // The rename is durable only once the directory entry is: fsync the directory.
-    const int dfd = ::open(dir_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
+  // fsync, close, rename over `path`, fsync the directory (the rename is durable only once
+  // the directory entry is).
+  try {
+    tmp->commit(options.fsync);
+  } catch (const IoError& e) {
+    fail(path, e.what());
   }
 }
 
