@@ -76,9 +76,11 @@ std::size_t read_size(const std::string& source, const std::string& key, const Y
 // 1000) and an optional unit ("3.35 TB/s", "989 TFLOP/s", "55G", "1.5e9/s").
 double read_rate(const std::string& source, const std::string& key, const YAML::Node& n,
                  bool allow_zero) {
+  // Bounded so every time computed from it is finite: 1e-300 FLOP/s made a layer take +inf s.
   const std::string valid =
-      std::string("valid: a number ") + (allow_zero ? ">= 0" : "> 0") +
-      ", optionally with an SI prefix and unit (989e12, 989T, 3.35 TB/s, 989 TFLOP/s)";
+      std::string("valid: ") + (allow_zero ? "0 or " : "") +
+      "a number from 1 to 1e21, optionally with an SI prefix and unit (989e12, 989T, 3.35 TB/s, "
+      "989 TFLOP/s)";
   if (!n.IsScalar() || n.Scalar().empty())
     fail(source, n, key, "got " + node_kind(n) + "; " + valid);
   const std::string& t = n.Scalar();
@@ -97,7 +99,7 @@ double read_rate(const std::string& source, const std::string& key, const YAML::
   bool unit_ok = false;
   for (const char* u : kUnits) unit_ok = unit_ok || rest == u;
   if (end == t.c_str() || !unit_ok) fail(source, n, key, "'" + t + "' is not a rate; " + valid);
-  if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
+  if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0) || (v != 0 && (v < 1 || v > 1e21))) {
     fail(source, n, key, "'" + t + "' is out of range; " + valid);
   }
   return v;
