@@ -1,5 +1,6 @@
 #include "cli/replay_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -7,7 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
+#include "cli/terminal_text.h"
 #include "memory/alloc_conf.h"
 #include "memory/alloc_trace.h"
 #include "memory/caching_allocator.h"
@@ -16,6 +19,7 @@
 #include "memory/size.h"
 #include "memory/trace_replay.h"
 #include "profiler/pickle.h"
+#include "profiler/read_file.h"
 #include "profiler/snapshot_import.h"
 
 namespace memfit::cli {
@@ -34,21 +38,53 @@ struct Loaded {
   std::optional<ImportedSnapshot> snapshot;  // without its trace (moved out)
 };
 
+// A memfit text trace: its first line that is not blank or a comment starts with an operation.
+bool looks_like_trace(std::string_view text) {
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = std::min(text.find('\n', at), text.size());
+    std::string_view l = text.substr(at, nl - at);
+    at = nl + 1;
+    while (!l.empty() && (l.front() == ' ' || l.front() == '\t' || l.front() == '\r')) {
+      l.remove_prefix(1);
+    }
+    if (l.empty() || l.front() == '#') continue;
+    for (std::string_view op : {"alloc", "free", "record_stream", "empty_cache", "step", "phase"}) {
+      if (l.substr(0, op.size()) == op && (l.size() == op.size() || l[op.size()] == ' ' ||
+                                           l[op.size()] == '\t' || l[op.size()] == '\r')) {
+        return true;
+      }
+    }
+    return false;
+  }
+  return true;  // only blank lines and comments: an empty trace
+}
+
+// The file's format by its bytes, not its name: a pickle starts with PROTO (protocols 2-5)
+// or, protocols 0 and 1 having no header, is anything that is not a trace and ends in STOP.
+bool is_pickle(std::string_view text) {
+  if (static_cast<unsigned char>(text.front()) == 0x80) return true;
+  return !looks_like_trace(text) && text.back() == '.';
+}
+
 Loaded load(const std::string& path, int device) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError(path + ": cannot open: " + std::strerror(errno));
-  const int first = f.peek();
-  if (first == std::char_traits<char>::eof()) {
+  const PickleLimits limits;
+  BoundedRead r = try_read_file_bounded(path, limits.max_input_bytes, "replay file");
+  if (!r.error.empty()) {
+    const std::string valid = " (a memory_viz snapshot pickle or a memfit trace)";
+    if (r.refused) throw InvalidArgument(r.error + valid);
+    throw IoError(r.error + valid);
+  }
+  const std::string& text = r.bytes;
+  if (text.empty()) {
     throw InvalidArgument(path +
                           ": empty file: expected a memory_viz snapshot pickle or a "
                           "memfit trace");
   }
   Loaded out;
-  if (first == 0x80) {
-    f.close();
+  if (is_pickle(text)) {
     ImportedSnapshot s;
     try {
-      s = import_snapshot(load_pickle_file(path), path, device);
+      s = import_snapshot(read_pickle(text, path, limits), path, device);
     } catch (const InvalidArgument& e) {
       const std::string what = e.what();
       if (what.find("choose one") == std::string::npos) throw;
@@ -59,7 +95,12 @@ Loaded load(const std::string& path, int device) {
   } else {
     if (device >= 0)
       throw InvalidArgument("--device applies to snapshots; " + path + " is a trace");
-    out.trace = read_trace(f, path);
+    if (text.size() > kMaxTraceFileBytes) {
+      throw InvalidArgument(path + ": " + std::to_string(text.size()) +
+                            " bytes, over the limit of " + limit_text(kMaxTraceFileBytes) +
+                            " for a text trace; valid: a trace of at most that");
+    }
+    out.trace = parse_trace(text, path);
   }
   return out;
 }
@@ -122,24 +163,21 @@ int run_replay(const ReplayArgs& a) {
                      {"ignored_entries", s.ignored_entries},
                      {"legacy", s.legacy}};
     }
-    std::printf("%s\n", j.dump(2).c_str());
+    say("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
 
-  std::printf("memfit replay %s (%s", a.file.c_str(),
-              in.snapshot ? "memory_viz snapshot" : "memfit trace");
+  say("memfit replay %s (%s", a.file.c_str(), in.snapshot ? "memory_viz snapshot" : "memfit trace");
   if (in.snapshot) {
     const ImportedSnapshot& s = *in.snapshot;
-    std::printf(
-        ", device %d: %zu trace entries -> %zu allocations, %zu frees, %zu live at the start",
+    say(", device %d: %zu trace entries -> %zu allocations, %zu frees, %zu live at the start",
         s.device, s.num_entries, s.num_allocs, s.num_frees, s.num_initially_live);
   }
-  std::printf(")\nallocator: %s\n\n",
-              conf.to_string().empty() ? "defaults" : conf.to_string().c_str());
+  say(")\nallocator: %s\n\n", conf.to_string().empty() ? "defaults" : conf.to_string().c_str());
   const char* file_col = in.snapshot ? "file" : "";
-  std::printf("%-24s %18s %18s\n", "", "memfit replay", file_col);
+  say("%-24s %18s %18s\n", "", "memfit replay", file_col);
   auto row = [&](const char* name, const std::string& mine, const std::string& theirs) {
-    std::printf("%-24s %18s %18s\n", name, mine.c_str(), theirs.c_str());
+    say("%-24s %18s %18s\n", name, mine.c_str(), theirs.c_str());
   };
   const SnapshotSegmentsSummary* g = in.snapshot ? &in.snapshot->segments : nullptr;
   auto fb = [](std::size_t b) { return format_bytes(b); };

@@ -16,6 +16,7 @@
 
 #include "core/model_spec.h"
 #include "memory/error.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -235,6 +236,8 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
   } catch (const Json::parse_error& e) {
     throw ConfigError(src + ":" + line_col(text, e.byte > 0 ? e.byte - 1 : 0) +
                       ": not valid JSON (" + e.what() + ")");
+  } catch (const Json::exception& e) {  // a number past double's range (out_of_range.406)
+    throw ConfigError(src + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) {
     throw ConfigError(src + ": a HuggingFace config.json is one JSON object, got " + kind_of(j));
@@ -406,23 +409,11 @@ ModelSpec ModelSpec::from_hf_config_string(std::string_view text, std::string_vi
 }
 
 ModelSpec ModelSpec::from_hf_config_file(const std::string& path, std::vector<std::string>* notes) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw ConfigError("model config '" + path + "': cannot open the file (" +
-                      std::error_code(errno, std::generic_category()).message() + ")");
-  }
-  // A config.json is a few KB; a cap keeps a wrong path (/dev/zero, a checkpoint) from being
+  // A config.json is a few KB; the cap keeps a wrong path (/dev/zero, a checkpoint) from being
   // read whole.
-  constexpr std::size_t kMaxBytes = std::size_t{4} << 20;
-  std::string text(kMaxBytes + 1, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(f.gcount()));
-  if (text.size() > kMaxBytes) {
-    throw ConfigError("model config '" + path +
-                      "': larger than 4 MiB, not a config.json; valid: a HuggingFace "
-                      "config.json (a few KB)");
-  }
-  return from_hf_config_string(text, path, notes);
+  const BoundedRead r = try_read_file_bounded(path, kMaxConfigFileBytes, "model config");
+  if (!r.error.empty()) throw ConfigError(r.error + " (a HuggingFace config.json, a few KB)");
+  return from_hf_config_string(r.bytes, path, notes);
 }
 
 }  // namespace memfit

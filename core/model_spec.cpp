@@ -21,6 +21,7 @@
 #include "core/backend.h"  // Backend::kMaxAttentionHeadSize
 #include "core/yaml_document.h"
 #include "memory/error.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -542,17 +543,13 @@ ModelSpec ModelSpec::from_yaml_string(std::string_view text, std::string_view so
 }
 
 ModelSpec ModelSpec::from_yaml_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  const BoundedRead r = try_read_file_bounded(path, kMaxConfigFileBytes, "model spec");
+  if (!r.error.empty()) {
     std::string names;
     for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    throw ConfigError("model spec '" + path + "': cannot open the file (" +
-                      std::error_code(errno, std::generic_category()).message() +
-                      "); valid: a YAML file path or a preset name (" + names + ")");
+    throw ConfigError(r.error + " (a YAML file), or a preset name (" + names + ")");
   }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return from_yaml_string(ss.str(), path);
+  return from_yaml_string(r.bytes, path);
 }
 
 ModelSpec ModelSpec::load(const std::string& name_or_path, std::vector<std::string>* notes) {

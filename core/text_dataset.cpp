@@ -10,21 +10,18 @@
 #include "core/rng.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
 namespace {
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw InvalidArgument("data file '" + path + "': cannot open (" + std::strerror(errno) +
-                          "); give a text file, e.g. data/corpus.txt");
+  BoundedRead r = try_read_file_bounded(path, kMaxDataFileBytes, "data file");
+  if (!r.error.empty()) {
+    throw InvalidArgument(r.error + " (a text file, e.g. data/corpus.txt)");
   }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) throw InvalidArgument("data file '" + path + "': read error");
-  return std::move(ss).str();
+  return std::move(r.bytes);
 }
 
 }  // namespace

@@ -226,14 +226,22 @@ class LineParser {
 }  // namespace
 
 AllocTrace read_trace(std::istream& in, std::string_view source) {
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_trace(std::move(ss).str(), source);
+}
+
+AllocTrace parse_trace(std::string_view text, std::string_view source) {
   AllocTrace trace;
-  std::string line;
   std::size_t line_no = 0;
-  while (std::getline(in, line)) {
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t nl = std::min(text.find('\n', at), text.size());
+    std::string_view l = text.substr(at, nl - at);
+    at = nl + 1;
     ++line_no;
-    std::string_view l = line;
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);  // CRLF
     while (!l.empty() && (l.front() == ' ' || l.front() == '\t')) l.remove_prefix(1);
-    if (l.empty() || l.front() == '#' || l == "\r") continue;
+    if (l.empty() || l.front() == '#') continue;
     LineParser p(l, source, line_no);
     const std::string_view kind = p.word("operation");
     TraceOp op;

@@ -94,13 +94,15 @@ class AllocTrace {
   TraceSummary validate() const;
 
  private:
-  friend AllocTrace read_trace(std::istream& in, std::string_view source);
+  friend AllocTrace parse_trace(std::string_view text, std::string_view source);
   std::uint64_t next_id_ = 0;  // above every id in ops, so builder ids never collide
 };
 
 void write_trace(std::ostream& out, const AllocTrace& trace);
 // Parses the text form; throws InvalidArgument naming `source` and the line. The result is
-// syntactically valid; call validate() for the liveness rules.
+// syntactically valid; call validate() for the liveness rules. Lines may end in "\n" or
+// "\r\n". read_trace reads the stream to its end and parses that.
+AllocTrace parse_trace(std::string_view text, std::string_view source = "trace");
 AllocTrace read_trace(std::istream& in, std::string_view source = "trace");
 
 }  // namespace memfit

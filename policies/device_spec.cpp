@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include "core/yaml_document.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -243,15 +245,11 @@ DeviceSpec DeviceSpec::from_yaml_string(std::string_view text, std::string_view 
 }
 
 DeviceSpec DeviceSpec::from_yaml_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw ConfigError("device spec '" + path + "': cannot open the file (" +
-                      std::error_code(errno, std::generic_category()).message() +
-                      "); valid: a YAML file path or a preset name (" + joined_presets() + ")");
+  const BoundedRead r = try_read_file_bounded(path, kMaxConfigFileBytes, "device spec");
+  if (!r.error.empty()) {
+    throw ConfigError(r.error + " (a YAML file), or a preset name (" + joined_presets() + ")");
   }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return parse(ss.str(), path, name_from_path(path));
+  return parse(r.bytes, path, name_from_path(path));
 }
 
 DeviceSpec DeviceSpec::preset(std::string_view name) {
@@ -282,8 +280,8 @@ DeviceSpec DeviceSpec::load(const std::string& name_or_path) {
   for (const PresetText& p : kPresets) {
     if (name_or_path == p.name) return preset(name_or_path);
   }
-  std::ifstream probe(name_or_path);
-  if (!probe) {
+  std::error_code ec;  // exists(), not an open: opening a FIFO would block
+  if (!std::filesystem::exists(name_or_path, ec)) {
     throw ConfigError("device '" + name_or_path +
                       "': not a preset and no such file; valid: a preset name (" +
                       joined_presets() + ") or a YAML file path");

@@ -18,6 +18,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "profiler/atomic_file.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -39,6 +40,20 @@ std::string at(const std::string& source, const YAML::Mark& m) {
 [[noreturn]] void fail(const std::string& source, const YAML::Node& n, const std::string& key,
                        const std::string& what) {
   throw ConfigError(at(source, n.Mark()) + "plan." + key + ": " + what);
+}
+
+// A map's key: a plain name. A list or map as a key (`? [a, b]: 1`, `{[x]: 1}`) is an error at
+// it, naming the map and its valid keys.
+std::string key_name(const std::string& src, const YAML::Node& k, const std::string& map,
+                     const char* valid) {
+  if (!k.IsScalar()) {
+    throw ConfigError(at(src, k.Mark()) + map + ": a key that is " +
+                      (k.IsMap()        ? "a map"
+                       : k.IsSequence() ? "a list"
+                                        : "empty (null)") +
+                      "; valid keys: " + valid);
+  }
+  return k.Scalar();
 }
 
 std::string scalar(const std::string& src, const YAML::Node& n, const std::string& key) {
@@ -174,7 +189,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   std::size_t cached = 0;
   bool have_cached = false;
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
+    const std::string key = key_name(src, kv.first, "plan", kValidKeys);
     const YAML::Node& v = kv.second;
     if (!seen.insert(key).second) {
       fail(src, kv.first, key,
@@ -222,7 +237,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
     } else if (key == "offload") {
       if (v.IsMap()) {
         for (const auto& ok : v) {
-          const std::string k = ok.first.as<std::string>();
+          const std::string k = key_name(src, ok.first, "plan.offload", kValidOffload);
           if (k == "optimizer") {
             p.policy.offload.optimizer = boolean(src, ok.second, "offload." + k);
           } else if (k == "gradients") {
@@ -255,7 +270,7 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       if (!v.IsMap()) fail(src, v, key, "expected a map (" + std::string(kValidPredicted) + ")");
       PeakFigures& pk = p.predicted.peaks;
       for (const auto& entry : v) {
-        const std::string k = entry.first.as<std::string>();
+        const std::string k = key_name(src, entry.first, "plan.predicted", kValidPredicted);
         const YAML::Node& pv = entry.second;
         const std::string full = "predicted." + k;
         if (k == "peak_reserved_bytes") {
@@ -523,7 +538,7 @@ Plan Plan::from_json_string(std::string_view text, std::string_view source) {
   try {
     const nlohmann::json checked = nlohmann::json::parse(text);  // the parser's own message
     (void)checked;
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error; out_of_range: 1e999
     throw ConfigError(src + ": malformed JSON plan: " + e.what());
   }
   // JSON is YAML's flow style: the same reader gives line numbers for every key.
@@ -532,11 +547,8 @@ Plan Plan::from_json_string(std::string_view text, std::string_view source) {
 
 Plan Plan::load(const std::string& path) {
   const bool json = is_json_path(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open the plan file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return json ? from_json_string(ss.str(), path) : from_yaml_string(ss.str(), path);
+  const std::string text = read_file_bounded<ConfigError>(path, kMaxConfigFileBytes, "plan file");
+  return json ? from_json_string(text, path) : from_yaml_string(text, path);
 }
 
 void Plan::save(const std::string& path) const {

@@ -8,14 +8,18 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "memory/error.h"
 #include "memory/size.h"
 #include "profiler/atomic_file.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -136,22 +140,49 @@ nlohmann::json meta_json(const TrainStateMeta& m) {
   return j;
 }
 
+// An integer header value as T. nlohmann's get<T>() casts a float (1e300) or an out-of-range
+// number straight to T, which is undefined behaviour; a header memfit did not write may hold
+// one (the fuzzer's first finding here). The message becomes "bad header: ...".
+template <class T>
+T int_value(const nlohmann::json& v, const std::string& what) {
+  const bool ok = v.is_number_unsigned()  ? std::in_range<T>(v.get<std::uint64_t>())
+                  : v.is_number_integer() ? std::in_range<T>(v.get<std::int64_t>())
+                                          : false;
+  if (!ok) {
+    throw std::out_of_range(what + " is " + v.dump() + "; valid: an integer from " +
+                            std::to_string(std::numeric_limits<T>::min()) + " to " +
+                            std::to_string(std::numeric_limits<T>::max()));
+  }
+  return v.get<T>();
+}
+
+template <class T>
+T int_field(const nlohmann::json& j, const char* key) {
+  return int_value<T>(j.at(key), std::string("'") + key + "'");
+}
+
 TrainStateMeta meta_from_json(const nlohmann::json& j) {
   TrainStateMeta m;
   m.model_spec = j.at("model_spec").get<std::string>();
   m.dtype = j.at("dtype").get<std::string>();
   m.optimizer = j.at("optimizer").get<std::string>();
   m.options_json = j.at("options").get<std::string>();
-  m.steps = j.at("steps").get<std::int64_t>();
-  m.attempted = j.at("attempted").get<std::int64_t>();
+  m.steps = int_field<std::int64_t>(j, "steps");
+  m.attempted = int_field<std::int64_t>(j, "attempted");
   const auto& sc = j.at("scaler");
   m.scaler_enabled = sc.at("enabled").get<bool>();
   m.scaler.scale = sc.at("scale").get<double>();
-  m.scaler.growth_tracker = sc.at("growth_tracker").get<std::int64_t>();
+  m.scaler.growth_tracker = int_field<std::int64_t>(sc, "growth_tracker");
   const auto& r = j.at("rng");
-  m.rng.s = r.at("s").get<std::array<std::uint64_t, 4>>();
+  const auto& words = r.at("s");
+  if (!words.is_array() || words.size() != m.rng.s.size()) {
+    throw std::out_of_range("'rng.s' is " + words.dump() + "; valid: 4 unsigned 64-bit integers");
+  }
+  for (std::size_t k = 0; k < m.rng.s.size(); ++k) {
+    m.rng.s[k] = int_value<std::uint64_t>(words[k], "'rng.s[" + std::to_string(k) + "]'");
+  }
   m.rng.has_spare = r.at("has_spare").get<bool>();
-  m.rng.spare = std::bit_cast<float>(r.at("spare_bits").get<std::uint32_t>());
+  m.rng.spare = std::bit_cast<float>(int_field<std::uint32_t>(r, "spare_bits"));
   return m;
 }
 
@@ -288,55 +319,33 @@ void write_train_state(const std::string& path, const TrainStateMeta& meta,
 // ---- reading ----------------------------------------------------------------------------------
 
 TrainStateFile TrainStateFile::read(const std::string& path) {
+  // Only a regular file is read: a directory, FIFO or device is refused by name before
+  // anything is read (a directory's lseek end once sized a huge buffer). No size limit beyond
+  // the file's own: a state is as large as the model.
+  BoundedRead r = try_read_file_bounded(path, SIZE_MAX, "training state");
+  if (!r.error.empty()) throw TrainStateError(r.error + " (a training state written by --save)");
+  return from_bytes(r.bytes, path);
+}
+
+TrainStateFile TrainStateFile::from_bytes(std::string_view bytes, const std::string& path) {
   TrainStateFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, sys_error("cannot open"));
-  std::vector<unsigned char> buf;
-  {
-    // Only a regular file has a size to read: a directory, FIFO or device is refused before
-    // anything is read (a directory's lseek end would size a huge buffer).
-    struct stat st {};
-    const bool known = ::fstat(fd, &st) == 0;
-    if (!known || !S_ISREG(st.st_mode)) {
-      const bool dir = known && S_ISDIR(st.st_mode);
-      ::close(fd);
-      fail(path, std::string(dir ? "is a directory" : "is not a regular file") +
-                     "; valid: a training-state file written by --save");
-    }
-    const off_t end = ::lseek(fd, 0, SEEK_END);
-    if (end < 0 || ::lseek(fd, 0, SEEK_SET) != 0) {
-      ::close(fd);
-      fail(path, sys_error("seek"));
-    }
-    buf.resize(static_cast<std::size_t>(end));
-    std::size_t got = 0;
-    while (got < buf.size()) {
-      const ssize_t r = ::read(fd, buf.data() + got, buf.size() - got);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        ::close(fd);
-        fail(path, r == 0 ? std::string("file shrank while being read") : sys_error("read"));
-      }
-      got += static_cast<std::size_t>(r);
-    }
-    ::close(fd);
-  }
-  const std::size_t size = buf.size();
+  const auto* buf = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t size = bytes.size();
   if (size < kPrefixBytes + kSuffixBytes) {
     fail(path, "truncated: " + std::to_string(size) + " bytes, a training state has at least " +
                    std::to_string(kPrefixBytes + kSuffixBytes));
   }
-  if (std::memcmp(buf.data(), kMagic, 8) != 0) {
+  if (std::memcmp(buf, kMagic, 8) != 0) {
     fail(path, "not a memfit training state (bad magic; expected \"MFSTATE1\")");
   }
-  const std::uint32_t version = load32(buf.data() + 8);
+  const std::uint32_t version = load32(buf + 8);
   if (version != kTrainStateVersion) {
     fail(path, "format version " + std::to_string(version) + "; this memfit reads version " +
                    std::to_string(kTrainStateVersion));
   }
-  const std::size_t hbytes = load32(buf.data() + 12);
-  const std::uint64_t dbytes = load64(buf.data() + 16);
+  const std::size_t hbytes = load32(buf + 12);
+  const std::uint64_t dbytes = load64(buf + 16);
   const std::size_t data_at = align_up(kPrefixBytes + hbytes);
   const std::size_t expect = dbytes > size ? SIZE_MAX : data_at + dbytes + kSuffixBytes;
   if (expect != size) {
@@ -344,9 +353,9 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
                    " bytes, the header says " +
                    (expect == SIZE_MAX ? std::string("more") : std::to_string(expect)));
   }
-  if (std::memcmp(buf.data() + size - 8, kEndMagic, 8) != 0) fail(path, "bad end marker");
-  const std::uint64_t stored = load64(buf.data() + size - kSuffixBytes);
-  const std::uint64_t computed = Hash64::of(buf.data(), size - kSuffixBytes);
+  if (std::memcmp(buf + size - 8, kEndMagic, 8) != 0) fail(path, "bad end marker");
+  const std::uint64_t stored = load64(buf + size - kSuffixBytes);
+  const std::uint64_t computed = Hash64::of(buf, size - kSuffixBytes);
   if (stored != computed) {
     fail(path, "checksum mismatch (stored " + std::to_string(stored) + ", computed " +
                    std::to_string(computed) + "): the file is corrupt");
@@ -354,8 +363,8 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(buf.begin() + kPrefixBytes,
-                                   buf.begin() + kPrefixBytes + static_cast<long>(hbytes));
+    header =
+        nlohmann::json::parse(buf + kPrefixBytes, buf + kPrefixBytes + static_cast<long>(hbytes));
     f.meta_ = meta_from_json(header);
     std::set<std::string> names;
     std::size_t next = 0;  // entries are laid out in order without overlap
@@ -364,13 +373,16 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
       en.name = e.at("name").get<std::string>();
       if (!names.insert(en.name).second) fail(path, "entry '" + en.name + "' appears twice");
       en.dtype = parse_dtype(e.at("dtype").get<std::string>());
-      const auto dims = e.at("shape").get<std::vector<std::int64_t>>();
-      if (dims.size() > static_cast<std::size_t>(kMaxDims)) {
-        fail(path, "entry '" + en.name + "': more than " + std::to_string(kMaxDims) + " dims");
+      const auto& shape = e.at("shape");
+      if (!shape.is_array() || shape.size() > static_cast<std::size_t>(kMaxDims)) {
+        fail(path, "entry '" + en.name + "': shape " + shape.dump() +
+                       "; valid: a list of at most " + std::to_string(kMaxDims) + " dims");
       }
+      std::vector<std::int64_t> dims;
+      for (const auto& d : shape) dims.push_back(int_value<std::int64_t>(d, "a dim"));
       en.shape = Shape::of(dims.data(), static_cast<int>(dims.size()));
-      en.offset = e.at("offset").get<std::size_t>();
-      en.nbytes = e.at("nbytes").get<std::size_t>();
+      en.offset = int_field<std::size_t>(e, "offset");
+      en.nbytes = int_field<std::size_t>(e, "nbytes");
       const std::size_t want = static_cast<std::size_t>(en.shape.numel()) * dtype_size(en.dtype);
       if (en.nbytes != want || en.offset < next || en.offset % kAlign != 0 || en.offset > dbytes ||
           en.nbytes > dbytes - en.offset) {
@@ -388,7 +400,7 @@ TrainStateFile TrainStateFile::read(const std::string& path) {
     fail(path, std::string("bad header: ") + e.what());
   }
   f.data_.resize(static_cast<std::size_t>(dbytes));
-  std::memcpy(f.data_.data(), buf.data() + data_at, f.data_.size());
+  std::memcpy(f.data_.data(), buf + data_at, f.data_.size());
   return f;
 }
 

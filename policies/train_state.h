@@ -90,7 +90,10 @@ class TrainStateFile {
     std::size_t nbytes = 0;
   };
 
+  // read: the file (a regular file, else refused by name before reading) through from_bytes,
+  // which checks bytes already in memory; `path` names them in errors.
   static TrainStateFile read(const std::string& path);
+  static TrainStateFile from_bytes(std::string_view bytes, const std::string& path);
 
   const std::string& path() const { return path_; }
   const TrainStateMeta& meta() const { return meta_; }

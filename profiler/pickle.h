@@ -30,7 +30,9 @@
 // exhausting memory; a shared sub-value counts once per place it appears in the result (the
 // result is a tree), which is what stops "billion laughs" memo repetition. A structure that
 // contains itself is refused (a tree cannot hold it). Truncated input is refused with the
-// offset where it ended. Not thread-safe per value; the functions are reentrant.
+// offset where it ended. The result's size is bounded by a multiple of the input's
+// (PickleLimits), with the error naming the limit and the byte offset of the value that
+// passes it. Not thread-safe per value; the functions are reentrant.
 #pragma once
 
 #include <cstddef>
@@ -126,6 +128,16 @@ struct PickleLimits {
   std::size_t max_string_bytes = 64u << 20;  // one str or bytes
   std::size_t max_memo = 10'000'000;         // memo entries (and the highest memo index + 1)
   std::size_t max_stack = 10'000'000;        // values on the stack (incl. under marks)
+  // The result may hold at most max(min_elements, elements_per_byte x input bytes) values
+  // (and max_elements), and max(min_string_bytes, string_bytes_per_byte x input bytes) bytes
+  // of str/bytes (and max_input_bytes): the result's memory is linear in the input's size, so
+  // a small file of shared memo references ("billion laughs") is refused, in time linear in
+  // the file, before anything is copied. Real memory_viz snapshots expand to under one value
+  // per byte; PyTorch's shared traceback frames stay well within 8.
+  std::size_t elements_per_byte = 8;
+  std::size_t min_elements = std::size_t{1} << 18;
+  std::size_t string_bytes_per_byte = 8;
+  std::size_t min_string_bytes = std::size_t{16} << 20;
 };
 
 // Errors are InvalidArgument: "<source>: byte <offset>: <what>".

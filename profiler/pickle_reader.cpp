@@ -7,19 +7,19 @@
 // levels, copying shared nodes into every place they appear (counted against the limits) and
 // refusing a node that contains itself. Opcode semantics follow CPython's Lib/pickle.py
 // (_Unpickler.load_*); only the data-building ones exist here.
-#include <sys/stat.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "memory/error.h"
 #include "profiler/pickle.h"
+#include "profiler/read_file.h"
 
 namespace memfit {
 
@@ -34,6 +34,7 @@ struct Node {
   double d = 0;
   std::string s;
   std::vector<std::uint32_t> kids;  // list/tuple items; dict: key, value, key, value, ...
+  std::size_t at = 0;               // the byte offset of the opcode that made it
 };
 
 std::string hex_byte(std::uint8_t b) {
@@ -77,18 +78,14 @@ class Reader {
     const std::uint32_t root = execute();
     on_path_.assign(nodes_.size(), 0);
     expanded_.assign(nodes_.size(), Size{});
-    const Size total = measure(root, 0);
-    if (total.values > limits_.max_elements) {
-      fail(data_.size(), "the data expands to more than " + std::to_string(limits_.max_elements) +
-                             " values (a shared value counts once per place): over the element "
-                             "limit");
-    }
-    if (total.bytes > limits_.max_input_bytes) {
-      fail(data_.size(), "the data expands to more than " +
-                             std::to_string(limits_.max_input_bytes) +
-                             " bytes of strings (a shared value counts once per place): over the "
-                             "size limit");
-    }
+    const auto scaled = [&](std::size_t per_byte, std::size_t floor, std::size_t cap) {
+      const std::size_t n = data_.size() > SIZE_MAX / per_byte ? SIZE_MAX : data_.size() * per_byte;
+      return std::min(cap, std::max(floor, n));
+    };
+    max_values_ = scaled(limits_.elements_per_byte, limits_.min_elements, limits_.max_elements);
+    max_bytes_ =
+        scaled(limits_.string_bytes_per_byte, limits_.min_string_bytes, limits_.max_input_bytes);
+    measure(root, 0);  // refuses a result over max_values_ / max_bytes_
     return convert(root, 0);
   }
 
@@ -141,6 +138,7 @@ class Reader {
     }
     nodes_.emplace_back();
     nodes_.back().kind = k;
+    nodes_.back().at = op_at_;
     return static_cast<std::uint32_t>(nodes_.size() - 1);
   }
   void push(std::uint32_t n) {
@@ -422,6 +420,28 @@ class Reader {
       }
       on_path_[n] = 0;
     }
+    // The first (innermost) value to pass a limit is named, at the opcode that made it.
+    if (s.values > max_values_) {
+      fail(node.at,
+           std::string("this ") + pickle_kind_name(node.kind) + " expands to more than " +
+               std::to_string(max_values_) +
+               " values (a shared value counts once per place it appears): over the element "
+               "limit for a " +
+               std::to_string(data_.size()) + "-byte pickle (" +
+               std::to_string(limits_.elements_per_byte) + " per input byte, at least " +
+               std::to_string(limits_.min_elements) + ", at most " +
+               std::to_string(limits_.max_elements) + ")");
+    }
+    if (s.bytes > max_bytes_) {
+      fail(node.at, std::string("this ") + pickle_kind_name(node.kind) + " expands to more than " +
+                        std::to_string(max_bytes_) +
+                        " bytes of strings (a shared value counts once per place it appears): "
+                        "over the string-size limit for a " +
+                        std::to_string(data_.size()) + "-byte pickle (" +
+                        std::to_string(limits_.string_bytes_per_byte) +
+                        " per input byte, at least " + std::to_string(limits_.min_string_bytes) +
+                        ", at most " + std::to_string(limits_.max_input_bytes) + ")");
+    }
     expanded_[n] = s;
     return s;
   }
@@ -441,6 +461,8 @@ class Reader {
   std::unordered_map<std::uint64_t, std::uint32_t> memo_;
   std::vector<std::uint8_t> on_path_;
   std::vector<Size> expanded_;
+  std::size_t max_values_ = 0;  // the result's limits for this input (run)
+  std::size_t max_bytes_ = 0;
 };
 
 // One case per opcode, kept one line each where it fits: the table reads like pickle.py's.
@@ -672,23 +694,10 @@ PickleValue read_pickle(std::string_view data, std::string_view source,
 }
 
 PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw IoError(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    throw IoError(path + ": is a directory, not a pickle file");
-  }
-  f.seekg(0, std::ios::end);
-  const std::streamoff size = f.tellg();
-  if (size < 0) throw IoError(path + ": cannot read its size");
-  if (static_cast<std::uint64_t>(size) > limits.max_input_bytes) {
-    throw InvalidArgument(path + ": " + std::to_string(size) + " bytes, over the limit of " +
-                          std::to_string(limits.max_input_bytes) + " bytes for a pickle");
-  }
-  f.seekg(0);
-  std::string data(static_cast<std::size_t>(size), '\0');
-  if (!f.read(data.data(), size)) throw IoError(path + ": read failed: " + std::strerror(errno));
-  return read_pickle(data, path, limits);
+  BoundedRead r = try_read_file_bounded(path, limits.max_input_bytes, "pickle");
+  if (r.refused) throw InvalidArgument(r.error);
+  if (!r.error.empty()) throw IoError(r.error);
+  return read_pickle(r.bytes, path, limits);
 }
 
 }  // namespace memfit

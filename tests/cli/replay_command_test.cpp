@@ -2,6 +2,7 @@
 // a memfit text trace, a malicious pickle refused with the clear error (exit 2, nothing run),
 // a missing file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -122,6 +123,54 @@ TEST(ReplayCommand, MissingFile) {
   EXPECT_TRUE(contains(r.output, "/nonexistent/snapshot.pickle")) << r.output;
   EXPECT_TRUE(contains(r.output, "cannot open")) << r.output;
   EXPECT_EQ(run_memfit("replay " + kFixture + " --format yaml").exit_code, 2);
+}
+
+// Protocols 0 and 1 have no PROTO header: the file is recognized as a pickle by not being a
+// trace and ending in STOP, and read (it was parsed as a text trace: "unknown operation").
+TEST(ReplayCommand, ProtocolZeroAndOnePicklesAreReadAsPickles) {
+  // {"segments": [], "device_traces": [[]]}: protocol 0 text opcodes, then the same in
+  // protocol 1's binary ones.
+  const std::string p0 = "(dp0\nVsegments\np1\n(lp2\nsVdevice_traces\np3\n(lp4\n(lp5\nas.";
+  const std::string p1 = std::string(
+      "}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x0d\x00\x00\x00"
+      "device_tracesq\x03]q\x04]q\x05"
+      "au.",
+      51);
+  for (const auto& [name, bytes] :
+       {std::pair<std::string, std::string>{"p0.pickle", p0}, {"p1.pickle", p1}}) {
+    const std::string path = tmp(name);
+    std::ofstream(path, std::ios::binary) << bytes;
+    const ProgramRun r = run_memfit("replay " + path + " --format json", false);
+    EXPECT_EQ(r.exit_code, 0) << name << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "\"snapshot\"")) << r.output;
+    ::unlink(path.c_str());
+  }
+}
+
+// A trace with CRLF line endings replays as the same trace with LF ("step number '1' is not a
+// non-negative integer" before).
+TEST(ReplayCommand, CrlfTraceReplays) {
+  const std::string path = tmp("crlf.trace");
+  std::ofstream(path, std::ios::binary)
+      << "# crlf\r\nalloc 1 4096 activation 0 h0\r\nstep 1\r\nfree 1\r\n";
+  const ProgramRun r = run_memfit("replay " + path + " --format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["replay"]["peak_live_bytes"], 4096);
+  ::unlink(path.c_str());
+}
+
+// /dev/zero (or a FIFO, a directory) is refused by what it is; it was read until OOM-killed.
+TEST(ReplayCommand, EndlessAndNonRegularFilesAreRefusedByName) {
+  const ProgramRun zero = run_memfit("replay /dev/zero");
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_TRUE(contains(zero.output, "replay file '/dev/zero': is a character device"))
+      << zero.output;
+  const std::string dir = tmp("dir");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const ProgramRun d = run_memfit("replay " + dir);
+  EXPECT_EQ(d.exit_code, 2);
+  EXPECT_TRUE(contains(d.output, "is a directory")) << d.output;
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include "core/model_spec.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -240,6 +242,30 @@ TEST(ModelSpec, MissingKeysAndShape) {
   expect_error("- a\n- b\n", {"spec.yaml:1:1", "expected a map", "a list"});
   expect_error("model: 3\n", {"model: must be a map"});
   expect_error("model: {kind: gpt\n", {"spec.yaml:", "not valid YAML"});
+}
+
+// A directory, a device or a FIFO as --model is refused by what it is before a byte is read
+// (a directory said "got nothing (null)"; /dev/zero was read until the OOM killer came).
+TEST(ModelSpec, NonRegularFilesAreRefusedByName) {
+  const std::string dir = testing::TempDir() + "model_spec_dir_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  const std::string fifo = dir + "/fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, what] : {std::pair<std::string, std::string>{dir, "is a directory"},
+                                   {"/dev/zero", "is a character device"},
+                                   {fifo, "is a FIFO"}}) {
+    try {
+      ModelSpec::load(path);
+      ADD_FAILURE() << path;
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("model spec '" + path + "': " + what), std::string::npos) << msg;
+      EXPECT_NE(msg.find("valid: a regular file of at most 4 MiB"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("gpt-tiny"), std::string::npos) << msg;  // or a preset
+    }
+  }
+  ::unlink(fifo.c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

@@ -119,5 +119,32 @@ TEST(AllocTraceText, RoundTripsAndNamesBadLines) {
   EXPECT_EQ(error_of("alloc 1 64 activation 0 a tag with spaces\nfree 1\n"), "");
 }
 
+// A trace written on Windows (or through git's autocrlf) reads the same ("step number '1' is
+// not a non-negative integer" before).
+TEST(AllocTraceText, CrlfLineEndingsReadAsLf) {
+  const std::string lf = "# t\nalloc 1 4096 activation 0 h0.qkv\nstep 1\nphase forward\nfree 1\n";
+  std::string crlf;
+  for (char c : lf) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  const AllocTrace a = parse_trace(lf, "lf.trace");
+  const AllocTrace b = parse_trace(crlf, "crlf.trace");
+  ASSERT_EQ(b.ops.size(), 4u);
+  std::ostringstream wa, wb;
+  write_trace(wa, a);
+  write_trace(wb, b);
+  EXPECT_EQ(wa.str(), wb.str());
+  EXPECT_EQ(b.ops[0].tag, "h0.qkv");
+  EXPECT_EQ(b.ops[1].id, 1u);
+  EXPECT_EQ(b.ops[2].tag, "forward");
+  std::istringstream in(crlf);
+  EXPECT_EQ(read_trace(in, "crlf.trace").ops.size(), 4u);
+  try {
+    parse_trace("step 1\r\nstep x\r\n", "bad.trace");
+    ADD_FAILURE();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.trace:2: step number 'x'"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace memfit

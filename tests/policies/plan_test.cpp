@@ -286,6 +286,43 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "why: [a, b]\n", "plan.why: expected a single value");
   expect_error("micro_batch: [1,\n", "p.yaml:2:1: malformed plan:");
   expect_error("- 1\n- 2\n", "p.yaml: a plan is one map");
+  // A list or map as a key is an error at it naming the map and its keys (it was exit 3,
+  // "yaml-cpp bad conversion", with no file).
+  expect_error(m + ok + "? [a, b]\n: 1\n",
+               "p.yaml:11:3: plan: a key that is a list; valid keys: model,");
+  expect_error(m + ok + "{x: 1}: 2\n", "p.yaml:11:1: plan: a key that is a map; valid keys:");
+  expect_error(m + ok + "offload: {[optimizer]: true}\n",
+               "p.yaml:11:11: plan.offload: a key that is a list; valid keys: optimizer,");
+  expect_error(
+      m + ok + "predicted: {{a: 1}: 2}\n",
+      "p.yaml:11:13: plan.predicted: a key that is a map; valid keys: peak_reserved_bytes");
+}
+
+TEST(Plan, LoadRefusesDirectoriesDevicesAndHugeFilesByName) {
+  const std::string dir = testing::TempDir() + "plan_dir_" + std::to_string(::getpid()) + ".yaml";
+  std::filesystem::create_directory(dir);
+  const std::string zero = dir + "/zero.json";  // a plan name for /dev/zero
+  std::filesystem::create_symlink("/dev/zero", zero);
+  for (const auto& [path, want] : {std::pair<std::string, std::string>{dir, "is a directory"},
+                                   {zero, "is a character device"}}) {
+    try {
+      (void)Plan::load(path);
+      ADD_FAILURE() << path;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("plan file '" + path + "': " + want), std::string::npos)
+          << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
+  const std::string big = testing::TempDir() + "plan_big_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(big) << std::string((std::size_t{4} << 20) + 1, ' ');
+  try {
+    (void)Plan::load(big);
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("over the limit of 4 MiB"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(big);
 }
 
 TEST(Plan, JsonErrorsNameTheLineAndKeyToo) {

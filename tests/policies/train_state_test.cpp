@@ -287,5 +287,56 @@ TEST_F(TrainStateTest, BadNamesAreRefusedAndNothingIsWritten) {
                TrainStateError);
 }
 
+// A state file around `header` (JSON text) with no data: the layout TrainStateFile::save
+// writes (prefix, header, padding to 64, data, checksum, end magic), checksum included.
+std::string state_bytes(const std::string& header) {
+  std::string b = "MFSTATE1";
+  const std::uint32_t version = kTrainStateVersion,
+                      hbytes = static_cast<std::uint32_t>(header.size());
+  const std::uint64_t dbytes = 0;
+  b.append(reinterpret_cast<const char*>(&version), 4);
+  b.append(reinterpret_cast<const char*>(&hbytes), 4);
+  b.append(reinterpret_cast<const char*>(&dbytes), 8);
+  b += header;
+  b.resize((b.size() + 63) / 64 * 64, '\0');
+  const std::uint64_t sum = Hash64::of(b.data(), b.size());
+  b.append(reinterpret_cast<const char*>(&sum), 8);
+  return b + "MFSTEND1";
+}
+
+std::string header_with(const std::string& field) {
+  return R"({"format":"memfit training state","model_spec":"","dtype":"f32","optimizer":"adamw",)"
+         R"("options":"{}","attempted":1,"scaler":{"enabled":false,"scale":1.0,"growth_tracker":0},)"
+         R"("rng":{"s":[1,2,3,4],"has_spare":false,"spare_bits":0},"entries":[],)" +
+         field + "}";
+}
+
+// A float or out-of-range number in an integer field is a "bad header" naming it; nlohmann's
+// get<T>() cast it to T, undefined behaviour (UBSan under the fuzzer: 1e300 as steps).
+TEST(TrainStateHeader, NumbersOutOfAnIntegerFieldsRangeAreRefusedByName) {
+  EXPECT_EQ(TrainStateFile::from_bytes(state_bytes(header_with(R"("steps":7)")), "ok").meta().steps,
+            7);
+  for (const auto& [field, want] :
+       {std::pair<std::string, std::string>{R"("steps":1e300)",
+                                            "'steps' is 1e+300; valid: an integer"},
+        {R"("steps":9223372036854775808)", "'steps' is 9223372036854775808"},
+        {R"("steps":-1.5)", "'steps' is -1.5"}}) {
+    try {
+      (void)TrainStateFile::from_bytes(state_bytes(header_with(field)), "evil.mfstate");
+      ADD_FAILURE() << field;
+    } catch (const TrainStateError& e) {
+      EXPECT_NE(std::string(e.what()).find("training state 'evil.mfstate': bad header: " + want),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  std::string spare = header_with(R"("steps":1)");
+  spare.replace(spare.find(R"("spare_bits":0)"), 14, R"("spare_bits":4294967296)");
+  EXPECT_THROW((void)TrainStateFile::from_bytes(state_bytes(spare), "evil"), TrainStateError);
+  std::string words = header_with(R"("steps":1)");
+  words.replace(words.find("[1,2,3,4]"), 9, "[1,2,3]");
+  EXPECT_THROW((void)TrainStateFile::from_bytes(state_bytes(words), "evil"), TrainStateError);
+}
+
 }  // namespace
 }  // namespace memfit

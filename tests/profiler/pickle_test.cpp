@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -336,6 +337,47 @@ TEST(PickleRead, MemoExpansionIsRefusedByTheElementLimit) {
   limits.max_elements = 100'000;
   expect_refused(p, {"element limit"}, limits);
   expect_refused(p, {"element limit"});  // the default limit too
+}
+
+// The result is bounded by the input's size, not only by an absolute count: the ~230-byte
+// "billion laughs" above is refused where its expansion passes 8 values per input byte (at
+// least 2^18), at the list that passes it, in linear time and without copying anything (it
+// took 1.05 GB and 11 s under ASan against the absolute limit alone).
+TEST(PickleRead, ExpansionIsBoundedByTheInputSize) {
+  std::string p = "\x80\x02](";
+  for (int i = 0; i < 10; ++i) p += "K\x01";
+  p += B("eq\x00");
+  std::vector<std::size_t> level_at{2};
+  for (int level = 1; level < 9; ++level) {
+    level_at.push_back(p.size());
+    p += "](";
+    for (int i = 0; i < 10; ++i) p += "h" + std::string(1, char(level - 1));
+    p += "eq" + std::string(1, char(level));
+  }
+  p += ".";
+  // Level k holds 1 + 10 * (values of level k-1): level 5 is the first over 2^18.
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_refused(
+      p, {"byte " + std::to_string(level_at[5]) + ": this list expands to more than " +
+              std::to_string(std::size_t{1} << 18) + " values",
+          "element limit for a " + std::to_string(p.size()) + "-byte pickle", "8 per input byte"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  // Strings too: one 1 MiB string referenced 64 times is 64 MiB from a 1 MiB file.
+  std::string s = "\x80\x02](X" + std::string("\x00\x00\x10\x00", 4) +
+                  std::string(std::size_t{1} << 20, 'z') + B("q\x00");
+  for (int i = 0; i < 63; ++i) s += B("h\x00");
+  s += "e.";
+  expect_refused(s, {"this list expands to more than " + std::to_string(std::size_t{16} << 20) +
+                     " bytes of strings"});
+  // Sharing within the ratio reads, each place a copy.
+  std::string ok = "\x80\x02](";
+  for (int i = 0; i < 100; ++i) ok += "K\x07";
+  ok +=
+      B("eq\x00](h\x00h\x00h\x00"
+        "e.");
+  const PickleValue v = read_pickle(ok);
+  ASSERT_EQ(v.items().size(), 3u);
+  EXPECT_EQ(v.items()[2].items()[99].as_int(), 7);
 }
 
 TEST(PickleRead, SelfReferenceIsRefused) {
