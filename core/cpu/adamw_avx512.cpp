@@ -7,8 +7,11 @@
 
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports at every inlined use (GCC bug 105593, fixed in GCC 13).
+// Clang has no such warning (and -Wunknown-warning-option would reject the name).
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstdint>

@@ -1,0 +1,16 @@
+// Fuzz harness: plan JSON (Plan::from_json_string, which Plan::load and --plan FILE.json call).
+// An accepted plan must round-trip through to_json.
+#include "fuzz/fuzz_util.h"
+#include "policies/plan.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  memfit::fuzz::run([&] {
+    const memfit::Plan p =
+        memfit::Plan::from_json_string(memfit::fuzz::text(data, size), "fuzz.json");
+    memfit::fuzz::property("plan round trip", [&] {
+      const memfit::Plan j = memfit::Plan::from_json_string(p.to_json(), "again.json");
+      if (j.to_json() != p.to_json()) memfit::fuzz::broken("plan round trip", "differs");
+    });
+  });
+  return 0;
+}
