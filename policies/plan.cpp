@@ -313,6 +313,15 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
   {
     PeakFigures& pk = p.predicted.peaks;
     for (std::size_t b : pk.at_peak) pk.allocated_at_peak += b;
+    // Without cached_bytes_at_peak the breakdown must still fit the peak: the writer derives
+    // cached as reserved - breakdown, and a plan that cannot be written back as read is not one
+    // (the fuzzer's round trip found peak_by_category summing past peak_reserved_bytes).
+    if (!have_cached && pk.allocated_at_peak > pk.reserved) {
+      fail(src, root["predicted"], "predicted.peak_by_category",
+           "its bytes add up to " + std::to_string(pk.allocated_at_peak) +
+               ", more than peak_reserved_bytes (" + std::to_string(pk.reserved) +
+               "); valid: at most that (the rest is cached_bytes_at_peak)");
+    }
     if (have_cached &&
         (pk.allocated_at_peak > pk.reserved || pk.reserved - pk.allocated_at_peak != cached)) {
       fail(src, root["predicted"], "predicted.cached_bytes_at_peak",

@@ -72,7 +72,7 @@ printf '%-14s %10s %12s %8s\n' harness execs/s "total execs" crashes
 for r in "${readers[@]}"; do
   printf '%-14s %10s %12s %8s\n' "fuzz_$r" "${rate[$r]}" "${total[$r]}" "${crashes[$r]}"
 done
-echo "build + corpus $((built - start)) s (build) ; total $((end - start)) s"
+echo "configure + build $((built - start)) s; total $((end - start)) s"
 if [[ $failed -ne 0 ]]; then
   echo "scripts/fuzz.sh: FAILED: see build-fuzz/findings/ and build-fuzz/logs/" >&2
   exit 1

@@ -159,6 +159,26 @@ TEST(Plan, TheBreakdownAtThePeakMustAddUp) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("cached_bytes_at_peak"), std::string::npos) << e.what();
   }
+  // Without cached_bytes_at_peak the breakdown may not pass the reserved peak either: the
+  // writer could not write such a plan back (fuzz/regressions/plan_yaml/breakdown-past-the-peak).
+  std::string y = p.to_yaml();
+  const std::size_t c = y.find("  cached_bytes_at_peak:");
+  ASSERT_NE(c, std::string::npos) << y;
+  y.erase(c, y.find('\n', c) + 1 - c);
+  EXPECT_NO_THROW((void)Plan::from_yaml_string(y, "p.yaml"));
+  const std::string r = "peak_reserved_bytes: ";
+  const std::size_t at_r = y.find(r);
+  y.replace(at_r + r.size(), y.find('\n', at_r) - at_r - r.size(), "1");
+  try {
+    (void)Plan::from_yaml_string(y, "p.yaml");
+    ADD_FAILURE() << "accepted a breakdown past the peak:\n" << y;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.predicted.peak_by_category: its bytes add up to"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than peak_reserved_bytes (1)"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Plan, MissingGlobalBatchIsMicroTimesAccum) {
