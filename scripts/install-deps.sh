@@ -5,7 +5,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache pkg-config python3
       libgtest-dev libgmock-dev libbenchmark-dev
-      libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libopenblas-dev libomp-dev)
+      libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libopenblas-dev libomp-dev
+      clang libclang-rt-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,7 +5,9 @@
 #   3. builds the memory, core and policies tests CPU-only with ThreadSanitizer and runs the
 #      threaded ones: worker streams, offload (copy streams, the CPU AdamW thread), the
 #      allocator under threads. OpenMP at 1 thread (libgomp is not instrumented); no
-#      suppressions.
+#      suppressions;
+#   4. fuzzes every reader of user files (scripts/fuzz.sh: clang, libFuzzer + ASan + UBSan),
+#      MEMFIT_FUZZ_SECONDS (default 30) per harness; any finding fails.
 # GPU tests (tests/gpu) are built in step 1 and skip, saying why, when no GPU is present.
 # Both builds treat warnings in memfit's C++ as errors (MEMFIT_WERROR).
 set -euo pipefail
@@ -32,4 +34,6 @@ cmake --build build-tsan -j "$jobs" --target memfit_memory_tests memfit_core_tes
 OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build-tsan -j "$jobs" --timeout 1800 --no-tests=error \
   -R 'WorkerStreams|Offload|CachingAllocatorThreads|PinnedHostProvider|TrainerOom.AFailedStep'
+echo "== fuzz (clang, libFuzzer + ASan + UBSan): every reader ${MEMFIT_FUZZ_SECONDS:-30} s"
+scripts/fuzz.sh "${MEMFIT_FUZZ_SECONDS:-30}"
 echo "== all tests passed"
