@@ -16,7 +16,12 @@ namespace memfit {
 
 namespace {
 
+// A step of more micro-batches runs as one of this many, the repeats extrapolated...
 constexpr std::int64_t kMaxDryMicroBatches = 64;
+// ...unless the allocator never settles in them: then one of up to this many runs whole.
+constexpr std::int64_t kMaxWholeDryMicroBatches = 4096;
+
+struct NotSettled {};  // thrown past the OutOfMemory handling: dry_run() decides what next
 
 struct Work {
   double gemm_flops = 0;
@@ -91,25 +96,20 @@ class RepeatWatch {
   Work before_, last_;
 };
 
-}  // namespace
-
-DryRunResult dry_run(const RunSpec& run, int steps) {
-  run.validate();
-  if (steps != 1 && steps != 2) {
-    throw InvalidArgument("dry_run: steps = " + std::to_string(steps) + "; valid: 1 or 2");
-  }
+// One dry run whose step runs at most `cap` micro-batches (the same micro-batch size and last
+// micro-batch): the allocator settles within a few and the rest repeat them, so the peaks are
+// the same and the work is extrapolated, in time and memory independent of the batch (a
+// planner may ask for a global batch of 10^12). NotSettled when the step had more than `cap`
+// and the allocator did not settle in them.
+DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
   const std::int64_t seq_len = run.resolved_seq_len();
   const Split split = run.trainer.policy.split(run.batch);
-  // A step of more than kMaxDryMicroBatches micro-batches runs as one of that many (the same
-  // micro-batch size and last micro-batch): the allocator settles within a few and the rest
-  // repeat them, so the peaks are the same and the work is extrapolated, in time and memory
-  // independent of the batch (a planner may ask for a global batch of 10^12).
   TrainerOptions options = run.trainer;
   std::int64_t samples = run.batch;
-  if (split.count > kMaxDryMicroBatches) {
+  if (split.count > cap) {
     options.policy.accum = 0;
     options.policy.micro_batch = split.size;
-    samples = (kMaxDryMicroBatches - 1) * split.size + split.last;
+    samples = (cap - 1) * split.size + split.last;
   }
   const std::int64_t count = split.count;
 
@@ -155,15 +155,7 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
     meta.reset_stats();
     watch.start();
     const StepResult s = trainer.step(b);
-    if (count > kMaxDryMicroBatches && !settled) {
-      throw InvalidArgument(
-          "dry run of " + std::to_string(count) +
-          " micro-batches: the allocator did not settle "
-          "into a repeating state within " +
-          std::to_string(kMaxDryMicroBatches) +
-          ", so the step cannot be predicted from a shorter one; valid: at most " +
-          std::to_string(kMaxDryMicroBatches) + " micro-batches (a larger micro-batch)");
-    }
+    if (count > cap && !settled) throw NotSettled{};
     r.fits = true;
     r.step = s.peaks;
     const Work total = work_of(meta.stats());
@@ -198,6 +190,27 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
   r.step.host_pinned = r.host_pinned;
   if (run.alloc.budget > 0 && r.setup_peak_reserved > run.alloc.budget) r.fits = false;
   return r;
+}
+
+}  // namespace
+
+DryRunResult dry_run(const RunSpec& run, int steps) {
+  run.validate();
+  if (steps != 1 && steps != 2) {
+    throw InvalidArgument("dry_run: steps = " + std::to_string(steps) + "; valid: 1 or 2");
+  }
+  try {
+    return dry_run_capped(run, steps, kMaxDryMicroBatches);
+  } catch (const NotSettled&) {
+    const std::int64_t count = run.trainer.policy.split(run.batch).count;
+    if (count <= kMaxWholeDryMicroBatches) return dry_run_capped(run, steps, count);  // exact
+    throw InvalidArgument("dry run of " + run.describe() + ": the allocator did not settle into a "
+                          "repeating state within " + std::to_string(kMaxDryMicroBatches) +
+                          " micro-batches, so a step of " + std::to_string(count) +
+                          " cannot be predicted from a shorter one; valid: at most " +
+                          std::to_string(kMaxWholeDryMicroBatches) +
+                          " micro-batches (a larger micro-batch)");
+  }
 }
 
 }  // namespace memfit

@@ -13,9 +13,13 @@
 // What runs, in order, as RunSetup does it: the model's parameters, Trainer construction
 // (initialization, the optimizer's state; with optimizer offload the masters move to the null
 // host provider and the cache is emptied), then Trainer::step on a batch of r.batch samples.
-// The step's full micro-batches run until two in a row take no segment from the provider,
-// return none and leave the allocator's counters unchanged; the Trainer then skips the rest
-// (Trainer::set_repeat_check), which would repeat them, and runs the last one. Peaks:
+// The step's full micro-batches run until they take no segment from the provider and the
+// allocator's counters repeat with a period p (1, or 2-4 when a tight budget alternates
+// layouts) twice over; the Trainer then skips the rest, a whole number of periods
+// (Trainer::set_repeat_check), which would repeat them, and runs the last one. A step of more
+// than 64 micro-batches runs as one of 64 with the same sizes and the repeats extrapolated, so
+// the dry run's time and memory do not grow with the batch; if the allocator has not settled
+// within those, a step of up to 4096 runs whole, and a longer one is an InvalidArgument. Peaks:
 // `setup_peak_reserved` is construction's (until the optimizer is built), `step` the step's
 // (the Trainer resets the peaks at its start: what StepResult::peaks reports on a real run);
 // fits needs both within r.alloc.budget. With steps = 2 (the default) a second step runs after
