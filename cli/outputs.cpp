@@ -15,8 +15,16 @@ namespace memfit::cli {
 
 std::vector<OutputLock> claim_outputs(const std::vector<Output>& outputs) {
   std::vector<OutputLock> held;
-  for (const Output& o : outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const Output& o = outputs[i];
     if (o.path.empty()) continue;
+    for (std::size_t j = 0; j < i; ++j) {
+      std::error_code ec;
+      if (outputs[j].path == o.path || std::filesystem::equivalent(outputs[j].path, o.path, ec)) {
+        throw InvalidArgument(std::string(outputs[j].flag) + " and " + o.flag + " both name '" +
+                              o.path + "'; valid: a different file for each");
+      }
+    }
     if (o.dir) {
       ensure_writable_dir(o.path);
       held.push_back(OutputLock::dir(o.path, o.flag));

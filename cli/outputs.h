@@ -11,7 +11,8 @@
 // claim_outputs: each target given (empty paths are skipped) is proved writable
 // (check_writable_file, or ensure_writable_dir for a directory, which it creates) and locked
 // (profiler/output_lock.h), so a read-only or missing directory, a directory given as a file,
-// or another run writing the same target is an error before a step runs.
+// two flags naming one file, or another run writing the same target is an error before a step
+// runs.
 // write_or_rescue: runs write(path); if that throws, it says why on stderr and runs
 // write(rescue) with rescue = "$TMPDIR/memfit-rescue-<pid>-<file name>" (TMPDIR unset: /tmp),
 // so a disk that filled during training costs the file's place, not the training. Each

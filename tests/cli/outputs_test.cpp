@@ -55,6 +55,10 @@ TEST(Outputs, ClaimChecksEveryTargetAndLocksIt) {
   EXPECT_FALSE(fs::exists(save + ".lock"));  // released and removed
   EXPECT_EQ(error_of({{"--save", save}}), "");
 
+  // One file for two outputs is refused by name (the second lock would blame "another process").
+  EXPECT_NE(error_of({{"--save", save}, {"--summary-json", save}})
+                .find("--save and --summary-json both name"),
+            std::string::npos);
   // Bad targets, each named with why.
   EXPECT_NE(error_of({{"--save", d.string()}}).find("is a directory"), std::string::npos);
   EXPECT_NE(error_of({{"--save", (d / "no/such/dir/x").string()}}).find("does not exist"),
