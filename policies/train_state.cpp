@@ -400,7 +400,8 @@ TrainStateFile TrainStateFile::from_bytes(std::string_view bytes, const std::str
     fail(path, std::string("bad header: ") + e.what());
   }
   f.data_.resize(static_cast<std::size_t>(dbytes));
-  std::memcpy(f.data_.data(), buf + data_at, f.data_.size());
+  // memcpy from or to null is undefined even for 0 bytes (a state with no entries).
+  if (!f.data_.empty()) std::memcpy(f.data_.data(), buf + data_at, f.data_.size());
   return f;
 }
 
