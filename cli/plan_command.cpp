@@ -346,13 +346,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                 "CUDA builds with a GPU: measure what the CUDA context and cuBLASLt/cuDNN handles "
                 "take (cudaMemGetInfo) and use it instead of the device's context figure");
   cmd->callback([a, cmd, &exit_code] {
-    // A flag given as "" is a mistake, not "leave it out" (which would pick a default).
     for (const char* flag : {"--model", "--device", "--budget", "--host-budget", "--out",
                              "--alloc-conf", "--format", "--loss"}) {
-      if (cmd->count(flag) > 0 && cmd->get_option(flag)->as<std::string>().empty()) {
-        throw InvalidArgument(std::string(flag) +
-                              " \"\": an empty value; leave the flag out for its default");
-      }
+      reject_empty(flag, cmd->count(flag) > 0, cmd->get_option(flag)->as<std::string>());
     }
     if (a->alloc_conf.empty()) {
       if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) a->alloc_conf = env;

@@ -55,6 +55,13 @@ CLI::Validator exact_integer(const char* desc) {
 
 }  // namespace
 
+void reject_empty(const char* flag, bool given, const std::string& value, const char* what) {
+  if (given && value.empty()) {
+    throw InvalidArgument(std::string(flag) + " \"\": " + what +
+                          "; valid: a value (leave the flag out for its default)");
+  }
+}
+
 CLI::Validator exact_int32() { return exact_integer<std::int32_t>("INT"); }
 CLI::Validator exact_int64() { return exact_integer<std::int64_t>("INT"); }
 CLI::Validator exact_uint64() { return exact_integer<std::uint64_t>("UINT"); }
@@ -175,11 +182,7 @@ void check_common(const TrainArgs& a) {
         {"--report", &a.report},
         {"--out", &a.report},
         {"--device", &a.device}}) {
-    if (given(a, flag) && value->empty()) {
-      throw InvalidArgument(std::string(flag) +
-                            " \"\": an empty value; valid: a value (leave the flag out for its "
-                            "default)");
-    }
+    reject_empty(flag, given(a, flag), *value);
   }
   // Past 1e6 AdamW's step size stops being a number worth training with (1e308 overflows it
   // to -inf); std::to_string would print 1e308 as 309 digits, so the text is %g.

@@ -67,6 +67,11 @@ bool given(const TrainArgs& a, const std::string& name);
 // A validator for an integer option's text, run before CLI11 converts it (CLI11 clamps an
 // out-of-range number to the type's limit and reads "-1" as 2^64-1 for an unsigned): the text
 // must be a decimal integer the type holds exactly, else the option's error names the range.
+// A flag given as "" is a mistake, not "leave it out" (which would pick its default):
+// InvalidArgument "<flag> \"\": <what>; valid: ..." when `given` and `value` is empty.
+void reject_empty(const char* flag, bool given, const std::string& value,
+                  const char* what = "an empty value");
+
 CLI::Validator exact_int32();  // for int fields
 CLI::Validator exact_int64();
 CLI::Validator exact_uint64();

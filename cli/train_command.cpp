@@ -42,11 +42,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
                                     {"--resume", &t.resume},
                                     {"--summary-json", &t.summary_json},
                                     {"--data", &a.data}}) {
-    if (given(a, flag) && value->empty()) {
-      throw InvalidArgument(std::string(flag) +
-                            " \"\": an empty file name; valid: a path (leave the flag out for "
-                            "none)");
-    }
+    reject_empty(flag, given(a, flag), *value, "an empty file name");
   }
   if (given(a, "--formats") && a.report.empty()) {
     throw InvalidArgument("--formats " + a.formats +
