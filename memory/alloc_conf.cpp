@@ -23,11 +23,12 @@ constexpr const char* kKeys[] = {
     "budget",
     "separate_persistent_pools",
     "release_before_growth",
+    "expandable_segments",
 };
 constexpr int kKeyCount = static_cast<int>(std::size(kKeys));
 constexpr const char* kValidKeys =
     "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, budget, "
-    "separate_persistent_pools, release_before_growth";
+    "separate_persistent_pools, release_before_growth, expandable_segments";
 
 std::string_view trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
@@ -136,6 +137,9 @@ AllocatorConfig parse_alloc_conf(std::string_view text) {
       case 5:
         cfg.release_before_growth = parse_bool(text, key, value);
         break;
+      case 6:
+        cfg.expandable_segments = parse_bool(text, key, value);
+        break;
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -180,6 +184,7 @@ std::string AllocatorConfig::to_string() const {
   if (release_before_growth != defaults.release_before_growth) {
     add("release_before_growth", release_before_growth ? "true" : "false");
   }
+  if (expandable_segments) add("expandable_segments", "True");
   return out;
 }
 

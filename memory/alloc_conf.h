@@ -21,7 +21,12 @@
 //   release_before_growth:B         true|false (default true): before reserved memory grows
 //                                   past its high-water mark for a transient block, return
 //                                   cached transient segments wholly free and too small for it.
-// (The last two are memfit policies, not PyTorch's; caching_allocator.h gives the figures.)
+//   expandable_segments:B           True|False (default False): per pool and stream, one
+//                                   reserved address range whose pages are mapped as it
+//                                   grows, instead of fixed-size segments (PyTorch's key;
+//                                   caching_allocator.h says how memfit's differs).
+// (separate_persistent_pools and release_before_growth are memfit policies, not PyTorch's;
+// caching_allocator.h gives the figures.)
 // roundup_power2_divisions:1 rounds to powers of two (PyTorch treats 1 as off).
 // Errors are ConfigError naming the key, the value and the valid range.
 #pragma once
@@ -39,6 +44,7 @@ struct AllocatorConfig {
   std::size_t budget = 0;                   // bytes of reserved memory; 0 = unlimited
   bool separate_persistent_pools = true;    // memfit policy, see caching_allocator.h
   bool release_before_growth = true;        // memfit policy, see caching_allocator.h
+  bool expandable_segments = false;         // mapped pages in reserved ranges
   bool debug_checks = false;                // whole-structure checks after every operation
 
   // "max_split_size_mb:128,..." form of this config (keys at their defaults omitted;

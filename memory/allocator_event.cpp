@@ -95,6 +95,10 @@ const char* event_kind_name(EventKind k) {
       return "segment_free";
     case EventKind::kOom:
       return "oom";
+    case EventKind::kSegmentMap:
+      return "segment_map";
+    case EventKind::kSegmentUnmap:
+      return "segment_unmap";
   }
   return "invalid";
 }

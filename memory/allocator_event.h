@@ -9,6 +9,8 @@
 //   kFreeCompleted    it is back in the cache (right after kFreeRequested when no events wait)
 //   kSegmentAlloc     a segment was obtained from the provider
 //   kSegmentFree      a segment was returned to the provider
+//   kSegmentMap       expandable segments: pages were mapped at [addr, addr + size)
+//   kSegmentUnmap     expandable segments: pages were unmapped there
 //   kOom              an allocation failed (size = requested bytes); OutOfMemory follows
 // Listeners run synchronously under the allocator's lock, in registration order: they must
 // be quick, must not call back into the allocator, and must not throw: an exception leaving a
@@ -36,9 +38,12 @@ enum class EventKind : std::uint8_t {
   kSegmentAlloc,
   kSegmentFree,
   kOom,
+  kSegmentMap,
+  kSegmentUnmap,
 };
 
-// "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom".
+// "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "segment_map",
+// "segment_unmap".
 const char* event_kind_name(EventKind k);
 
 struct AllocatorEvent {

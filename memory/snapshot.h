@@ -43,6 +43,9 @@ struct SegmentInfo {
   std::size_t requested_size = 0;
   StreamId stream = kDefaultStream;
   bool is_large = false;           // memory_viz "segment_type": "large" / "small"
+  // Expandable segments: one contiguous mapped run of an expandable range (as PyTorch reports
+  // them; memory_viz "is_expandable").
+  bool is_expandable = false;
   std::vector<BlockInfo> blocks;
 };
 

@@ -62,7 +62,7 @@ PickleValue allocator_settings(const AllocatorConfig& c) {
   // PyTorch reports SIZE_MAX for "no limit"; memfit's 0 means the same and fits an int64.
   s.add("max_split_size", i64(c.max_split_size));
   s.add("garbage_collection_threshold", PickleValue::real(c.garbage_collection_threshold));
-  s.add("expandable_segments", PickleValue::boolean(false));
+  s.add("expandable_segments", PickleValue::boolean(c.expandable_segments));
   s.add("release_lock_on_cudamalloc", PickleValue::boolean(false));
   // PyTorch keys its divisions by power-of-two interval ("1", "2", ..., "32768" MiB); memfit
   // has one setting for every interval.
@@ -129,7 +129,7 @@ std::string snapshot_pickle(const ProfileReport& r) {
     seg.add("segment_type", PickleValue::str(s.is_large ? "large" : "small"));
     seg.add("segment_pool_id",
             PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(0)}));
-    seg.add("is_expandable", PickleValue::boolean(false));
+    seg.add("is_expandable", PickleValue::boolean(s.is_expandable));
     seg.add("frames", PickleValue::list());
     PickleValue blocks = PickleValue::list();
     for (const BlockInfo& b : s.blocks) {

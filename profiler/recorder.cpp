@@ -231,9 +231,11 @@ void Recorder::State::on_event(const AllocatorEvent& e) {
       allocated -= std::min(allocated, e.size);
       break;
     case EventKind::kSegmentAlloc:
+    case EventKind::kSegmentMap:
       reserved += e.size;
       break;
     case EventKind::kSegmentFree:
+    case EventKind::kSegmentUnmap:
       reserved -= std::min(reserved, e.size);
       break;
     case EventKind::kFreeCompleted:

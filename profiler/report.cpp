@@ -184,7 +184,8 @@ std::vector<std::string> export_report(const ProfileReport& report, const std::s
 }
 
 bool is_segment_event(EventKind k) {
-  return k == EventKind::kSegmentAlloc || k == EventKind::kSegmentFree;
+  return k == EventKind::kSegmentAlloc || k == EventKind::kSegmentFree ||
+         k == EventKind::kSegmentMap || k == EventKind::kSegmentUnmap;
 }
 
 std::array<const char*, kCategoryCount> memory_viz_colors(const Recording& rec) {

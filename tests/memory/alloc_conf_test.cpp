@@ -113,8 +113,19 @@ TEST(AllocConf, MalformedTextIsAnError) {
 
 TEST(AllocConf, UnknownKeysAreErrors) {
   expect_error("max_split_size:128", {"unknown key 'max_split_size'", "max_split_size_mb"});
-  expect_error("expandable_segments:True", {"unknown key 'expandable_segments'", "budget"});
+  expect_error("expandable_segment:True", {"unknown key 'expandable_segment'", "budget"});
   expect_error("budget:1GiB,Budget:1GiB", {"unknown key 'Budget'"});
+}
+
+TEST(AllocConf, ExpandableSegmentsInPyTorchsSpellingAndBack) {
+  EXPECT_FALSE(parse_alloc_conf("").expandable_segments);
+  EXPECT_TRUE(parse_alloc_conf("expandable_segments:True").expandable_segments);
+  EXPECT_TRUE(parse_alloc_conf("expandable_segments:true").expandable_segments);
+  EXPECT_FALSE(parse_alloc_conf("expandable_segments:False").expandable_segments);
+  const AllocatorConfig c = parse_alloc_conf("budget:1GiB,expandable_segments:True");
+  EXPECT_EQ(c.to_string(), "budget:1073741824,expandable_segments:True");
+  EXPECT_TRUE(parse_alloc_conf(c.to_string()).expandable_segments);
+  expect_error("expandable_segments:yes", {"'expandable_segments'", "'yes'", "true or false"});
 }
 
 TEST(AllocConf, FromEnvironment) {
