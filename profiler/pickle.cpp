@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 
@@ -46,59 +47,78 @@ const char* pickle_kind_name(PickleValue::Kind k) {
   return "invalid";
 }
 
+struct PickleValue::Rep {
+  std::string text;                // str (UTF-8), bytes, or a big int's bytes
+  std::vector<PickleValue> items;  // list/tuple items; dict: key0, value0, key1, value1, ...
+};
+
+const PickleValue::Rep& PickleValue::rep() const {
+  static const Rep kEmpty;
+  return rep_ ? *rep_ : kEmpty;
+}
+
+PickleValue::Rep& PickleValue::own() {
+  if (!rep_) {
+    rep_ = std::make_shared<Rep>();
+  } else if (rep_.use_count() > 1) {
+    rep_ = std::make_shared<Rep>(*rep_);  // one level: the items still share their storage
+  }
+  return *rep_;
+}
+
 PickleValue PickleValue::boolean(bool b) {
   PickleValue v;
   v.kind_ = Kind::kBool;
-  v.b_ = b;
+  v.num_ = b ? 1 : 0;
   return v;
 }
 
 PickleValue PickleValue::integer(std::int64_t i) {
   PickleValue v;
   v.kind_ = Kind::kInt;
-  v.i_ = i;
+  v.num_ = i;
   return v;
 }
 
 PickleValue PickleValue::big_int(std::string le_bytes) {
   PickleValue v;
   v.kind_ = Kind::kBigInt;
-  v.s_ = std::move(le_bytes);
+  v.own().text = std::move(le_bytes);
   return v;
 }
 
 PickleValue PickleValue::real(double d) {
   PickleValue v;
   v.kind_ = Kind::kFloat;
-  v.d_ = d;
+  v.num_ = std::bit_cast<std::int64_t>(d);
   return v;
 }
 
 PickleValue PickleValue::str(std::string s) {
   PickleValue v;
   v.kind_ = Kind::kStr;
-  v.s_ = std::move(s);
+  if (!s.empty()) v.own().text = std::move(s);
   return v;
 }
 
 PickleValue PickleValue::bytes(std::string b) {
   PickleValue v;
   v.kind_ = Kind::kBytes;
-  v.s_ = std::move(b);
+  if (!b.empty()) v.own().text = std::move(b);
   return v;
 }
 
 PickleValue PickleValue::list(std::vector<PickleValue> items) {
   PickleValue v;
   v.kind_ = Kind::kList;
-  v.items_ = std::move(items);
+  if (!items.empty()) v.own().items = std::move(items);
   return v;
 }
 
 PickleValue PickleValue::tuple(std::vector<PickleValue> items) {
   PickleValue v;
   v.kind_ = Kind::kTuple;
-  v.items_ = std::move(items);
+  if (!items.empty()) v.own().items = std::move(items);
   return v;
 }
 
@@ -110,44 +130,44 @@ PickleValue PickleValue::dict() {
 
 bool PickleValue::as_bool() const {
   if (kind_ != Kind::kBool) wrong_kind("bool", kind_);
-  return b_;
+  return num_ != 0;
 }
 
 std::int64_t PickleValue::as_int() const {
-  if (kind_ == Kind::kBool) return b_ ? 1 : 0;
+  if (kind_ == Kind::kBool) return num_ != 0 ? 1 : 0;
   if (kind_ != Kind::kInt) wrong_kind("int", kind_);
-  return i_;
+  return num_;
 }
 
 double PickleValue::as_float() const {
-  if (kind_ == Kind::kInt) return static_cast<double>(i_);
+  if (kind_ == Kind::kInt) return static_cast<double>(num_);
   if (kind_ != Kind::kFloat) wrong_kind("float", kind_);
-  return d_;
+  return std::bit_cast<double>(num_);
 }
 
 const std::string& PickleValue::as_str() const {
   if (kind_ != Kind::kStr) wrong_kind("str", kind_);
-  return s_;
+  return rep().text;
 }
 
 const std::string& PickleValue::as_bytes() const {
   if (kind_ != Kind::kBytes) wrong_kind("bytes", kind_);
-  return s_;
+  return rep().text;
 }
 
 const std::string& PickleValue::big_int_bytes() const {
   if (kind_ != Kind::kBigInt) wrong_kind("int beyond 64 bits", kind_);
-  return s_;
+  return rep().text;
 }
 
 const std::vector<PickleValue>& PickleValue::items() const {
   if (!is_sequence()) wrong_kind("list or tuple", kind_);
-  return items_;
+  return rep().items;
 }
 
 std::vector<PickleValue>& PickleValue::items() {
   if (!is_sequence()) wrong_kind("list or tuple", kind_);
-  return items_;
+  return own().items;
 }
 
 PickleValue& PickleValue::append(PickleValue v) {
@@ -157,36 +177,38 @@ PickleValue& PickleValue::append(PickleValue v) {
 
 std::size_t PickleValue::dict_size() const {
   if (kind_ != Kind::kDict) wrong_kind("dict", kind_);
-  return items_.size() / 2;
+  return rep().items.size() / 2;
 }
 
 const PickleValue& PickleValue::key(std::size_t i) const {
   if (i >= dict_size()) throw InvalidArgument("pickle value: dict entry index out of range");
-  return items_[2 * i];
+  return rep().items[2 * i];
 }
 
 const PickleValue& PickleValue::value(std::size_t i) const {
   if (i >= dict_size()) throw InvalidArgument("pickle value: dict entry index out of range");
-  return items_[2 * i + 1];
+  return rep().items[2 * i + 1];
 }
 
 PickleValue& PickleValue::value(std::size_t i) {
   if (i >= dict_size()) throw InvalidArgument("pickle value: dict entry index out of range");
-  return items_[2 * i + 1];
+  return own().items[2 * i + 1];
 }
 
 PickleValue& PickleValue::add(PickleValue key, PickleValue v) {
   if (kind_ != Kind::kDict) wrong_kind("dict", kind_);
-  items_.push_back(std::move(key));
-  items_.push_back(std::move(v));
+  std::vector<PickleValue>& items = own().items;
+  items.push_back(std::move(key));
+  items.push_back(std::move(v));
   return *this;
 }
 
 void PickleValue::set(PickleValue key, PickleValue v) {
   if (kind_ != Kind::kDict) wrong_kind("dict", kind_);
-  for (std::size_t i = 0; i < items_.size(); i += 2) {
-    if (items_[i] == key) {
-      items_[i + 1] = std::move(v);
+  const std::vector<PickleValue>& items = rep().items;
+  for (std::size_t i = 0; i < items.size(); i += 2) {
+    if (items[i] == key) {
+      own().items[i + 1] = std::move(v);
       return;
     }
   }
@@ -196,9 +218,10 @@ void PickleValue::set(PickleValue key, PickleValue v) {
 const PickleValue* PickleValue::find(std::string_view key) const {
   if (kind_ != Kind::kDict) return nullptr;
   // The last equal key: a hand-written file may repeat one, and Python keeps the last value.
-  for (std::size_t i = items_.size(); i >= 2; i -= 2) {
-    const PickleValue& k = items_[i - 2];
-    if (k.kind_ == Kind::kStr && k.s_ == key) return &items_[i - 1];
+  const std::vector<PickleValue>& items = rep().items;
+  for (std::size_t i = items.size(); i >= 2; i -= 2) {
+    const PickleValue& k = items[i - 2];
+    if (k.kind_ == Kind::kStr && k.rep().text == key) return &items[i - 1];
   }
   return nullptr;
 }
@@ -209,19 +232,20 @@ bool PickleValue::operator==(const PickleValue& o) const {
     case Kind::kNone:
       return true;
     case Kind::kBool:
-      return b_ == o.b_;
     case Kind::kInt:
-      return i_ == o.i_;
-    case Kind::kFloat:
-      return d_ == o.d_ || (d_ != d_ && o.d_ != o.d_);  // NaN equals NaN for round trips
+      return num_ == o.num_;
+    case Kind::kFloat: {
+      const double a = std::bit_cast<double>(num_), b = std::bit_cast<double>(o.num_);
+      return a == b || (a != a && b != b);  // NaN equals NaN for round trips
+    }
     case Kind::kBigInt:
     case Kind::kStr:
     case Kind::kBytes:
-      return s_ == o.s_;
+      return shares_storage_with(o) || rep().text == o.rep().text;
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kDict:
-      return items_ == o.items_;
+      return shares_storage_with(o) || rep().items == o.rep().items;
   }
   return false;
 }

@@ -25,18 +25,37 @@
 // other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, PERSID,
 // BINPERSID, EXT1/2/4, NEXT_BUFFER, READONLY_BUFFER, unknown bytes) is refused with
 // InvalidArgument naming the source, the byte offset and the opcode: nothing is imported,
-// called or executed, whatever the file says. Limits (PickleLimits) bound nesting depth,
-// elements, string sizes and the memo, so a hostile or huge file is refused clearly instead of
-// exhausting memory; a shared sub-value counts once per place it appears in the result (the
-// result is a tree), which is what stops "billion laughs" memo repetition. A structure that
-// contains itself is refused (a tree cannot hold it). Truncated input is refused with the
-// offset where it ended. The result's size is bounded by a multiple of the input's
-// (PickleLimits), with the error naming the limit and the byte offset of the value that
-// passes it. Not thread-safe per value; the functions are reentrant.
+// called or executed, whatever the file says. A structure that contains itself is refused (a
+// tree cannot hold it). Truncated input is refused with the offset where it ended.
+//
+// Sharing. A value fetched from the memo (or DUP'd) is shared, not copied: strings and
+// containers live in reference-counted storage, so the result holds each distinct value once
+// and its memory is linear in the input (every distinct value costs at least one opcode
+// byte; PickleLimits::max_elements bounds their number). PyTorch's snapshots need this: each
+// trace entry's frames are memo references to one dict per source line, and a 2.4 MB file
+// expands to 77 MB of strings when each place is counted. Copies of a PickleValue share too
+// (copying is O(1)); the builder API (append, add, set, value(i) and items() non-const)
+// copies a shared container first (copy-on-write), so a PickleValue behaves as a plain value:
+// changing one place never changes another. (A reference from a non-const accessor is valid
+// until the value is next copied or changed through another call.)
+//
+// Walk bound. A consumer walks the result as a tree, visiting a shared value once per place
+// it appears, so the reader also bounds the places (values a full walk visits) and the bytes
+// of str/bytes such a walk reads, as multiples of the input's size (PickleLimits): a small
+// file of nested memo references ("billion laughs") is refused, in time linear in the file,
+// before anything is built, with the error naming the limit and the byte offset of the first
+// (innermost) value that passes it. Measured on the 16 real PyTorch snapshots in
+// ../shared/real-snapshots (tests/profiler/real_snapshots_test.cpp prints these): at most
+// 3.4 places per input byte (Maphsge4...snapshot.pickle) and 43.5 string bytes per input
+// byte (MercuryB1...cuda_memory_snapshot.pickle), against limits of 64 and 1024.
+//
+// Not thread-safe per value (two threads may read one value; changing it needs the only
+// reference); the functions are reentrant.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -88,14 +107,14 @@ class PickleValue {
   const std::string& as_bytes() const;            // bytes
   const std::string& big_int_bytes() const;       // kBigInt
   const std::vector<PickleValue>& items() const;  // list or tuple
-  std::vector<PickleValue>& items();
-  PickleValue& append(PickleValue v);  // list or tuple; returns *this
+  std::vector<PickleValue>& items();              // copy-on-write: unshares first
+  PickleValue& append(PickleValue v);             // list or tuple; returns *this
 
   // Dict: entries in insertion order.
   std::size_t dict_size() const;
   const PickleValue& key(std::size_t i) const;
   const PickleValue& value(std::size_t i) const;
-  PickleValue& value(std::size_t i);
+  PickleValue& value(std::size_t i);  // copy-on-write: unshares first
   // Appends key/value (no duplicate check: for building); returns *this for chaining.
   PickleValue& add(PickleValue key, PickleValue v);
   PickleValue& add(std::string key, PickleValue v) {
@@ -106,46 +125,60 @@ class PickleValue {
   // The value under the str key `key`; nullptr when absent (or not a dict).
   const PickleValue* find(std::string_view key) const;
 
+  // Whether two values hold the same storage (a memo'd value read twice, or a copy): equal
+  // without looking inside. Scalars share nothing.
+  bool shares_storage_with(const PickleValue& o) const { return rep_ && rep_ == o.rep_; }
+
   bool operator==(const PickleValue& o) const;  // deep, ordered (dicts compare in order)
 
  private:
+  struct Rep;  // str/bytes/big-int text, or list/tuple items, or dict key0, value0, ...
+  const Rep& rep() const;
+  Rep& own();  // the storage, unshared first (copy-on-write)
+
   Kind kind_ = Kind::kNone;
-  bool b_ = false;
-  std::int64_t i_ = 0;
-  double d_ = 0;
-  std::string s_;                   // str (UTF-8) or bytes
-  std::vector<PickleValue> items_;  // list/tuple items; dict: key0, value0, key1, value1, ...
+  std::int64_t num_ = 0;      // bool (0/1), int, or a float's bits
+  std::shared_ptr<Rep> rep_;  // str, bytes, big int and containers; null: empty
 };
 
 // "None", "bool", "int", "int beyond 64 bits", "float", "str", "bytes", "list", "tuple", "dict".
 const char* pickle_kind_name(PickleValue::Kind k);
 
 struct PickleLimits {
-  // The whole file (load_pickle_file), and the bytes of str/bytes in the result.
+  // The whole file (load_pickle_file).
   std::size_t max_input_bytes = std::size_t{2} << 30;
   std::size_t max_depth = 100;               // nesting of containers in the result
-  std::size_t max_elements = 20'000'000;     // values in the result, shared ones per place
+  std::size_t max_elements = 20'000'000;     // distinct values built (each held once)
   std::size_t max_string_bytes = 64u << 20;  // one str or bytes
   std::size_t max_memo = 10'000'000;         // memo entries (and the highest memo index + 1)
   std::size_t max_stack = 10'000'000;        // values on the stack (incl. under marks)
-  // The result may hold at most max(min_elements, elements_per_byte x input bytes) values
-  // (and max_elements), and max(min_string_bytes, string_bytes_per_byte x input bytes) bytes
-  // of str/bytes (and max_input_bytes): the result's memory is linear in the input's size, so
-  // a small file of shared memo references ("billion laughs") is refused, in time linear in
-  // the file, before anything is copied. Real memory_viz snapshots expand to under one value
-  // per byte; PyTorch's shared traceback frames stay well within 8.
-  std::size_t elements_per_byte = 8;
+  // The walk bound: a walk of the result as a tree (a shared value once per place it
+  // appears) may visit at most max(min_elements, elements_per_byte x input bytes) values and
+  // read max(min_string_bytes, string_bytes_per_byte x input bytes) bytes of str/bytes. Real
+  // snapshots reach 3.4 and 43.5 (see the header comment): the limits leave a margin of 19x
+  // and 23x, and still refuse a "billion laughs" file, in time linear in the file.
+  std::size_t elements_per_byte = 64;
   std::size_t min_elements = std::size_t{1} << 18;
-  std::size_t string_bytes_per_byte = 8;
+  std::size_t string_bytes_per_byte = 1024;
   std::size_t min_string_bytes = std::size_t{16} << 20;
 };
 
-// Errors are InvalidArgument: "<source>: byte <offset>: <what>".
+// What a read built and what a walk of it would visit (for limits and benchmarks).
+struct PickleReadStats {
+  std::size_t input_bytes = 0;
+  std::size_t distinct_values = 0;    // values built, each shared one once
+  std::size_t places = 0;             // values a walk visits, a shared one per place
+  std::size_t walk_string_bytes = 0;  // bytes of str/bytes such a walk reads
+};
+
+// Errors are InvalidArgument: "<source>: byte <offset>: <what>". `stats`, when given, is
+// filled on success.
 PickleValue read_pickle(std::string_view data, std::string_view source = "pickle",
-                        const PickleLimits& limits = {});
+                        const PickleLimits& limits = {}, PickleReadStats* stats = nullptr);
 // Reads the whole file first (IoError naming it if it cannot be read; InvalidArgument if it is
 // larger than limits.max_input_bytes), then read_pickle with the path as the source.
-PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits = {});
+PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits = {},
+                             PickleReadStats* stats = nullptr);
 
 std::string write_pickle(const PickleValue& v);
 

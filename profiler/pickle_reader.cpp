@@ -3,9 +3,10 @@
 // Two passes. The first runs the opcodes on a stack of node indices into an arena, so memo
 // entries and DUP share nodes the way Python shares objects (a list fetched from the memo and
 // appended to later is one list), and nothing recurses: a deeply nested file costs no C++
-// stack. The second turns the root node into a PickleValue tree, recursing at most max_depth
-// levels, copying shared nodes into every place they appear (counted against the limits) and
-// refusing a node that contains itself. Opcode semantics follow CPython's Lib/pickle.py
+// stack. Then, once the file is whole, the walk bound is measured (each node once, memoized:
+// what a tree walk below it would visit, and how deep its containers nest, refusing a node
+// that contains itself), and the root node becomes a PickleValue, each node converted once
+// and shared by every place it appears. Opcode semantics follow CPython's Lib/pickle.py
 // (_Unpickler.load_*); only the data-building ones exist here.
 
 #include <algorithm>
@@ -74,19 +75,27 @@ class Reader {
   Reader(std::string_view data, std::string_view source, const PickleLimits& limits)
       : data_(data), source_(source), limits_(limits) {}
 
-  PickleValue run() {
+  PickleValue run(PickleReadStats* stats) {
     const std::uint32_t root = execute();
     on_path_.assign(nodes_.size(), 0);
     expanded_.assign(nodes_.size(), Size{});
-    const auto scaled = [&](std::size_t per_byte, std::size_t floor, std::size_t cap) {
+    const auto scaled = [&](std::size_t per_byte, std::size_t floor) {
       const std::size_t n = data_.size() > SIZE_MAX / per_byte ? SIZE_MAX : data_.size() * per_byte;
-      return std::min(cap, std::max(floor, n));
+      return std::max(floor, n);
     };
-    max_values_ = scaled(limits_.elements_per_byte, limits_.min_elements, limits_.max_elements);
-    max_bytes_ =
-        scaled(limits_.string_bytes_per_byte, limits_.min_string_bytes, limits_.max_input_bytes);
-    measure(root, 0);  // refuses a result over max_values_ / max_bytes_
-    return convert(root, 0);
+    max_places_ = scaled(limits_.elements_per_byte, limits_.min_elements);
+    max_walk_bytes_ = scaled(limits_.string_bytes_per_byte, limits_.min_string_bytes);
+    const Size whole = measure(root);  // refuses a result over the walk bound or max_depth
+    converted_.assign(nodes_.size(), PickleValue());
+    done_.assign(nodes_.size(), 0);
+    PickleValue out = convert(root);
+    if (stats != nullptr) {
+      stats->input_bytes = data_.size();
+      stats->distinct_values = nodes_.size();
+      stats->places = static_cast<std::size_t>(whole.values);
+      stats->walk_string_bytes = static_cast<std::size_t>(whole.bytes);
+    }
+    return out;
   }
 
  private:
@@ -387,67 +396,93 @@ class Reader {
                      "code or objects, which memfit never does");
   }
 
-  // What a node expands to in the result tree, saturating; each node is measured once, so a
-  // memo "billion laughs" is refused in time linear in the file.
+  // What a walk of a node's subtree as a tree visits, saturating, and how many levels of
+  // containers it nests; each node is measured once, so a memo "billion laughs" is refused in
+  // time linear in the file.
   struct Size {
     std::uint64_t values = 0;  // 0: not measured yet
     std::uint64_t bytes = 0;
+    std::size_t levels = 0;  // containers on the longest path down, this one included
   };
   static std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
   }
-  void check_depth_and_cycle(std::uint32_t n, std::size_t depth) const {
-    if (depth >= limits_.max_depth) {
-      fail(data_.size(), "containers nested deeper than " + std::to_string(limits_.max_depth) +
-                             " levels: over the depth limit");
-    }
-    if (on_path_[n]) {
-      fail(data_.size(), std::string("a ") + pickle_kind_name(nodes_[n].kind) +
-                             " that contains itself: memfit reads tree-shaped data only");
-    }
-  }
-  Size measure(std::uint32_t n, std::size_t depth) {
-    if (expanded_[n].values != 0) return expanded_[n];
-    const Node& node = nodes_[n];
-    Size s{1, node.s.size()};
-    if (!node.kids.empty()) {
-      check_depth_and_cycle(n, depth);
-      on_path_[n] = 1;
-      for (std::uint32_t kid : node.kids) {
-        const Size k = measure(kid, depth + 1);
-        s.values = sat_add(s.values, k.values);
-        s.bytes = sat_add(s.bytes, k.bytes);
+  Size measure(std::uint32_t root) {
+    // An explicit stack: a node's kids are measured before it (no C++ recursion, so the
+    // nesting is refused by the depth limit, not by the stack).
+    struct Frame {
+      std::uint32_t node;
+      std::size_t next_kid;
+    };
+    std::vector<Frame> path{{root, 0}};
+    on_path_[root] = 1;
+    while (!path.empty()) {
+      Frame& f = path.back();
+      const Node& node = nodes_[f.node];
+      if (f.next_kid < node.kids.size()) {
+        const std::uint32_t kid = node.kids[f.next_kid++];
+        if (expanded_[kid].values != 0) continue;
+        if (on_path_[kid]) {
+          fail(data_.size(), std::string("a ") + pickle_kind_name(nodes_[kid].kind) +
+                                 " that contains itself: memfit reads tree-shaped data only");
+        }
+        if (nodes_[kid].kids.empty()) {  // a leaf: nothing below it to visit first
+          finish(kid);
+          continue;
+        }
+        if (path.size() >= limits_.max_depth) depth_error();
+        on_path_[kid] = 1;
+        path.push_back({kid, 0});
+        continue;
       }
-      on_path_[n] = 0;
+      finish(f.node);
+      on_path_[f.node] = 0;
+      path.pop_back();
     }
-    // The first (innermost) value to pass a limit is named, at the opcode that made it.
-    if (s.values > max_values_) {
-      fail(node.at,
-           std::string("this ") + pickle_kind_name(node.kind) + " expands to more than " +
-               std::to_string(max_values_) +
-               " values (a shared value counts once per place it appears): over the element "
-               "limit for a " +
-               std::to_string(data_.size()) + "-byte pickle (" +
-               std::to_string(limits_.elements_per_byte) + " per input byte, at least " +
-               std::to_string(limits_.min_elements) + ", at most " +
-               std::to_string(limits_.max_elements) + ")");
+    return expanded_[root];
+  }
+  [[noreturn]] void depth_error() const {
+    fail(data_.size(), "containers nested deeper than " + std::to_string(limits_.max_depth) +
+                           " levels: over the depth limit");
+  }
+  // The node's figures from its (measured) kids; the first (innermost) value to pass a limit
+  // is named, at the opcode that made it.
+  void finish(std::uint32_t n) {
+    const Node& node = nodes_[n];
+    Size s{1, node.s.size(), 0};
+    const bool container =
+        node.kind == Kind::kList || node.kind == Kind::kTuple || node.kind == Kind::kDict;
+    for (std::uint32_t kid : node.kids) {
+      const Size& k = expanded_[kid];
+      s.values = sat_add(s.values, k.values);
+      s.bytes = sat_add(s.bytes, k.bytes);
+      s.levels = std::max(s.levels, k.levels);
     }
-    if (s.bytes > max_bytes_) {
+    if (container && ++s.levels > limits_.max_depth) depth_error();
+    if (s.values > max_places_) {
       fail(node.at, std::string("this ") + pickle_kind_name(node.kind) + " expands to more than " +
-                        std::to_string(max_bytes_) +
-                        " bytes of strings (a shared value counts once per place it appears): "
-                        "over the string-size limit for a " +
+                        std::to_string(max_places_) +
+                        " values (a walk of the result visits a shared value once per place it "
+                        "appears): over the element limit for a " +
+                        std::to_string(data_.size()) + "-byte pickle (" +
+                        std::to_string(limits_.elements_per_byte) + " per input byte, at least " +
+                        std::to_string(limits_.min_elements) + ")");
+    }
+    if (s.bytes > max_walk_bytes_) {
+      fail(node.at, std::string("this ") + pickle_kind_name(node.kind) + " expands to more than " +
+                        std::to_string(max_walk_bytes_) +
+                        " bytes of strings (a walk of the result reads a shared value once per "
+                        "place it appears): over the string-size limit for a " +
                         std::to_string(data_.size()) + "-byte pickle (" +
                         std::to_string(limits_.string_bytes_per_byte) +
                         " per input byte, at least " + std::to_string(limits_.min_string_bytes) +
-                        ", at most " + std::to_string(limits_.max_input_bytes) + ")");
+                        ")");
     }
     expanded_[n] = s;
-    return s;
   }
 
   std::uint32_t execute();
-  PickleValue convert(std::uint32_t n, std::size_t depth);
+  PickleValue convert(std::uint32_t n);
 
   std::string_view data_;
   std::string_view source_;
@@ -461,8 +496,10 @@ class Reader {
   std::unordered_map<std::uint64_t, std::uint32_t> memo_;
   std::vector<std::uint8_t> on_path_;
   std::vector<Size> expanded_;
-  std::size_t max_values_ = 0;  // the result's limits for this input (run)
-  std::size_t max_bytes_ = 0;
+  std::size_t max_places_ = 0;  // the walk bound for this input (run)
+  std::size_t max_walk_bytes_ = 0;
+  std::vector<PickleValue> converted_;  // each node's value, once built (shared after that)
+  std::vector<std::uint8_t> done_;
 };
 
 // One case per opcode, kept one line each where it fits: the table reads like pickle.py's.
@@ -628,76 +665,87 @@ std::uint32_t Reader::execute() {
 
 // clang-format on
 
-PickleValue Reader::convert(std::uint32_t n, std::size_t depth) {
-  const Node& node = nodes_[n];
+// Recursion is bounded by max_depth (measure() refused deeper nesting, and cycles).
+PickleValue Reader::convert(std::uint32_t n) {
+  if (done_[n]) return converted_[n];  // a memo'd value: shared, not copied
+  Node& node = nodes_[n];
+  PickleValue out;
   switch (node.kind) {
     case Kind::kNone:
-      return PickleValue::none();
-    case Kind::kBool:
-      return PickleValue::boolean(node.b);
-    case Kind::kInt:
-      return PickleValue::integer(node.i);
-    case Kind::kBigInt:
-      return PickleValue::big_int(node.s);
-    case Kind::kFloat:
-      return PickleValue::real(node.d);
-    case Kind::kStr:
-      return PickleValue::str(node.s);
-    case Kind::kBytes:
-      return PickleValue::bytes(node.s);
-    default:
       break;
-  }
-  check_depth_and_cycle(n, depth);  // measure() refused these already; kept as the guard
-  on_path_[n] = 1;
-  PickleValue out;
-  if (node.kind == Kind::kDict) {
-    out = PickleValue::dict();
-    // Python keeps one entry per key, with the last value: a hash of the scalar keys (the
-    // only ones real snapshots have) keeps that linear; tuple keys are kept as written.
-    std::unordered_map<std::string, std::size_t> seen;
-    for (std::size_t k = 0; k + 1 < node.kids.size(); k += 2) {
-      PickleValue key = convert(node.kids[k], depth + 1);
-      if (key.kind() == Kind::kList || key.kind() == Kind::kDict) {
-        fail(data_.size(), std::string("a dict key that is a ") + pickle_kind_name(key.kind()) +
-                               " (unhashable in Python): not a valid pickle");
-      }
-      PickleValue value = convert(node.kids[k + 1], depth + 1);
-      std::string canon;
-      if (key.is_str()) canon = "s" + key.as_str();
-      if (key.is_int()) canon = "i" + std::to_string(key.as_int());
-      if (!canon.empty()) {
-        auto [it, fresh] = seen.emplace(std::move(canon), out.dict_size());
-        if (!fresh) {
-          out.value(it->second) = std::move(value);
-          continue;
+    case Kind::kBool:
+      out = PickleValue::boolean(node.b);
+      break;
+    case Kind::kInt:
+      out = PickleValue::integer(node.i);
+      break;
+    case Kind::kBigInt:
+      out = PickleValue::big_int(std::move(node.s));
+      break;
+    case Kind::kFloat:
+      out = PickleValue::real(node.d);
+      break;
+    case Kind::kStr:
+      out = PickleValue::str(std::move(node.s));
+      break;
+    case Kind::kBytes:
+      out = PickleValue::bytes(std::move(node.s));
+      break;
+    case Kind::kDict: {
+      out = PickleValue::dict();
+      // Python keeps one entry per key, with the last value: a hash of the scalar keys (the
+      // only ones real snapshots have) keeps that linear; tuple keys are kept as written.
+      std::unordered_map<std::string, std::size_t> seen;
+      for (std::size_t k = 0; k + 1 < node.kids.size(); k += 2) {
+        PickleValue key = convert(node.kids[k]);
+        if (key.kind() == Kind::kList || key.kind() == Kind::kDict) {
+          fail(data_.size(), std::string("a dict key that is a ") + pickle_kind_name(key.kind()) +
+                                 " (unhashable in Python): not a valid pickle");
         }
+        PickleValue value = convert(node.kids[k + 1]);
+        std::string canon;
+        if (key.is_str()) canon = "s" + key.as_str();
+        if (key.is_int()) canon = "i" + std::to_string(key.as_int());
+        if (!canon.empty()) {
+          auto [it, fresh] = seen.emplace(std::move(canon), out.dict_size());
+          if (!fresh) {
+            out.value(it->second) = std::move(value);
+            continue;
+          }
+        }
+        out.add(std::move(key), std::move(value));
       }
-      out.add(std::move(key), std::move(value));
+      break;
     }
-  } else {
-    std::vector<PickleValue> items;
-    items.reserve(node.kids.size());
-    for (std::uint32_t kid : node.kids) items.push_back(convert(kid, depth + 1));
-    out = node.kind == Kind::kTuple ? PickleValue::tuple(std::move(items))
-                                    : PickleValue::list(std::move(items));
+    case Kind::kList:
+    case Kind::kTuple: {
+      std::vector<PickleValue> items;
+      items.reserve(node.kids.size());
+      for (std::uint32_t kid : node.kids) items.push_back(convert(kid));
+      out = node.kind == Kind::kTuple ? PickleValue::tuple(std::move(items))
+                                      : PickleValue::list(std::move(items));
+      break;
+    }
   }
-  on_path_[n] = 0;
+  std::vector<std::uint32_t>().swap(node.kids);  // the arena shrinks as the result grows
+  converted_[n] = out;
+  done_[n] = 1;
   return out;
 }
 
 }  // namespace
 
-PickleValue read_pickle(std::string_view data, std::string_view source,
-                        const PickleLimits& limits) {
-  return Reader(data, source, limits).run();
+PickleValue read_pickle(std::string_view data, std::string_view source, const PickleLimits& limits,
+                        PickleReadStats* stats) {
+  return Reader(data, source, limits).run(stats);
 }
 
-PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits) {
+PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits,
+                             PickleReadStats* stats) {
   BoundedRead r = try_read_file_bounded(path, limits.max_input_bytes, "pickle");
   if (r.refused) throw InvalidArgument(r.error);
   if (!r.error.empty()) throw IoError(r.error);
-  return read_pickle(r.bytes, path, limits);
+  return read_pickle(r.bytes, path, limits, stats);
 }
 
 }  // namespace memfit

@@ -339,11 +339,12 @@ TEST(PickleRead, MemoExpansionIsRefusedByTheElementLimit) {
   expect_refused(p, {"element limit"});  // the default limit too
 }
 
-// The result is bounded by the input's size, not only by an absolute count: the ~230-byte
-// "billion laughs" above is refused where its expansion passes 8 values per input byte (at
-// least 2^18), at the list that passes it, in linear time and without copying anything (it
-// took 1.05 GB and 11 s under ASan against the absolute limit alone).
+// A walk of the result is bounded by the input's size: the ~230-byte "billion laughs" above
+// is refused where its expansion passes the walk bound (64 values per input byte, at least
+// 2^18), at the list that passes it, in linear time and without building anything (it took
+// 1.05 GB and 11 s under ASan against an absolute limit alone).
 TEST(PickleRead, ExpansionIsBoundedByTheInputSize) {
+  const PickleLimits dflt;
   std::string p = "\x80\x02](";
   for (int i = 0; i < 10; ++i) p += "K\x01";
   p += B("eq\x00");
@@ -356,20 +357,26 @@ TEST(PickleRead, ExpansionIsBoundedByTheInputSize) {
   }
   p += ".";
   // Level k holds 1 + 10 * (values of level k-1): level 5 is the first over 2^18.
+  ASSERT_LT(p.size() * dflt.elements_per_byte, dflt.min_elements);
   const auto t0 = std::chrono::steady_clock::now();
-  expect_refused(
-      p, {"byte " + std::to_string(level_at[5]) + ": this list expands to more than " +
-              std::to_string(std::size_t{1} << 18) + " values",
-          "element limit for a " + std::to_string(p.size()) + "-byte pickle", "8 per input byte"});
+  expect_refused(p, {"byte " + std::to_string(level_at[5]) + ": this list expands to more than " +
+                         std::to_string(dflt.min_elements) + " values",
+                     "element limit for a " + std::to_string(p.size()) + "-byte pickle",
+                     std::to_string(dflt.elements_per_byte) + " per input byte"});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
-  // Strings too: one 1 MiB string referenced 64 times is 64 MiB from a 1 MiB file.
-  std::string s = "\x80\x02](X" + std::string("\x00\x00\x10\x00", 4) +
-                  std::string(std::size_t{1} << 20, 'z') + B("q\x00");
-  for (int i = 0; i < 63; ++i) s += B("h\x00");
+  // Strings too: a 64 KiB string referenced 2000 times is a 131 MB walk of a 70 KB file.
+  const std::size_t len = 64 << 10;
+  std::string s =
+      "\x80\x02](X" + std::string("\x00\x00\x01\x00", 4) + std::string(len, 'z') + B("q\x00");
+  for (int i = 0; i < 1999; ++i) s += B("h\x00");
   s += "e.";
-  expect_refused(s, {"this list expands to more than " + std::to_string(std::size_t{16} << 20) +
-                     " bytes of strings"});
-  // Sharing within the ratio reads, each place a copy.
+  const std::size_t walk_limit =
+      std::max(dflt.min_string_bytes, dflt.string_bytes_per_byte * s.size());
+  ASSERT_GT(2000 * len, walk_limit);
+  expect_refused(
+      s, {"this list expands to more than " + std::to_string(walk_limit) + " bytes of strings",
+          "string-size limit"});
+  // Sharing within the bound reads.
   std::string ok = "\x80\x02](";
   for (int i = 0; i < 100; ++i) ok += "K\x07";
   ok +=
@@ -378,6 +385,89 @@ TEST(PickleRead, ExpansionIsBoundedByTheInputSize) {
   const PickleValue v = read_pickle(ok);
   ASSERT_EQ(v.items().size(), 3u);
   EXPECT_EQ(v.items()[2].items()[99].as_int(), 7);
+}
+
+// A memo'd value is held once, whatever the number of places it appears: PyTorch's traceback
+// frames are memo references, and copying each place made real snapshots expand 40-fold.
+TEST(PickleRead, MemoValuesAreSharedNotCopied) {
+  // One 1 MiB string and one 3-item list, each referenced 500 times: a 500 MiB walk, held once.
+  const std::size_t len = 1 << 20;
+  std::string p = "\x80\x02](X" + std::string("\x00\x00\x10\x00", 4) + std::string(len, 's') +
+                  B("q\x00](K\x01K\x02K\x03"
+                    "eq\x01");
+  for (int i = 0; i < 499; ++i) p += B("h\x00h\x01");
+  p += "e.";
+  PickleReadStats stats;
+  const auto t0 = std::chrono::steady_clock::now();
+  const PickleValue v = read_pickle(p, "shared.pickle", {}, &stats);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  ASSERT_EQ(v.items().size(), 1000u);
+  for (std::size_t i = 0; i + 2 < v.items().size(); i += 2) {
+    EXPECT_TRUE(v.items()[i].shares_storage_with(v.items()[i + 2]));
+    EXPECT_TRUE(v.items()[i + 1].shares_storage_with(v.items()[i + 3]));
+  }
+  EXPECT_EQ(v.items()[998].as_str().size(), len);
+  EXPECT_EQ(stats.input_bytes, p.size());
+  EXPECT_EQ(stats.distinct_values, 6u);         // the outer list, the string, the list, 3 ints
+  EXPECT_EQ(stats.places, 1u + 500 * (1 + 4));  // the outer list, 500 x (string + list of 3)
+  EXPECT_EQ(stats.walk_string_bytes, 500 * len);
+}
+
+// Sharing is invisible to a user of the builder API: changing one place copies it first.
+TEST(PickleValue, ChangingOneSharedPlaceLeavesTheOthers) {
+  // [x, x, d, d] with x = [1, 2] and d = {}
+  const std::string p =
+      B("\x80\x02](]q\x00(K\x01K\x02"
+        "eh\x00}q\x01h\x01"
+        "e.");
+  PickleValue v = read_pickle(p);
+  ASSERT_EQ(v.items().size(), 4u);
+  ASSERT_TRUE(v.items()[0].shares_storage_with(v.items()[1]));
+  v.items()[0].append(I(3));
+  v.items()[2].add("k", I(4));
+  EXPECT_EQ(v.items()[0], PickleValue::list({I(1), I(2), I(3)}));
+  EXPECT_EQ(v.items()[1], PickleValue::list({I(1), I(2)}));
+  EXPECT_EQ(v.items()[2].dict_size(), 1u);
+  EXPECT_EQ(v.items()[3].dict_size(), 0u);
+  // Copies share until one changes.
+  PickleValue a = PickleValue::list({S("x")});
+  PickleValue b = a;
+  EXPECT_TRUE(a.shares_storage_with(b));
+  b.items()[0] = S("y");
+  EXPECT_EQ(a.items()[0].as_str(), "x");
+  EXPECT_EQ(b.items()[0].as_str(), "y");
+  PickleValue d = PickleValue::dict().add("k", I(1));
+  PickleValue e = d;
+  e.value(0) = I(2);
+  e.set(S("k2"), I(3));
+  EXPECT_EQ(d.find("k")->as_int(), 1);
+  EXPECT_EQ(d.dict_size(), 1u);
+  EXPECT_EQ(e.find("k")->as_int(), 2);
+  EXPECT_EQ(e.find("k2")->as_int(), 3);
+}
+
+// The depth limit holds at every place a shared value appears, not only at its first.
+TEST(PickleRead, ASharedValueNestedDeeperAtASecondPlaceIsRefused) {
+  auto chain = [](int n) {  // n nested lists, the outermost memo'd as 0
+    std::string c;
+    for (int i = 0; i < n; ++i) c += ']';
+    for (int i = 1; i < n; ++i) c += 'a';
+    return c + B("q\x00");
+  };
+  PickleLimits limits;
+  limits.max_depth = 50;
+  // [deep, [[... 20 levels ... deep]]]: deep has 40 levels; at its second place it is at 60.
+  std::string p = "\x80\x02](" + chain(40);
+  std::string wrap;
+  for (int i = 0; i < 20; ++i) wrap += ']';
+  wrap += B("h\x00");
+  for (int i = 0; i < 20; ++i) wrap += 'a';
+  expect_refused(p + wrap + "e.", {"deeper than 50"}, limits);
+  std::string shallow;
+  for (int i = 0; i < 5; ++i) shallow += ']';
+  shallow += B("h\x00");
+  for (int i = 0; i < 5; ++i) shallow += 'a';
+  EXPECT_NO_THROW(read_pickle(p + shallow + "e.", "ok", limits));
 }
 
 TEST(PickleRead, SelfReferenceIsRefused) {
