@@ -44,6 +44,16 @@ CachingAllocator::Impl::Impl(MemoryProvider& p, AllocatorConfig c, StreamSync* s
   const std::size_t align = provider.alignment();
   MEMFIT_CHECK(align != 0 && (align & (align - 1)) == 0)
       << "provider '" << provider.name() << "' reports alignment " << align;
+  if (config.expandable_segments) {
+    page = provider.page_size();
+    if (page == 0) {
+      throw ConfigError(std::string("expandable_segments:True: provider '") + provider.name() +
+                        "' has no virtual memory to map pages into (the host, null and cuda "
+                        "providers have it); use expandable_segments:False for this allocator");
+    }
+    MEMFIT_CHECK((page & (page - 1)) == 0 && page % kMinBlockSize == 0 && page % align == 0)
+        << "provider '" << provider.name() << "' reports page size " << page;
+  }
 }
 
 CachingAllocator::Impl::~Impl() {
@@ -70,8 +80,24 @@ CachingAllocator::Impl::~Impl() {
                  live_count, format_bytes(live_bytes).c_str(), provider.name());
   }
   for (PoolSet& pool : pools) pool.clear();
+  for (PoolSet& set : unmapped) set.clear();
   for (const auto& [addr, seg] : segments) {
-    provider.deallocate(reinterpret_cast<void*>(seg->base), seg->size);
+    if (seg->expandable) {
+      // Each mapped run (page-aligned, between unmapped blocks) is unmapped, then the range.
+      for (BlockNode* b = seg->head; b != nullptr;) {
+        if (b->state == NodeState::kUnmapped) {
+          b = b->next;
+          continue;
+        }
+        const std::uintptr_t start = b->addr;
+        while (b != nullptr && b->state != NodeState::kUnmapped) b = b->next;
+        const std::uintptr_t end = b != nullptr ? b->addr : seg->base + seg->size;
+        provider.unmap(reinterpret_cast<void*>(start), end - start);
+      }
+      provider.release(reinterpret_cast<void*>(seg->base), seg->size);
+    } else {
+      provider.deallocate(reinterpret_cast<void*>(seg->base), seg->size);
+    }
     for (BlockNode* b = seg->head; b != nullptr;) {
       BlockNode* next = b->next;
       delete b;

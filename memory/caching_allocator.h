@@ -88,6 +88,9 @@ inline constexpr std::size_t kLargeBuffer = std::size_t{20} << 20;  // segment f
 inline constexpr std::size_t kMinLargeAlloc = std::size_t{10} << 20;
 inline constexpr std::size_t kRoundLarge = std::size_t{2} << 20;  // large segments round to
 inline constexpr std::size_t kMaxAllocationSize = std::size_t{1} << 50;
+// Expandable segments: the address range reserved per pool and stream when there is no
+// budget (with one: budget + 1/8). A pool that outgrows it gets a second range.
+inline constexpr std::size_t kExpandableRange = std::size_t{256} << 30;
 
 class CachingAllocator {
  public:

@@ -41,7 +41,9 @@
 namespace memfit::alloc_detail {
 
 // kFree: merged, in its pool. kCached: free, unmerged, in the free cache (small pool only).
-enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree, kCached };
+// kUnmapped: pages of an expandable segment with no memory behind them, in its pool's
+// unmapped set; never next to another kUnmapped block (they merge).
+enum class NodeState : std::uint8_t { kFree, kAllocated, kPendingFree, kCached, kUnmapped };
 
 struct BlockNode;
 
@@ -87,15 +89,21 @@ inline int pool_index(bool is_large, bool persistent) {
   return (is_large ? 1 : 0) | (persistent ? 2 : 0);
 }
 
+// A segment is one provider allocation, or (expandable) one reserved address range of which
+// `mapped` bytes have memory behind them, in page-aligned runs between kUnmapped blocks.
 struct Segment {
   std::uint64_t seq = 0;  // creation number: 1, 2, ... (pool order; see PoolEntry)
   std::uintptr_t base = 0;
   std::size_t size = 0;
+  bool expandable = false;
+  std::size_t mapped = 0;  // expandable: bytes mapped (what counts as reserved)
   StreamId stream = kDefaultStream;
   bool is_large = false;
   bool persistent = false;    // serves only persistent categories (and they only it)
   int pool = 0;               // pool_index(is_large, persistent)
   BlockNode* head = nullptr;  // the block at `base`
+
+  std::size_t reserved_bytes() const { return expandable ? mapped : size; }
 };
 
 struct BlockNode {
@@ -115,7 +123,12 @@ struct BlockNode {
   PoolSet::iterator pool_it;          // valid while the block is in its pool
   PoolSet::node_type handle;          // the set node, held while the block is out of its pool
 
-  bool is_split() const { return prev != nullptr || next != nullptr; }
+  // Shares its (mapped run of a) segment with other blocks: an unmapped neighbour does not
+  // count, so the figure matches the segments snapshot() reports.
+  bool is_split() const {
+    return (prev != nullptr && prev->state != NodeState::kUnmapped) ||
+           (next != nullptr && next->state != NodeState::kUnmapped);
+  }
   PoolEntry entry() const {
     return PoolEntry{stream, size, segment->seq, addr - segment->base,
                      const_cast<BlockNode*>(this)};
@@ -251,6 +264,17 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   BlockNode* new_segment_block(std::size_t size, StreamId stream, bool persistent);
   BlockNode* alloc_segment(std::size_t seg_size, bool is_large, bool persistent, StreamId stream);
   void release_unfit_segments(std::size_t size, std::size_t seg_size);
+  // Expandable segments (caching_allocator_expandable.cpp).
+  BlockNode* expandable_block(int pool, std::size_t size, StreamId stream);  // out of the pool
+  BlockNode* find_expandable(int pool, std::size_t size, StreamId stream) const;
+  BlockNode* new_expandable_segment(int pool, std::size_t size, StreamId stream);
+  BlockNode* map_block(BlockNode* u, std::size_t bytes);  // the free block holding it, or null
+  bool unmap_block(BlockNode* b);                         // b free: unmaps its whole pages
+  void merge_unmapped(BlockNode* b);                      // and into the unmapped set
+  void unmap_free_pages();                                // every free page; empties ranges
+  void release_expandable_segment(Segment* seg);          // all of it unmapped
+  void unmapped_insert(BlockNode* b);
+  void unmapped_remove(BlockNode* b);
   void pool_insert(BlockNode* b);
   void pool_remove(BlockNode* b);
   void pool_transfer(BlockNode* from, BlockNode* to);
@@ -293,6 +317,9 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   mutable std::mutex mu;
 
   PoolSet pools[alloc_detail::kPoolCount];
+  // Expandable segments: unmapped blocks, by the pools' order (stream, size, place).
+  PoolSet unmapped[alloc_detail::kPoolCount];
+  std::size_t page = 0;  // provider.page_size() when expandable_segments is on, else 0
   std::map<std::uintptr_t, Segment*> segments;  // by base address
   alloc_detail::PtrMap live;                    // active_allocated blocks
   struct Pending {

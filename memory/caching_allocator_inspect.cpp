@@ -33,7 +33,8 @@ BlockState state_of(const BlockNode* b) {
     case NodeState::kPendingFree:
       return BlockState::kActivePendingFree;
     case NodeState::kFree:
-    case NodeState::kCached:  // free, merged or not
+    case NodeState::kCached:    // free, merged or not
+    case NodeState::kUnmapped:  // never listed (snapshot() reports mapped runs)
       break;
   }
   return BlockState::kInactive;
@@ -76,12 +77,22 @@ Snapshot CachingAllocator::snapshot() const {
   snap.config = impl_->config;
   snap.segments.reserve(impl_->segments.size());
   for (const auto& [addr, seg] : impl_->segments) {
-    SegmentInfo& si = snap.segments.emplace_back();
-    si.address = seg->base;
-    si.total_size = seg->size;
-    si.stream = seg->stream;
-    si.is_large = seg->is_large;
+    // An expandable range shows as one segment per mapped run, as PyTorch reports it.
+    SegmentInfo* run = nullptr;
     for (const BlockNode* b = seg->head; b != nullptr; b = b->next) {
+      if (b->state == NodeState::kUnmapped) {
+        run = nullptr;
+        continue;
+      }
+      if (run == nullptr) {
+        run = &snap.segments.emplace_back();
+        run->address = b->addr;
+        run->stream = seg->stream;
+        run->is_large = seg->is_large;
+        run->is_expandable = seg->expandable;
+      }
+      SegmentInfo& si = *run;
+      si.total_size += b->size;
       BlockInfo& bi = si.blocks.emplace_back();
       bi.address = b->addr;
       bi.size = b->size;
@@ -168,6 +179,7 @@ void CachingAllocator::Impl::out_of_memory(std::size_t bytes, StreamId stream, C
 void CachingAllocator::Impl::check() const {
   AllocatorStats want;  // current values recomputed from the blocks
   std::size_t free_in_pool[alloc_detail::kPoolCount] = {}, allocated = 0;
+  std::size_t unmapped_in_set[alloc_detail::kPoolCount] = {};
   int cached = 0;
   std::size_t pending_events = 0;
   std::uintptr_t prev_end = 0;
@@ -181,13 +193,30 @@ void CachingAllocator::Impl::check() const {
     MEMFIT_CHECK(!seg->persistent || config.separate_persistent_pools)
         << "persistent segment " << hex_address(seg->base) << " with the policy off";
     for (int t : {int{kStatAll}, type}) {
-      want.segment[t].current += 1;
-      want.reserved_bytes[t].current += static_cast<std::int64_t>(seg->size);
+      if (!seg->expandable) want.segment[t].current += 1;  // expandable: per mapped run
+      want.reserved_bytes[t].current += static_cast<std::int64_t>(seg->reserved_bytes());
     }
+    MEMFIT_CHECK(seg->expandable == (page != 0))
+        << "segment " << hex_address(seg->base) << " of the other mode";
     MEMFIT_CHECK(seg->head != nullptr && seg->head->prev == nullptr);
     std::uintptr_t expect = seg->base;
+    std::size_t mapped = 0;
     const BlockNode* prev = nullptr;
     for (const BlockNode* b = seg->head; b != nullptr; prev = b, b = b->next) {
+      if (seg->expandable && b->state != NodeState::kUnmapped) {
+        // Mapped runs start and end on page boundaries.
+        mapped += b->size;
+        if (prev == nullptr || prev->state == NodeState::kUnmapped) {
+          MEMFIT_CHECK((b->addr - seg->base) % page == 0)
+              << "mapped run at " << hex_address(b->addr) << " does not start on a page";
+          for (int t : {int{kStatAll}, type}) want.segment[t].current += 1;
+        }
+        if (b->next == nullptr || b->next->state == NodeState::kUnmapped) {
+          MEMFIT_CHECK((b->addr + b->size - seg->base) % page == 0)
+              << "mapped run ending at " << hex_address(b->addr + b->size)
+              << " does not end on a page";
+        }
+      }
       MEMFIT_CHECK(b->segment == seg);
       MEMFIT_CHECK(b->prev == prev) << "broken prev link at " << hex_address(b->addr);
       MEMFIT_CHECK(b->addr == expect) << "gap or overlap at " << hex_address(expect);
@@ -252,6 +281,20 @@ void CachingAllocator::Impl::check() const {
           }
           want.category_bytes[category_index(b->category)].current += n;
           break;
+        case NodeState::kUnmapped: {
+          MEMFIT_CHECK(seg->expandable) << "unmapped block in a fixed segment";
+          MEMFIT_CHECK(prev == nullptr || prev->state != NodeState::kUnmapped)
+              << "unmerged unmapped neighbours at " << hex_address(b->addr);
+          MEMFIT_CHECK((b->addr - seg->base) % page == 0 && b->size % page == 0)
+              << "unmapped block " << hex_address(b->addr) << " is not whole pages";
+          MEMFIT_CHECK(b->event_count == 0 && b->requested == 0);
+          const PoolSet& set = unmapped[seg->pool];
+          auto it = set.find(b->entry());
+          MEMFIT_CHECK(it != set.end() && it->block == b && b->pool_it == it)
+              << "unmapped block " << hex_address(b->addr) << " missing from its set";
+          unmapped_in_set[seg->pool] += 1;
+          break;
+        }
         case NodeState::kPendingFree:
           MEMFIT_CHECK(b->event_count > 0) << "pending block without events";
           MEMFIT_CHECK(b->stream_uses.empty());
@@ -265,6 +308,14 @@ void CachingAllocator::Impl::check() const {
     }
     MEMFIT_CHECK(expect == seg->base + seg->size)
         << "blocks of segment " << hex_address(seg->base) << " do not cover it";
+    MEMFIT_CHECK(!seg->expandable || mapped == seg->mapped)
+        << "range " << hex_address(seg->base) << " says " << seg->mapped << " bytes mapped, "
+        << "its blocks " << mapped;
+  }
+  for (int i = 0; i < alloc_detail::kPoolCount; ++i) {
+    MEMFIT_CHECK(unmapped[i].size() == unmapped_in_set[i])
+        << "unmapped set " << i << ": " << unmapped[i].size() << " entries, "
+        << unmapped_in_set[i] << " unmapped blocks";
   }
   // Sets hold no duplicates, so equal counts plus membership above mean "exactly the free".
   for (int i = 0; i < alloc_detail::kPoolCount; ++i) {

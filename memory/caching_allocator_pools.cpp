@@ -172,7 +172,9 @@ void CachingAllocator::Impl::pool_transfer(BlockNode* from, BlockNode* to) {
 
 bool CachingAllocator::Impl::should_split(const BlockNode* b, std::size_t size) const {
   const std::size_t remaining = b->size - size;
-  if (!b->segment->is_large) return remaining >= kMinBlockSize;
+  // Expandable segments split like the small pool (PyTorch's rule too): the rest of a block
+  // is never stranded, since a range's free blocks merge with pages mapped next to them.
+  if (!b->segment->is_large || b->segment->expandable) return remaining >= kMinBlockSize;
   // Large blocks split only when the rest is itself a large-pool block (> 1 MiB), and never
   // for requests above max_split_size (PyTorch's should_split).
   return (config.max_split_size == 0 || size < config.max_split_size) && remaining > kSmallSize;
@@ -275,7 +277,11 @@ BlockNode* CachingAllocator::Impl::new_block_slow(int pool_id, std::size_t bytes
   if (config.garbage_collection_threshold > 0 && config.budget != 0) garbage_collect();
   const bool persistent = (pool_id & 2) != 0;
   PoolSet& pool = pools[pool_id];
-  BlockNode* b = new_segment_block(size, stream, persistent);
+  const auto grow = [&] {
+    return page != 0 ? expandable_block(pool_id, size, stream)
+                     : new_segment_block(size, stream, persistent);
+  };
+  BlockNode* b = grow();
   if (b != nullptr) return b;
   // Pending frees completed first (merged, they may now fit), then every wholly free segment
   // returned to the provider.
@@ -287,7 +293,7 @@ BlockNode* CachingAllocator::Impl::new_block_slow(int pool_id, std::size_t bytes
     return b;
   }
   release_free_segments();
-  b = new_segment_block(size, stream, persistent);
+  b = grow();
   if (b == nullptr) out_of_memory(bytes, stream, category, tag);
   return b;
 }

@@ -40,13 +40,14 @@ std::vector<BlockNode*> CachingAllocator::Impl::whole_free_segments() const {
   std::vector<BlockNode*> whole;
   for (const PoolSet& pool : pools) {
     for (const auto& e : pool)
-      if (!e.block->is_split()) whole.push_back(e.block);
+      if (!e.block->is_split() && !e.block->segment->expandable) whole.push_back(e.block);
   }
   return whole;
 }
 
 void CachingAllocator::Impl::release_free_segments() {
   for (BlockNode* b : whole_free_segments()) release_segment(b);
+  if (page != 0) unmap_free_pages();
 }
 
 // release_before_growth: a new segment of `seg_size` for a transient block of `size` would
@@ -83,6 +84,20 @@ void CachingAllocator::Impl::garbage_collect() {
   const auto limit = static_cast<std::size_t>(config.garbage_collection_threshold *
                                               static_cast<double>(config.budget));
   if (reserved <= limit) return;
+  if (page != 0) {
+    // Expandable segments: the free pages of the blocks idle longest are unmapped first.
+    std::vector<BlockNode*> idle;
+    for (const PoolSet& pool : pools) {
+      for (const auto& e : pool) idle.push_back(e.block);
+    }
+    std::sort(idle.begin(), idle.end(),
+              [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });
+    for (BlockNode* b : idle) {
+      if (reserved <= limit) break;
+      unmap_block(b);
+    }
+    return;
+  }
   std::vector<BlockNode*> whole = whole_free_segments();
   std::sort(whole.begin(), whole.end(),
             [](const BlockNode* a, const BlockNode* b) { return a->free_seq < b->free_seq; });

@@ -2,17 +2,19 @@
 
 namespace memfit {
 
+bool FaultInjectingProvider::fails_now(std::size_t bytes) {
+  ++calls_;
+  bool fail = fail_all_;
+  if (countdown_ > 0 && --countdown_ == 0) fail = true;
+  if (limit_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) fail = true;
+  if (fail) ++failures_;
+  return fail;
+}
+
 void* FaultInjectingProvider::allocate(std::size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++calls_;
-    bool fail = fail_all_;
-    if (countdown_ > 0 && --countdown_ == 0) fail = true;
-    if (limit_ != 0 && (bytes > limit_ || in_use_ > limit_ - bytes)) fail = true;
-    if (fail) {
-      ++failures_;
-      return nullptr;
-    }
+    if (fails_now(bytes)) return nullptr;
   }
   void* p = inner_.allocate(bytes);
   std::lock_guard<std::mutex> lock(mu_);
@@ -30,6 +32,27 @@ void FaultInjectingProvider::deallocate(void* ptr, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   in_use_ -= bytes;
   --live_;
+}
+
+bool FaultInjectingProvider::map(void* addr, std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fails_now(bytes)) return false;
+  }
+  const bool ok = inner_.map(addr, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ok) {
+    in_use_ += bytes;
+  } else {
+    ++failures_;
+  }
+  return ok;
+}
+
+void FaultInjectingProvider::unmap(void* addr, std::size_t bytes) {
+  inner_.unmap(addr, bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  in_use_ -= bytes;
 }
 
 void FaultInjectingProvider::fail_call(std::int64_t n) {

@@ -21,7 +21,7 @@ namespace memfit {
 
 namespace {
 
-std::size_t page_size() {
+std::size_t os_page_size() {
   const long page = sysconf(_SC_PAGESIZE);
   return page > 0 ? static_cast<std::size_t>(page) : 4096;
 }
@@ -43,13 +43,13 @@ constexpr bool kSanitizerBuild = false;
 
 bool PinnedHostProvider::mlock_available() { return !kSanitizerBuild; }
 
-PinnedHostProvider::PinnedHostProvider() : page_size_(page_size()) {
+PinnedHostProvider::PinnedHostProvider() : page_size_(os_page_size()) {
 #ifdef MEMFIT_HAVE_CUDA
   if (CudaProvider::cuda_device_count() > 0) mode_ = Mode::kCudaHostAlloc;
 #endif
 }
 
-PinnedHostProvider::PinnedHostProvider(Mode mode) : mode_(mode), page_size_(page_size()) {
+PinnedHostProvider::PinnedHostProvider(Mode mode) : mode_(mode), page_size_(os_page_size()) {
   if (mode != Mode::kCudaHostAlloc) return;
 #ifdef MEMFIT_HAVE_CUDA
   std::string why;

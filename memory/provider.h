@@ -14,6 +14,21 @@
 // - deallocate(p, bytes) takes exactly a pointer this provider returned and its size.
 // - Implementations are thread-safe unless their header says otherwise.
 //
+// Virtual memory, for expandable segments (optional; alloc_conf.h's expandable_segments):
+//   void* base = p.reserve(1 << 30);          // address space only, nothing behind it
+//   bool ok = p.map(base, 4 << 20);           // back its first two pages with memory
+//   p.unmap(base, 4 << 20);                   // give that memory back, keep the addresses
+//   p.release(base, 1 << 30);                 // give the addresses back (all unmapped)
+// - page_size() is the granularity of map/unmap (2 MiB on CUDA and here); 0 means the
+//   provider has no virtual memory and the other four are never called.
+// - reserve(bytes) takes a multiple of page_size(); it returns an address aligned to at least
+//   alignment(), or nullptr when the address space is not there. Reserving costs no memory.
+// - map(addr, bytes) takes page multiples inside one reservation that are not mapped; false
+//   when the memory is not there, in which case nothing of the range stays mapped. It never
+//   throws for lack of memory (like allocate).
+// - unmap(addr, bytes) takes mapped page multiples; release(base, bytes) a whole reservation
+//   with nothing mapped, and its size.
+//
 // Implementations: HostProvider, PinnedHostProvider, NullProvider, FaultInjectingProvider
 // (memory/), CudaProvider (memory/cuda/, CUDA builds).
 #pragma once
@@ -38,6 +53,12 @@ class MemoryProvider {
   virtual const char* name() const = 0;          // "host", "pinned_host", "cuda", "null", ...
   virtual MemoryKind kind() const = 0;
   virtual std::size_t alignment() const { return 4096; }
+
+  virtual std::size_t page_size() const { return 0; }
+  virtual void* reserve(std::size_t /*bytes*/) { return nullptr; }
+  virtual bool map(void* /*addr*/, std::size_t /*bytes*/) { return false; }
+  virtual void unmap(void* /*addr*/, std::size_t /*bytes*/) {}
+  virtual void release(void* /*base*/, std::size_t /*bytes*/) {}
 };
 
 }  // namespace memfit

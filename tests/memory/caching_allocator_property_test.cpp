@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "memory/caching_allocator.h"
+#include "memory/check.h"
 #include "memory/error.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
@@ -240,7 +241,9 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
         return true;
       });
     };
-    for (int op = 0; op < sc.ops; ++op) {
+    int op = 0;
+    try {
+    for (; op < sc.ops; ++op) {
       const int r = static_cast<int>(rng() % 100);
       const bool want_alloc = live.size() < 40 || (live.size() < 160 && r < 45);
       if (want_alloc && r < 80) {
@@ -335,6 +338,13 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
         }
       }
     }
+    } catch (const CheckFailure& e) {
+      // A broken invariant: report it, and let go of the blocks without freeing them (the
+      // allocator is not trustworthy now) so that they do not outlive it.
+      ADD_FAILURE() << sc.name << ": op " << op << " (seed " << seed << "): " << e.what();
+      for (LiveEntry& e : live) (void)e.block.release();
+      return n;
+    }
     drop_completed();
     verify(a, live, pending, sync);
     const AllocatorStats st = a.stats();
@@ -388,6 +398,42 @@ TEST(CachingAllocatorProperty, PyTorchRulesNullProvider) {
   sc.config.release_before_growth = false;
   const Counters n = run(sc, 0x5eed0004);
   EXPECT_GT(n.allocs, 10000);
+}
+
+// Expandable segments: ranges grow page by page and shrink on empty_cache and on the retry
+// after a failure; the budget makes mapping fail part way through growing a block.
+TEST(CachingAllocatorProperty, ExpandableSegmentsNullProvider) {
+  Scenario sc{"expandable/null", false, 100000, kSmallSize, 48 * kMiB, {}};
+  sc.config.debug_checks = true;
+  sc.config.expandable_segments = true;
+  sc.config.budget = 1024 * kMiB;
+  const Counters n = run(sc, 0x5eed0005);
+  EXPECT_GT(n.allocs, 30000);
+  EXPECT_GT(n.pending_frees, 1000);
+  EXPECT_GT(n.empty_caches, 100);
+  EXPECT_GT(n.ooms, 0) << "the budget was never reached: the OOM path went untested";
+}
+
+TEST(CachingAllocatorProperty, ExpandableSegmentsTunedNullProvider) {
+  Scenario sc{"expandable_tuned/null", false, 40000, kSmallSize, 96 * kMiB, {}};
+  sc.config.debug_checks = true;
+  sc.config.expandable_segments = true;
+  sc.config.budget = 768 * kMiB;
+  sc.config.max_split_size = 32 * kMiB;
+  sc.config.roundup_power2_divisions = 4;
+  sc.config.garbage_collection_threshold = 0.6;
+  sc.config.separate_persistent_pools = false;
+  const Counters n = run(sc, 0x5eed0006);
+  EXPECT_GT(n.allocs, 10000);
+  EXPECT_GT(n.ooms, 0);
+}
+
+TEST(CachingAllocatorProperty, ExpandableSegmentsHostMemoryIsNeverShared) {
+  Scenario sc{"expandable/host", true, 20000, 256 * 1024, 12 * kMiB, {}};
+  sc.config.debug_checks = true;
+  sc.config.expandable_segments = true;
+  const Counters n = run(sc, 0x5eed0007);
+  EXPECT_GT(n.allocs, 5000);
 }
 
 TEST(CachingAllocatorProperty, HostMemoryIsNeverShared) {
