@@ -69,6 +69,9 @@ int main(int argc, char** argv) {
       "roundup_power2_divisions:4",
       "roundup_power2_divisions:8",
       "max_split_size_mb:128,roundup_power2_divisions:4",
+      // Expandable segments (alloc_conf.h): one range per pool and stream, mapped by pages.
+      "expandable_segments:True",
+      "expandable_segments:True,separate_persistent_pools:false,release_before_growth:false",
   };
 
   std::printf(
@@ -103,7 +106,9 @@ int main(int argc, char** argv) {
       // The listener runs under the allocator's lock: it only records. Events are attributed
       // to steps afterwards from the per-step provider call counts (same order).
       alloc.add_listener([&](const AllocatorEvent& e) {
-        if (e.kind == EventKind::kSegmentAlloc) segs.push_back({e.size, std::string(e.tag), 0});
+        if (e.kind == EventKind::kSegmentAlloc || e.kind == EventKind::kSegmentMap) {
+          segs.push_back({e.size, std::string(e.tag), 0});
+        }
       });
       const ReplayResult r = replay(trace, alloc);
       // Segments taken before the first step marker (the parameters) are step -1.

@@ -271,6 +271,8 @@ struct __attribute__((visibility("hidden"))) CachingAllocator::Impl {
   BlockNode* map_block(BlockNode* u, std::size_t bytes);  // the free block holding it, or null
   bool unmap_block(BlockNode* b);                         // b free: unmaps its whole pages
   void merge_unmapped(BlockNode* b);                      // and into the unmapped set
+  std::size_t pages_to_map(const BlockNode* c, std::size_t size) const;
+  bool unmap_idle_pages(const BlockNode* keep, std::size_t size, std::size_t need);
   void unmap_free_pages();                                // every free page; empties ranges
   void release_expandable_segment(Segment* seg);          // all of it unmapped
   void unmapped_insert(BlockNode* b);
