@@ -2,8 +2,8 @@
 //
 //   build/bench/allocator_bench [pairs_per_rep] [reps]
 //
-// For each form (Block RAII, raw pointer), pool (4 KiB small, 32 MiB large) and listener
-// (none, one no-op listener), it warms the cache, discards the warm-up, then times `reps`
+// For each allocator mode (fixed segments, expandable_segments:True), form (Block RAII, raw
+// pointer), pool (4 KiB small, 32 MiB large) and listener (none, one no-op listener), it warms the cache, discards the warm-up, then times `reps`
 // repetitions of `pairs_per_rep` pairs and prints the median ns per pair. The same run times
 // malloc/free of the same sizes as a same-machine anchor. Anchors from elsewhere (other
 // machines, other years: read them as orders of magnitude, not as a race):
@@ -52,7 +52,7 @@ double median_ns(const std::function<void(long)>& pairs, long n, int reps) {
 }
 
 struct Row {
-  std::string form, pool, listener;
+  std::string mode, form, pool, listener;
   double ns;
 };
 
@@ -84,13 +84,17 @@ int main(int argc, char** argv) {
                                             }
                                           },
                                           n, reps));
+    for (const bool expandable : {false, true})
     for (bool listener : {false, true}) {
       memfit::HostProvider host;
-      CachingAllocator alloc(host);
+      memfit::AllocatorConfig conf;
+      conf.expandable_segments = expandable;
+      CachingAllocator alloc(host, conf);
+      const char* mode = expandable ? "expandable" : "segments";
       long events = 0;
       if (listener) alloc.add_listener([&events](const memfit::AllocatorEvent&) { ++events; });
       const char* lname = listener ? "1 no-op" : "none";
-      rows.push_back({"Block RAII", pool.name, lname,
+      rows.push_back({mode, "Block RAII", pool.name, lname,
                       median_ns(
                           [&](long k) {
                             for (long i = 0; i < k; ++i) {
@@ -99,7 +103,7 @@ int main(int argc, char** argv) {
                             }
                           },
                           n, reps)});
-      rows.push_back({"raw pointer", pool.name, lname,
+      rows.push_back({mode, "raw pointer", pool.name, lname,
                       median_ns(
                           [&](long k) {
                             for (long i = 0; i < k; ++i) {
@@ -124,7 +128,8 @@ int main(int argc, char** argv) {
   std::printf("CachingAllocator fast path: allocate + free of a cached size\n");
   std::printf("median of %d reps x %ld pairs, %d warm-up pairs discarded per row\n\n", reps, n,
               kWarmupPairs);
-  std::printf("%-12s %-12s %-9s %9s %10s %10s %12s %12s  %s\n", "form", "pool", "listener",
+  std::printf("%-11s %-12s %-12s %-9s %9s %10s %10s %12s %12s  %s\n", "mode", "form", "pool",
+              "listener",
               "ns/pair", "malloc ns", "/malloc", "/at::empty", "/CUDA.jl", "target<=100ns");
   bool all_pass = true;
   for (const Row& r : rows) {
@@ -134,7 +139,8 @@ int main(int argc, char** argv) {
     const bool pass = r.ns <= kTargetNs;
     // The target is the fast path nobody observes; listener rows show what observing costs.
     if (r.listener == "none") all_pass = all_pass && pass;
-    std::printf("%-12s %-12s %-9s %9.1f %10.1f %10.2f %12.4f %12.4f  %s\n", r.form.c_str(),
+    std::printf("%-11s %-12s %-12s %-9s %9.1f %10.1f %10.2f %12.4f %12.4f  %s\n",
+                r.mode.c_str(), r.form.c_str(),
                 r.pool.c_str(), r.listener.c_str(), r.ns, m, r.ns / m, r.ns / kAtEmptyNs,
                 r.ns / kCudaJlAllocNs, pass ? "PASS" : "MISS");
   }

@@ -36,6 +36,8 @@
 //   options: --steps N --warmup W --threads N --no-torch --torch-script PATH --torch-bf16 on|off
 //            --no-all-policies --attention flash|materialized (the model's attention; flash is
 //            the default, materialized reproduces the figures from before flash attention)
+//            --alloc-conf TEXT (MEMFIT_ALLOC_CONF syntax, e.g. expandable_segments:True;
+//            default: that variable, else the allocator's defaults)
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +56,7 @@
 
 #include "core/dtype.h"
 #include "core/model_spec.h"
+#include "memory/alloc_conf.h"
 #include "memory/category.h"
 #include "policies/run_setup.h"
 
@@ -91,6 +94,7 @@ struct Args {
   bool all_policies = true;
   const char* torch_script = nullptr;
   AttentionImpl attention = AttentionImpl::kFlash;
+  AllocatorConfig alloc;  // --alloc-conf (default: MEMFIT_ALLOC_CONF, else the defaults)
 };
 
 struct Figures {  // one configuration, either side
@@ -172,6 +176,7 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
     rs.trainer.adamw.weight_decay = 0.01;
     rs.batch = batch.batch;
     rs.seq_len = batch.seq_len;
+    rs.alloc = a.alloc;
     RunSetup run(rs);
     std::vector<double> secs;
     for (int k = 0; k < a.warmup + a.steps; ++k) {
@@ -330,10 +335,12 @@ int main(int argc, char** argv) {
                  "usage: %s [--quick] [--dtypes f32,bf16,f16] [--checkpoints none,all,every:2] "
                  "[--offload off,on] [--steps N] [--warmup W] [--threads N] [--no-torch] "
                  "[--torch-script PATH] [--torch-bf16 on|off] [--no-all-policies] "
-                 "[--attention flash|materialized]\n",
+                 "[--attention flash|materialized] [--alloc-conf TEXT]\n",
                  argv[0]);
     return 2;
   };
+  std::string alloc_conf;
+  if (const char* env = std::getenv("MEMFIT_ALLOC_CONF")) alloc_conf = env;
   for (int i = 1; i < argc; ++i) {
     const std::string s = argv[i];
     const bool has = i + 1 < argc;
@@ -369,6 +376,8 @@ int main(int argc, char** argv) {
       a.all_policies = false;
     } else if (s == "--attention" && has) {
       if (!parse_attention_impl(argv[++i], &a.attention)) return usage();
+    } else if (s == "--alloc-conf" && has) {
+      alloc_conf = argv[++i];
     } else {
       return usage();
     }
@@ -376,6 +385,13 @@ int main(int argc, char** argv) {
   for (const auto& d : a.dtypes) {
     if (d != "f32" && d != "bf16" && d != "f16") return usage();
   }
+  try {
+    a.alloc = parse_alloc_conf(alloc_conf);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (!alloc_conf.empty()) std::printf("allocator: %s\n", a.alloc.to_string().c_str());
   // OpenMP reads this at its first parallel region, which has not run yet: memfit's kernels and
   // PyTorch (passed --threads) then use the same number of threads.
   const int threads = a.threads > 0
