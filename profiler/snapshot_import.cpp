@@ -80,41 +80,101 @@ std::string tag_of(const PickleValue& entry) {
 }
 
 struct Entry {
-  enum Kind { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kOther } kind;
+  enum Kind {
+    kAlloc,
+    kFreeRequested,
+    kFreeCompleted,
+    kSegmentAlloc,
+    kSegmentFree,
+    kSegmentMap,
+    kSegmentUnmap,
+    kOther
+  } kind;
   std::uintptr_t addr = 0;
   std::size_t size = 0;
   StreamId stream = 0;
   const PickleValue* raw = nullptr;
 };
 
+bool grows_reserved(Entry::Kind k) { return k == Entry::kSegmentAlloc || k == Entry::kSegmentMap; }
+bool shrinks_reserved(Entry::Kind k) {
+  return k == Entry::kSegmentFree || k == Entry::kSegmentUnmap;
+}
+
+const std::vector<PickleValue>* device_traces(const Doc& doc, const PickleValue& snapshot) {
+  if (snapshot.kind() == PickleValue::Kind::kList) return nullptr;  // legacy: no traces
+  const PickleValue* t = doc.find(snapshot, "the top level", "device_traces");
+  if (t == nullptr) {
+    doc.fail("the top level",
+             "no key 'device_traces' (record it with "
+             "torch.cuda.memory._record_memory_history())");
+  }
+  return &doc.seq(*t, "['device_traces']");
+}
+
+std::vector<int> busy_devices(const Doc& doc, const std::vector<PickleValue>* traces) {
+  std::vector<int> busy;
+  for (std::size_t d = 0; traces && d < traces->size(); ++d) {
+    if (!doc.seq((*traces)[d], "device_traces[" + std::to_string(d) + "]").empty()) {
+      busy.push_back(static_cast<int>(d));
+    }
+  }
+  return busy;
+}
+
+// What the file says about PyTorch's allocator settings; the segments and trace entries
+// are looked at by the caller for the files without settings.
+RecordedAllocator recorded_settings(const Doc& doc, const PickleValue& snapshot) {
+  RecordedAllocator r;
+  if (!snapshot.is_dict()) return r;
+  const PickleValue* st = snapshot.find("allocator_settings");
+  if (st == nullptr) return r;
+  if (!st->is_dict()) {
+    doc.fail("['allocator_settings']",
+             std::string("expected a dict, found ") + pickle_kind_name(st->kind()));
+  }
+  r.has_settings = true;
+  if (const PickleValue* c = st->find("PYTORCH_CUDA_ALLOC_CONF"); c && c->is_str()) {
+    r.alloc_conf = c->as_str();
+  }
+  if (const PickleValue* e = st->find("expandable_segments");
+      e && e->kind() == PickleValue::Kind::kBool && e->as_bool()) {
+    r.expandable_segments = true;
+    r.expandable_evidence = "allocator_settings['expandable_segments']";
+  }
+  return r;
+}
+
 }  // namespace
+
+std::vector<int> traced_devices(const PickleValue& snapshot, std::string_view source) {
+  Doc doc(source);
+  if (snapshot.kind() != PickleValue::Kind::kList) doc.need(snapshot, "the top level", "segments");
+  return busy_devices(doc, device_traces(doc, snapshot));
+}
+
+AllocatorConfig replay_alloc_conf(const ImportedSnapshot& s) {
+  AllocatorConfig c;
+  c.expandable_segments = s.recorded.expandable_segments;
+  return c;
+}
 
 ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view source, int device) {
   Doc doc(source);
   ImportedSnapshot out;
   const std::vector<PickleValue>* segments = nullptr;
-  const std::vector<PickleValue>* traces = nullptr;
   if (snapshot.kind() == PickleValue::Kind::kList) {
     out.legacy = true;
     segments = &snapshot.items();
   } else {
     segments = &doc.seq(doc.need(snapshot, "the top level", "segments"), "['segments']");
-    const PickleValue* t = doc.find(snapshot, "the top level", "device_traces");
-    if (t == nullptr)
-      doc.fail("the top level",
-               "no key 'device_traces' (record it with "
-               "torch.cuda.memory._record_memory_history())");
-    traces = &doc.seq(*t, "['device_traces']");
   }
+  const std::vector<PickleValue>* traces = device_traces(doc, snapshot);
+  out.recorded = recorded_settings(doc, snapshot);
 
   // Which device.
   if (device < 0) {
-    std::vector<int> busy;
-    for (std::size_t d = 0; traces && d < traces->size(); ++d) {
-      if (!doc.seq((*traces)[d], "device_traces[" + std::to_string(d) + "]").empty()) {
-        busy.push_back(static_cast<int>(d));
-      }
-    }
+    const std::vector<int> busy = busy_devices(doc, traces);
     if (busy.size() > 1) {
       std::string list;
       for (int d : busy) list += (list.empty() ? "" : ", ") + std::to_string(d);
@@ -135,6 +195,12 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
     const std::string where = "segments[" + std::to_string(i) + "]";
     const PickleValue& seg = (*segments)[i];
     const PickleValue* dev = doc.find(seg, where, "device");
+    const PickleValue* expandable = doc.find(seg, where, "is_expandable");
+    if (!out.recorded.has_settings && expandable != nullptr &&
+        expandable->kind() == PickleValue::Kind::kBool && expandable->as_bool()) {
+      out.recorded.expandable_segments = true;  // the allocator is process-wide
+      out.recorded.expandable_evidence = "segments[]['is_expandable']";
+    }
     if (dev != nullptr && doc.integer(*dev, where + "['device']") != device) continue;
     const std::size_t total = doc.size(seg, where, "total_size");
     const std::size_t address = doc.size(seg, where, "address");
@@ -179,7 +245,13 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
       if (action == "free_completed") x.kind = Entry::kFreeCompleted;
       if (action == "segment_alloc") x.kind = Entry::kSegmentAlloc;
       if (action == "segment_free") x.kind = Entry::kSegmentFree;
+      if (action == "segment_map") x.kind = Entry::kSegmentMap;
+      if (action == "segment_unmap") x.kind = Entry::kSegmentUnmap;
       if (action == "oom") ++out.num_ooms;
+      out.num_segment_allocs += x.kind == Entry::kSegmentAlloc;
+      out.num_segment_frees += x.kind == Entry::kSegmentFree;
+      out.num_segment_maps += x.kind == Entry::kSegmentMap;
+      out.num_segment_unmaps += x.kind == Entry::kSegmentUnmap;
       if (x.kind != Entry::kOther) {
         x.addr = doc.size(e, where, "addr");
         x.size = doc.size(e, where, "size");
@@ -189,20 +261,24 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
     }
   }
   out.num_entries = entries.size();
+  if (!out.recorded.has_settings && out.num_segment_maps + out.num_segment_unmaps > 0) {
+    out.recorded.expandable_segments = true;
+    out.recorded.expandable_evidence = "segment_map / segment_unmap trace entries";
+  }
 
-  // Reserved over the trace: walk back from the end state, then forward for the peak.
+  // PyTorch's reserved over the trace: walk back from the end state, then forward for the peak.
   std::size_t start = out.segments.reserved_bytes;
   bool any_segment_event = false;
   for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-    if (it->kind == Entry::kSegmentAlloc) start = start >= it->size ? start - it->size : 0;
-    if (it->kind == Entry::kSegmentFree) start += it->size;
-    any_segment_event |= it->kind == Entry::kSegmentAlloc || it->kind == Entry::kSegmentFree;
+    if (grows_reserved(it->kind)) start = start >= it->size ? start - it->size : 0;
+    if (shrinks_reserved(it->kind)) start += it->size;
+    any_segment_event |= grows_reserved(it->kind) || shrinks_reserved(it->kind);
   }
   if (any_segment_event) {
     std::size_t now = start, peak = start;
     for (const Entry& e : entries) {
-      if (e.kind == Entry::kSegmentAlloc) now += e.size;
-      if (e.kind == Entry::kSegmentFree) now = now >= e.size ? now - e.size : 0;
+      if (grows_reserved(e.kind)) now += e.size;
+      if (shrinks_reserved(e.kind)) now = now >= e.size ? now - e.size : 0;
       peak = std::max(peak, now);
     }
     out.segments.trace_start_reserved_bytes = start;
@@ -247,7 +323,13 @@ ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view s
 
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
-    if (e.kind == Entry::kAlloc) {
+    if (shrinks_reserved(e.kind)) {
+      // One empty_cache per run of releases: PyTorch released its cached memory here.
+      if (i == 0 || !shrinks_reserved(entries[i - 1].kind)) {
+        out.trace.empty_cache();
+        ++out.num_empty_cache;
+      }
+    } else if (e.kind == Entry::kAlloc) {
       if (e.size == 0) continue;
       auto old = live.find(e.addr);
       if (old != live.end()) {  // allocated again without a free in the trace: a lost free

@@ -15,8 +15,17 @@
 //   free_requested       -> free op only when no free_completed for that address follows
 //                           before the address is allocated again (traces recorded with
 //                           free_requested only, or cut off before the completion)
-//   segment_*, oom, snapshot and unknown actions -> nothing (the replay makes its own
-//                           segments; counted in `ignored_entries`)
+//   segment_free,        -> each maximal run of consecutive ones becomes ONE empty_cache op
+//   segment_unmap           at the place of the run's first entry: PyTorch released cached
+//                           memory there (the user's torch.cuda.empty_cache(), or its own
+//                           release when cudaMalloc failed or garbage collection ran), and
+//                           memfit's replay releases its cached free segments (expandable
+//                           mode: unmaps its free pages) at the same point. Under OOM PyTorch
+//                           frees only enough segments for the request; empty_cache frees
+//                           every cached one, so at such a point memfit holds no more than
+//                           PyTorch did.
+//   segment_alloc, segment_map, oom, snapshot and unknown actions -> nothing (the replay makes
+//                           its own segments; counted per kind below and in ignored_entries)
 // Allocations live at the start come first, as alloc ops: blocks freed in the trace without
 // an alloc before it (allocated before recording began, or dropped from PyTorch's ring
 // buffer), and blocks active in the segments (the state at the end) that the trace never
@@ -26,8 +35,14 @@
 //
 // The file's own figures (`segments`): reserved = sum of total_size, allocated = sum of
 // allocated_size, active, requested (of active blocks), segment count and the largest; and
-// the reserved peak over the trace, walked back from the end state through its
-// segment_alloc / segment_free entries (0 when the trace has none).
+// PyTorch's reserved peak over the trace, walked back from the end state through its
+// segment_alloc / segment_map entries (each adds its size) and segment_free / segment_unmap
+// entries (each subtracts it), then forward (0 when the trace has none of them).
+//
+// How PyTorch's run was set up (`recorded`): its PYTORCH_CUDA_ALLOC_CONF and whether it used
+// expandable segments: allocator_settings["expandable_segments"], or, in files without
+// allocator_settings, any segment with is_expandable or any segment_map / segment_unmap
+// entry. replay_alloc_conf() turns that into the memfit config a faithful replay uses.
 //
 // Errors: InvalidArgument naming `source` and the place ("device_traces[0][17]: no key
 // 'addr'", "segments[2]['total_size']: expected int, found str") for a pickle that is valid
@@ -37,8 +52,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "memory/alloc_conf.h"
 #include "memory/alloc_trace.h"
 #include "profiler/pickle.h"
 
@@ -56,16 +74,30 @@ struct SnapshotSegmentsSummary {
   std::size_t trace_start_reserved_bytes = 0;
 };
 
+// How the recorded PyTorch run's allocator was set up, as far as the file says.
+struct RecordedAllocator {
+  bool has_settings = false;  // the file has allocator_settings (PyTorch >= 2.2 writes them)
+  std::string alloc_conf;     // its PYTORCH_CUDA_ALLOC_CONF ("" when unset or unknown)
+  bool expandable_segments = false;
+  const char* expandable_evidence = "";  // which field said so ("" when not expandable)
+};
+
 struct ImportedSnapshot {
   AllocTrace trace;
   SnapshotSegmentsSummary segments;
+  RecordedAllocator recorded;
   int device = 0;                      // the device whose trace was read
   std::size_t num_entries = 0;         // that device's trace entries
   std::size_t num_allocs = 0;          // alloc entries turned into ops
   std::size_t num_frees = 0;           // free ops made
   std::size_t num_initially_live = 0;  // allocations live at the start
   std::size_t num_ooms = 0;            // oom entries in the trace
-  std::size_t ignored_entries = 0;     // segment_*, snapshot, oom, unknown actions
+  std::size_t num_segment_allocs = 0;  // segment_alloc entries
+  std::size_t num_segment_frees = 0;   // segment_free entries
+  std::size_t num_segment_maps = 0;    // segment_map entries (expandable segments)
+  std::size_t num_segment_unmaps = 0;  // segment_unmap entries
+  std::size_t num_empty_cache = 0;     // empty_cache ops made (runs of segment_free / unmap)
+  std::size_t ignored_entries = 0;     // segment_alloc/map, snapshot, oom, unknown actions
   bool legacy = false;                 // a bare list of segments (torch < 2.0)
 };
 
@@ -73,5 +105,12 @@ struct ImportedSnapshot {
 // non-empty traces without a device chosen is an InvalidArgument listing them.
 ImportedSnapshot import_snapshot(const PickleValue& snapshot, std::string_view source,
                                  int device = -1);
+
+// The devices whose trace is non-empty, in order (empty for a legacy snapshot or none).
+std::vector<int> traced_devices(const PickleValue& snapshot, std::string_view source);
+
+// The memfit allocator settings a faithful replay of `s` uses when the user names none: the
+// defaults, with expandable_segments:True when PyTorch's run used expandable segments.
+AllocatorConfig replay_alloc_conf(const ImportedSnapshot& s);
 
 }  // namespace memfit

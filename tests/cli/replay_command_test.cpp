@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "profiler/pickle.h"
 #include "tests/cli/cli_testutil.h"
 
 namespace {
@@ -61,6 +62,81 @@ TEST(ReplayCommand, SnapshotTable) {
                         "provider allocs/frees", "13.05 MiB", "22.00 MiB", "largest segment"}) {
     EXPECT_TRUE(contains(r.output, s)) << s << "\n" << r.output;
   }
+}
+
+// A snapshot recorded with expandable segments on two devices, each with a run of releases.
+std::string expandable_two_device_snapshot() {
+  using memfit::PickleValue;
+  auto entry = [](const char* action, std::int64_t addr, std::int64_t size) {
+    return PickleValue::dict()
+        .add("action", PickleValue::str(action))
+        .add("addr", PickleValue::integer(addr))
+        .add("size", PickleValue::integer(size))
+        .add("stream", PickleValue::integer(0));
+  };
+  const std::int64_t mib = 1 << 20, base = std::int64_t{1} << 40;
+  PickleValue trace = PickleValue::list();
+  trace.append(entry("segment_map", base, 8 * mib));
+  trace.append(entry("alloc", base, 8 * mib));
+  trace.append(entry("free_completed", base, 8 * mib));
+  trace.append(entry("segment_unmap", base, 8 * mib));
+  trace.append(entry("segment_map", base, 4 * mib));
+  trace.append(entry("alloc", base, 4 * mib));
+  trace.append(entry("free_completed", base, 4 * mib));
+  const PickleValue settings =
+      PickleValue::dict()
+          .add("PYTORCH_CUDA_ALLOC_CONF", PickleValue::str("expandable_segments:True"))
+          .add("max_split_size", PickleValue::integer(-1))
+          .add("expandable_segments", PickleValue::boolean(true));
+  const PickleValue snap = PickleValue::dict()
+                               .add("segments", PickleValue::list())
+                               .add("device_traces", PickleValue::list({trace, trace}))
+                               .add("allocator_settings", settings);
+  return memfit::write_pickle(snap);
+}
+
+TEST(ReplayCommand, ExpandableSnapshotReplaysEachDeviceLikeForLike) {
+  const std::string path = tmp("expandable.pickle");
+  std::ofstream(path, std::ios::binary) << expandable_two_device_snapshot();
+  const ProgramRun r = run_memfit("replay " + path + " --format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_TRUE(j.is_array()) << r.output;
+  ASSERT_EQ(j.size(), 2u);
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(j[d]["import"]["device"], d);
+    EXPECT_EQ(j[d]["alloc_conf"], "expandable_segments:True");
+    EXPECT_EQ(j[d]["alloc_conf_source"], "the trace");
+    EXPECT_EQ(j[d]["import"]["num_segment_maps"], 2);
+    EXPECT_EQ(j[d]["import"]["num_segment_unmaps"], 1);
+    EXPECT_EQ(j[d]["import"]["num_empty_cache"], 1);
+    EXPECT_EQ(j[d]["pytorch"]["expandable_segments"], true);
+    EXPECT_EQ(j[d]["pytorch"]["alloc_conf"], "expandable_segments:True");
+    EXPECT_EQ(j[d]["pytorch"]["reserved_peak_bytes"], 8 << 20);  // map 8, unmap 8, map 4
+    EXPECT_LE(j[d]["replay"]["peak_reserved_bytes"].get<std::int64_t>(), 8 << 20);
+  }
+  // --alloc-conf, even empty, is the user's choice; --device picks one device.
+  const ProgramRun dflt =
+      run_memfit("replay " + path + " --format json --device 1 --alloc-conf ''", false);
+  ASSERT_EQ(dflt.exit_code, 0) << dflt.output;
+  const nlohmann::json one = nlohmann::json::parse(dflt.output);
+  ASSERT_TRUE(one.is_object());
+  EXPECT_EQ(one["import"]["device"], 1);
+  EXPECT_EQ(one["alloc_conf"], "");
+  EXPECT_EQ(one["alloc_conf_source"], "--alloc-conf");
+
+  const ProgramRun table = run_memfit("replay " + path);
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  for (const char* s :
+       {"device 0 (of 2 with traces)", "device 1 (of 2 with traces)",
+        "PyTorch's run:    PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True', expandable "
+        "segments (allocator_settings['expandable_segments'])",
+        "memfit's replay:  expandable_segments:True (from the trace",
+        "segment releases: 1 segment_free/segment_unmap entries in 1 run -> one empty_cache",
+        "PyTorch (file)", "memfit / PyTorch", "segment map / unmap"}) {
+    EXPECT_TRUE(contains(table.output, s)) << s << "\n" << table.output;
+  }
+  ::unlink(path.c_str());
 }
 
 TEST(ReplayCommand, TextTrace) {
