@@ -66,6 +66,7 @@ struct Case {
   bool weights = false;  // weight offload too (with the optimizer's)
   bool acts = false;     // activation offload (independent of the others)
   LossMode loss = LossMode::kChunked;
+  bool expandable = false;  // the allocator's expandable_segments
 
   RunSpec run(std::size_t budget) const {
     RunSpec r;
@@ -82,9 +83,12 @@ struct Case {
     r.batch = batch;
     r.seq_len = seq_len;
     r.alloc.budget = budget;
+    r.alloc.expandable_segments = expandable;
     return r;
   }
-  std::string str() const { return run(0).describe(); }
+  std::string str() const {
+    return run(0).describe() + (expandable ? " expandable_segments" : "");
+  }
 };
 
 // What a real run measured: construction's peak, the pinned host bytes and the step's
@@ -235,6 +239,21 @@ TEST_P(DryRunParts, PeaksAndHostBytesEqualARealRunSetupStepOnTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(DryRun, DryRunParts, ::testing::Range(0, 4));
 
+// The same with expandable segments (ranges mapped page by page over NullProvider in the dry
+// run, over HostProvider's mmap in the real one): every third case, in two parts.
+class DryRunExpandableParts : public ::testing::TestWithParam<int> {};
+
+TEST_P(DryRunExpandableParts, PeaksAndHostBytesEqualARealRunSetupStepOnTheCpuBackend) {
+  std::vector<Case> cases = unbudgeted_cases();
+  for (std::size_t i = static_cast<std::size_t>(GetParam()) * 3; i < cases.size(); i += 6) {
+    cases[i].expandable = true;
+    const DryRunResult d = dry_run(cases[i].run(0));
+    expect_same_peaks(cases[i], d, real_step(cases[i], 0));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DryRun, DryRunExpandableParts, ::testing::Range(0, 2));
+
 // The second step starts from the cache the first left and can peak a block's rounding
 // higher (gpt-tiny under the README's 64 MiB plan: 38.69 then 39.38 MiB allocated); the third
 // and later repeat the second, so two dry-run steps predict every step.
@@ -302,6 +321,19 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
        2,
        8},
       {{small_qwen3(), DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true}, 2, 8},
+      // Expandable segments: the budget bounds mapped pages instead of segments.
+      {{micro, DType::kF32, Checkpointing::none(), false, 0, 0, 1, 0, false, false, false,
+        LossMode::kChunked, true},
+       2,
+       24},
+      {{micro, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true, true,
+        LossMode::kChunked, true},
+       1,
+       40},
+      {{gpt, DType::kBF16, Checkpointing::every(2), true, 0, 0, 1, 0, true, false, false,
+        LossMode::kChunked, true},
+       2,
+       8},
   };
   auto with_micro = [](Case c, std::int64_t accum, std::int64_t b) {
     c.micro = b;
