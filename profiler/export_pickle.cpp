@@ -5,7 +5,7 @@
 // torch/csrc/cuda/memory_snapshot.cpp writes):
 //   {"segments": [{"device", "address", "total_size", "allocated_size", "active_size",
 //                  "requested_size", "stream", "segment_type": "large"|"small",
-//                  "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+//                  "segment_pool_id": (0, 0) | (0, 1), "is_expandable", "frames": [],
 //                  "blocks": [{"address", "size", "requested_size", "state", "frames"}]}],
 //    "device_traces": [[{"action", "addr", "size", "stream", "time_us", "frames",
 //                        "category", ("device_free" for oom)}]],   one list per device
@@ -22,6 +22,17 @@
 // (annotate_snapshot pushes onto a misspelled `snapshot.categores`). So segment events carry
 // "unknown" (a segment has no category) and every device trace ends with a "snapshot" entry
 // (PyTorch records one when a snapshot is taken during tracing) whose category is "unknown".
+//
+// Details users' tools read, as PyTorch 2.x writes them (checked against real snapshots):
+// allocator_settings["max_split_size"] is -1 when unset (PyTorch stores SIZE_MAX in an int64,
+// and every real 2.x snapshot with settings carries -1), else the bytes. segment_pool_id is
+// (0, 0) for the default pool, as PyTorch writes its own; memfit's persistent pools
+// (gradients and optimizer state, caching_allocator.h) are written as a private pool, (0, 1),
+// the form of a user-created MemPool's id. The snapshot does not name a segment's pool, so a
+// segment is placed by its blocks (a gradient or optimizer_state block lives only in the
+// persistent pool when the policy is on); a wholly free persistent segment reads as (0, 0).
+// A large file is pickle protocol 4 with frames, as pickle.dump writes PyTorch's own
+// (write_pickle, profiler/pickle.h); never protocol 5, which memory_viz cannot read.
 //
 // The events are the Recording's kept ones; blocks freed in the trace but allocated before it
 // (dropped or before the Recorder) show in memory_viz as allocated at the start, which is
@@ -56,11 +67,21 @@ PickleValue frames_of(const TimelineEvent& e) {
 
 PickleValue i64(std::uint64_t v) { return PickleValue::integer(static_cast<std::int64_t>(v)); }
 
+// (0, 0): PyTorch's default pool; (0, 1): memfit's persistent pool (see the header comment).
+PickleValue segment_pool_id(const SegmentInfo& s, const AllocatorConfig& c) {
+  bool persistent = false;
+  for (const BlockInfo& b : s.blocks) {
+    persistent |= c.separate_persistent_pools && b.state != BlockState::kInactive &&
+                  (b.category == Category::kGradient || b.category == Category::kOptimizerState);
+  }
+  return PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(persistent ? 1 : 0)});
+}
+
 PickleValue allocator_settings(const AllocatorConfig& c) {
   PickleValue s = PickleValue::dict();
   s.add("PYTORCH_CUDA_ALLOC_CONF", PickleValue::str(c.to_string()));
-  // PyTorch reports SIZE_MAX for "no limit"; memfit's 0 means the same and fits an int64.
-  s.add("max_split_size", i64(c.max_split_size));
+  // PyTorch writes SIZE_MAX as an int64 (-1) for "no limit"; memfit's 0 means the same.
+  s.add("max_split_size", c.max_split_size == 0 ? PickleValue::integer(-1) : i64(c.max_split_size));
   s.add("garbage_collection_threshold", PickleValue::real(c.garbage_collection_threshold));
   s.add("expandable_segments", PickleValue::boolean(c.expandable_segments));
   s.add("release_lock_on_cudamalloc", PickleValue::boolean(false));
@@ -127,8 +148,7 @@ std::string snapshot_pickle(const ProfileReport& r) {
     seg.add("requested_size", i64(s.requested_size));
     seg.add("stream", i64(s.stream));
     seg.add("segment_type", PickleValue::str(s.is_large ? "large" : "small"));
-    seg.add("segment_pool_id",
-            PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(0)}));
+    seg.add("segment_pool_id", segment_pool_id(s, r.config));
     seg.add("is_expandable", PickleValue::boolean(s.is_expandable));
     seg.add("frames", PickleValue::list());
     PickleValue blocks = PickleValue::list();

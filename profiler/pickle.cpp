@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "memory/error.h"
 
@@ -261,7 +262,11 @@ constexpr char kProto = '\x80', kStop = '.', kMark = '(', kNone = 'N', kNewTrue 
                kEmptyList = ']', kAppends = 'e', kEmptyDict = '}', kSetItems = 'u',
                kEmptyTuple = ')', kTuple = 't', kTuple1 = '\x85', kTuple2 = '\x86',
                kTuple3 = '\x87', kBinPut = 'q', kLongBinPut = 'r', kBinGet = 'h', kLongBinGet = 'j',
-               kAppend = 'a', kSetItem = 's';
+               kAppend = 'a', kSetItem = 's', kShortBinUnicode = '\x8c', kBinUnicode8 = '\x8d',
+               kBinBytes8 = '\x8e', kMemoize = '\x94', kFrame = '\x95';
+
+// CPython's _FRAME_SIZE_TARGET: a protocol 4 frame closes once it holds this much.
+constexpr std::size_t kFrameTarget = std::size_t{64} << 10;
 
 // CPython's Pickler._BATCHSIZE: APPENDS / SETITEMS carry at most this many items each.
 constexpr std::size_t kBatch = 1000;
@@ -280,9 +285,17 @@ bool has_bytes(const PickleValue& v) {
 
 class Writer {
  public:
-  explicit Writer(std::string& out) : out_(out) {}
+  // protocol4: SHORT_BINUNICODE, MEMOIZE and the 8-byte forms, with frame cuts recorded.
+  Writer(std::string& out, bool protocol4) : out_(out), protocol4_(protocol4) {}
+
+  // Where a frame closes: offsets into `out`, each at an opcode boundary.
+  const std::vector<std::size_t>& frame_cuts() const { return cuts_; }
 
   void value(const PickleValue& v) {
+    if (protocol4_ && out_.size() - frame_start_ >= kFrameTarget) {
+      cuts_.push_back(out_.size());
+      frame_start_ = out_.size();
+    }
     switch (v.kind()) {
       case PickleValue::Kind::kNone:
         out_ += kNone;
@@ -373,14 +386,25 @@ class Writer {
       }
       return;
     }
-    if (s.size() > UINT32_MAX) throw InvalidArgument("write_pickle: a str over 4 GiB");
-    out_ += kBinUnicode;
-    le(s.size(), 4);
+    if (protocol4_ && s.size() < 256) {
+      out_ += kShortBinUnicode;
+      le(s.size(), 1);
+    } else if (s.size() <= UINT32_MAX) {
+      out_ += kBinUnicode;
+      le(s.size(), 4);
+    } else if (protocol4_) {
+      out_ += kBinUnicode8;
+      le(s.size(), 8);
+    } else {
+      throw InvalidArgument("write_pickle: a str over 4 GiB needs protocol 4");
+    }
     out_ += s;
     const auto id = static_cast<std::uint32_t>(memo_.size());
     if (id == UINT32_MAX) return;  // memo full: write later copies in full
     memo_.emplace(s, id);
-    if (id < 256) {
+    if (protocol4_) {
+      out_ += kMemoize;  // the next memo index, which is id: only strings are memoized
+    } else if (id < 256) {
       out_ += kBinPut;
       le(id, 1);
     } else {
@@ -393,10 +417,14 @@ class Writer {
     if (b.size() < 256) {
       out_ += kShortBinBytes;
       le(b.size(), 1);
-    } else {
-      if (b.size() > UINT32_MAX) throw InvalidArgument("write_pickle: a bytes over 4 GiB");
+    } else if (b.size() <= UINT32_MAX) {
       out_ += kBinBytes;
       le(b.size(), 4);
+    } else if (protocol4_) {
+      out_ += kBinBytes8;
+      le(b.size(), 8);
+    } else {
+      throw InvalidArgument("write_pickle: a bytes over 4 GiB needs protocol 4");
     }
     out_ += b;
   }
@@ -431,18 +459,43 @@ class Writer {
   }
 
   std::string& out_;
+  const bool protocol4_;
   std::unordered_map<std::string, std::uint32_t> memo_;
+  std::vector<std::size_t> cuts_;
+  std::size_t frame_start_ = 0;
 };
 
 }  // namespace
 
-std::string write_pickle(const PickleValue& v) {
+std::string write_pickle(const PickleValue& v, const PickleWriteOptions& options) {
+  // Protocol 4 first: its body says whether the pickle is large.
+  std::string body;
+  Writer w4(body, true);
+  w4.value(v);
+  body += kStop;
+  if (body.size() <= options.protocol4_above && body.size() <= UINT32_MAX) {
+    std::string out;
+    out += kProto;
+    out += has_bytes(v) ? '\x03' : '\x02';
+    Writer w(out, false);
+    w.value(v);
+    out += kStop;
+    return out;
+  }
+  // PROTO 4, then the body in frames: each FRAME + 8-byte length + whole opcodes.
   std::string out;
+  out.reserve(body.size() + 9 * (w4.frame_cuts().size() + 1) + 2);
   out += kProto;
-  out += has_bytes(v) ? '\x03' : '\x02';
-  Writer w(out);
-  w.value(v);
-  out += kStop;
+  out += '\x04';
+  std::size_t from = 0;
+  auto frame = [&](std::size_t to) {
+    out += kFrame;
+    for (int i = 0; i < 8; ++i) out += static_cast<char>(((to - from) >> (8 * i)) & 0xff);
+    out.append(body, from, to - from);
+    from = to;
+  };
+  for (std::size_t cut : w4.frame_cuts()) frame(cut);
+  frame(body.size());
   return out;
 }
 

@@ -17,7 +17,12 @@
 // fetched from the memo (BINPUT/BINGET) after that, as CPython's pickler does for the same
 // object, which keeps a snapshot's repeated keys ("action", "addr", ...) small. A value with
 // bytes in it is written as protocol 3, the first with a bytes opcode (protocol 2 would need
-// a call to codecs.encode, which the reader refuses).
+// a call to codecs.encode, which the reader refuses). A large pickle (over
+// PickleWriteOptions::protocol4_above bytes, 64 KiB by default, or holding a str over 4 GiB)
+// is written as protocol 4, as CPython's pickle.dump writes PyTorch's own snapshots: FRAMEs
+// of about 64 KiB (each FRAME + 8-byte length + whole opcodes; the PROTO before the first),
+// SHORT_BINUNICODE, MEMOIZE, and the 8-byte length forms past 4 GiB. Never protocol 5:
+// memory_viz reads 2-4 (a protocol 5 file shows nothing there; torchtitan #3375).
 //
 // Reader: a stack machine over the opcodes of protocols 0-5 that build those types (incl.
 // FRAME, the memo opcodes, the protocol 0 text forms), with Python's reference semantics for
@@ -180,7 +185,10 @@ PickleValue read_pickle(std::string_view data, std::string_view source = "pickle
 PickleValue load_pickle_file(const std::string& path, const PickleLimits& limits = {},
                              PickleReadStats* stats = nullptr);
 
-std::string write_pickle(const PickleValue& v);
+struct PickleWriteOptions {
+  std::size_t protocol4_above = std::size_t{64} << 10;  // bytes; see the header comment
+};
+std::string write_pickle(const PickleValue& v, const PickleWriteOptions& options = {});
 
 // The name of a pickle opcode byte ("GLOBAL", "BINUNICODE", ...); nullptr for a byte that is
 // no opcode of protocols 0-5.

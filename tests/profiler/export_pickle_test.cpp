@@ -30,7 +30,8 @@ struct RecordedRun {
   std::size_t events = 0;
 };
 
-RecordedRun make_run() {
+// extra: allocate and free that many more activations, for a large file.
+RecordedRun make_run(int extra = 0) {
   NullProvider null;
   CachingAllocator alloc(null);
   RecordedRun run;
@@ -60,6 +61,10 @@ RecordedRun make_run() {
   alloc.free(t);
   block = 0;
   void* g = alloc.allocate_raw(3 * kMiB, Category::kGradient, kDefaultStream, "h0.attn.w.grad");
+  for (int i = 0; i < extra; ++i) {
+    alloc.free(alloc.allocate_raw(4096 + 512 * std::size_t(i % 64), Category::kActivation,
+                                  kDefaultStream, "h0.mlp." + std::to_string(i)));
+  }
   alloc.empty_cache();
   run.report.snapshot = alloc.snapshot();
   run.report.stats = alloc.stats();
@@ -131,6 +136,52 @@ TEST(ExportPickle, ReadsBackWithMemoryVizKeys) {
   EXPECT_TRUE(stream1);
 }
 
+// The details users' tools read, as PyTorch 2.x writes them.
+TEST(ExportPickle, AllocatorSettingsAndPoolsAsPyTorchWritesThem) {
+  RecordedRun run = make_run();
+  const PickleValue snap = read_pickle(snapshot_pickle(run.report), "snapshot.pickle");
+  // Unset: -1, what every real PyTorch 2.x snapshot with allocator_settings carries.
+  EXPECT_EQ(snap.find("allocator_settings")->find("max_split_size")->as_int(), -1);
+  std::size_t persistent = 0, transient = 0;
+  for (const PickleValue& s : snap.find("segments")->items()) {
+    const PickleValue& pool = *s.find("segment_pool_id");
+    ASSERT_EQ(pool.kind(), PickleValue::Kind::kTuple);
+    ASSERT_EQ(pool.items().size(), 2u);
+    EXPECT_EQ(pool.items()[0].as_int(), 0);
+    bool has_gradient = false;
+    for (const PickleValue& b : s.find("blocks")->items()) {
+      has_gradient |= b.find("category")->as_str() == "gradient" &&
+                      b.find("state")->as_str() == "active_allocated";
+    }
+    // The gradient lives in memfit's persistent pool (separate_persistent_pools is on).
+    EXPECT_EQ(pool.items()[1].as_int(), has_gradient ? 1 : 0);
+    (has_gradient ? persistent : transient) += 1;
+  }
+  EXPECT_EQ(persistent, 1u);
+  EXPECT_GE(transient, 1u);
+
+  run.report.config.max_split_size = 128 * kMiB;
+  run.report.config.separate_persistent_pools = false;
+  const PickleValue set = read_pickle(snapshot_pickle(run.report), "snapshot.pickle");
+  EXPECT_EQ(set.find("allocator_settings")->find("max_split_size")->as_int(),
+            std::int64_t{128} * std::int64_t(kMiB));
+  for (const PickleValue& s : set.find("segments")->items()) {
+    EXPECT_EQ(s.find("segment_pool_id")->items()[1].as_int(), 0);
+  }
+}
+
+// A large snapshot is protocol 4 with frames (as pickle.dump writes PyTorch's own), which
+// memory_viz reads; a small one stays protocol 2.
+TEST(ExportPickle, ALargeFileIsProtocol4WithFrames) {
+  const RecordedRun run = make_run(2000);
+  const std::string bytes = snapshot_pickle(run.report);
+  ASSERT_GT(bytes.size(), std::size_t{64} << 10);
+  EXPECT_EQ(bytes.substr(0, 3), std::string("\x80\x04\x95"));
+  const PickleValue snap = read_pickle(bytes, "big.pickle");
+  EXPECT_EQ(snap.find("device_traces")->items()[0].items().size(), run.events + 1);
+  EXPECT_EQ(read_pickle(write_pickle(snap, {.protocol4_above = SIZE_MAX})), snap);
+}
+
 // time_us is Unix-epoch microseconds, as PyTorch writes it (memory_viz shows it as a date): the
 // recording's wall-clock start plus each event's offset on the steady clock.
 TEST(ExportPickle, TimesAreUnixEpochMicroseconds) {
@@ -183,24 +234,28 @@ TEST(ExportPickle, PythonReadsItAsMemoryVizDoes) {
     GTEST_SKIP()
         << "/usr/bin/python3 not installed: the Python check of snapshot.pickle did not run";
   }
-  const std::string path =
-      testing::TempDir() + "export_pickle_" + std::to_string(::getpid()) + ".pickle";
-  {
-    std::ofstream f(path, std::ios::binary);
-    f << snapshot_pickle(make_run().report);
+  // A small file (protocol 2) and a large one (protocol 4 with frames).
+  for (int extra : {0, 2000}) {
+    SCOPED_TRACE("extra " + std::to_string(extra));
+    const std::string path = testing::TempDir() + "export_pickle_" + std::to_string(::getpid()) +
+                             "_" + std::to_string(extra) + ".pickle";
+    {
+      std::ofstream f(path, std::ios::binary);
+      f << snapshot_pickle(make_run(extra).report);
+    }
+    const std::string cmd = std::string("/usr/bin/python3 ") + MEMFIT_TEST_SOURCE_DIR +
+                            "/tests/profiler/check_snapshot.py " + path + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int status = pclose(p);
+    EXPECT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("ok"), std::string::npos) << out;
+    std::printf("%s", out.c_str());
+    ::unlink(path.c_str());
   }
-  const std::string cmd = std::string("/usr/bin/python3 ") + MEMFIT_TEST_SOURCE_DIR +
-                          "/tests/profiler/check_snapshot.py " + path + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  const int status = pclose(p);
-  EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("ok"), std::string::npos) << out;
-  std::printf("%s", out.c_str());
-  ::unlink(path.c_str());
 }
 
 }  // namespace

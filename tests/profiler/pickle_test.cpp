@@ -184,6 +184,43 @@ TEST(PickleWrite, RepeatedStringsComeFromTheMemo) {
   EXPECT_EQ(read_pickle(write_pickle(big)), big);
 }
 
+// Over the threshold the writer switches to protocol 4 as CPython writes it: PROTO 4, then
+// FRAMEs (8-byte length) of whole opcodes of about 64 KiB, short strings as SHORT_BINUNICODE
+// and memoized with MEMOIZE. Each frame's length must be exact, or Python's unpickler fails.
+TEST(PickleWrite, LargePicklesAreProtocol4InFramesOfWholeOpcodes) {
+  PickleValue big = PickleValue::list();
+  for (int i = 0; i < 20000; ++i) {
+    big.append(PickleValue::dict()
+                   .add("action", S(i % 2 ? "alloc" : "free_completed"))
+                   .add("addr", I(std::int64_t{1} << 40 | i))
+                   .add("frames", PickleValue::list({S("f" + std::to_string(i % 300))})));
+  }
+  big.append(S(std::string(200 << 10, 'x')));  // a str over a frame's size: a frame of its own
+  const std::string p4 = write_pickle(big);
+  ASSERT_EQ(p4.substr(0, 2), B("\x80\x04"));
+  std::size_t at = 2, frames = 0;
+  while (at < p4.size()) {  // the frames tile the rest of the file exactly
+    ASSERT_EQ(p4[at], '\x95') << "at byte " << at;
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= std::uint64_t(std::uint8_t(p4[at + 1 + i])) << (8 * i);
+    at += 9 + n;
+    ++frames;
+  }
+  EXPECT_EQ(at, p4.size());
+  EXPECT_GT(frames, 5u);
+  EXPECT_EQ(p4.back(), '.');
+  EXPECT_NE(p4.find(B("\x8c\x05"
+                      "alloc\x94")),
+            std::string::npos);
+  EXPECT_EQ(read_pickle(p4), big);
+  // Below the threshold, protocol 2; the threshold is an option.
+  const std::string p2 = write_pickle(big, {.protocol4_above = SIZE_MAX});
+  EXPECT_EQ(p2.substr(0, 2), B("\x80\x02"));
+  EXPECT_EQ(read_pickle(p2), big);
+  EXPECT_EQ(write_pickle(PickleValue::list({I(1)}), {.protocol4_above = 0}).substr(0, 3),
+            B("\x80\x04\x95"));
+}
+
 TEST(PickleRead, MemoSharesObjectsLikePython) {
   // x = []; y = [x, x]; x.append(1): both places see [1] (APPEND after the BINGET).
   const std::string p =
