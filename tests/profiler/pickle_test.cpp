@@ -235,8 +235,9 @@ TEST(PickleRead, MemoSharesObjectsLikePython) {
 }
 
 TEST(PickleRead, IntsBeyond64BitsAreKeptNotRefused) {
-  // PyTorch writes max_split_size as SIZE_MAX; Python pickles it as LONG1 of 9 bytes, and
-  // protocol 0 as decimal text. Both read as the same bytes and write back the same.
+  // A Python int past int64 (2**64-1: older tools write SIZE_MAX so; PyTorch 2.x itself writes
+  // max_split_size as -1) pickles as LONG1 of 9 bytes, and protocol 0 as decimal text. Both
+  // read as the same bytes and write back the same.
   const PickleValue binary =
       read_pickle(B("\x80\x02\x8a\x09\xff\xff\xff\xff\xff\xff\xff\xff\x00."));
   const PickleValue text = read_pickle("L18446744073709551615L\n.");
