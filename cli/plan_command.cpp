@@ -216,6 +216,8 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   o.calibrate = a.calibrate;
   // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);
+  // Naming expandable_segments (either way) is the user's choice; otherwise the planner's.
+  o.choose_allocator = a.alloc_conf.find("expandable_segments") == std::string::npos;
   return o;
 }
 
@@ -281,6 +283,10 @@ int run_plan(const PlanArgs& a) {
                " " + format_bytes(pk.host_at_peak[c]);
     }
     if (!parts.empty()) say("    by category: %s\n", parts.c_str());
+    const std::string conf = rec.alloc.to_string();
+    say("  allocator: %s segments%s%s (`memfit train --plan` uses these settings)\n",
+        rec.alloc.expandable_segments ? "expandable" : "fixed",
+        conf.empty() ? ", defaults" : ": ", conf.c_str());
     say("  why: %s\n", rec.why.c_str());
   }
   if (!a.out.empty()) {
@@ -341,7 +347,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(exact_int64());
   cmd->add_option("--alloc-conf", a->alloc_conf,
                   "allocator settings for the dry runs, MEMFIT_ALLOC_CONF syntax (default: the "
-                  "variable)");
+                  "variable); unless it names expandable_segments, the best plan is also tried "
+                  "with expandable_segments:True and recommended that way when it fits more");
   cmd->add_flag("--measure-context", a->measure_context,
                 "CUDA builds with a GPU: measure what the CUDA context and cuBLASLt/cuDNN handles "
                 "take (cudaMemGetInfo) and use it instead of the device's context figure");

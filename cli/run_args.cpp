@@ -120,7 +120,8 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
                   "the device or on the host under --offload gradients; 0: off")
       ->capture_default_str();
   cmd->add_option("--alloc-conf", a.alloc_conf,
-                  "allocator settings, MEMFIT_ALLOC_CONF syntax (default: the variable)");
+                  "allocator settings, MEMFIT_ALLOC_CONF syntax (default: the variable; with "
+                  "--plan, the plan's alloc_conf when neither is given)");
   cmd->add_flag("--predict", a.predict,
                 "dry-run one step on the meta backend first; print its peak beside the measured");
   cmd->add_option("--backend", a.backend,
@@ -313,6 +314,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.budget = parse_budget(a.budget);
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
+  o.choose_allocator = a.alloc_conf.find("expandable_segments") == std::string::npos;
   o.loss = parse_loss_flag(a.loss);
   o.host_budget = host_budget_of(a, o.budget);  // this machine's host memory
   if (given(a, "--batch")) {
@@ -324,8 +326,9 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   return r.recommended;
 }
 
-// A plan (from a file or the planner) as a run: Plan::run_spec, with the learning rate, seed
-// and allocator settings from the command line; --budget, when given, replaces the plan's.
+// A plan (from a file or the planner) as a run: Plan::run_spec, with the learning rate and
+// seed from the command line; --budget replaces the plan's budget, and --alloc-conf (or
+// MEMFIT_ALLOC_CONF) the allocator settings the plan assumed, when given.
 RunSpec run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& where) {
   RunSpec r;
   try {
@@ -335,7 +338,7 @@ RunSpec run_from_plan(const Plan& plan, const TrainArgs& a, const std::string& w
   }
   require_text_vocab(r.model, where);
   const std::size_t budget = r.alloc.budget;
-  r.alloc = parse_alloc_conf(a.alloc_conf);
+  if (!a.alloc_conf.empty()) r.alloc = parse_alloc_conf(a.alloc_conf);
   r.alloc.budget = a.budget.empty() ? budget : parse_budget(a.budget);
   return r;
 }

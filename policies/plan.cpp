@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kValidKeys =
     "model, device, device_kind, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
-    "activation_dtype, loss, checkpoint, schedule, offload, ranks, zero_stage, predicted, why";
+    "activation_dtype, loss, checkpoint, schedule, offload, ranks, zero_stage, alloc_conf, "
+    "predicted, why";
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
     "category_peaks, host_pinned_bytes, host_pinned_by_category, step_seconds, tokens_per_second";
@@ -296,6 +297,16 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
           fail(src, entry.first, full, "unknown key; valid: " + std::string(kValidPredicted));
         }
       }
+    } else if (key == "alloc_conf") {
+      const std::string text = scalar(src, v, key);
+      try {
+        p.alloc = parse_alloc_conf(text);
+      } catch (const ConfigError& e) {
+        fail(src, v, key, std::string(e.what()) + " (MEMFIT_ALLOC_CONF syntax; \"\" = defaults)");
+      }
+      if (p.alloc.budget != 0) {
+        fail(src, v, key, "a budget here; valid: the budget in budget_bytes only");
+      }
     } else if (key == "why") {
       p.why = scalar(src, v, key);
     } else {
@@ -457,6 +468,9 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;
+  AllocatorConfig alloc = p.alloc;
+  alloc.budget = 0;  // budget_bytes says it
+  j["alloc_conf"] = alloc.to_string();
   nlohmann::ordered_json pred = peaks_value(p.predicted.peaks);
   pred["step_seconds"] = p.predicted.step_seconds;
   pred["tokens_per_second"] = p.predicted.tokens_per_second;
@@ -490,6 +504,7 @@ RunSpec Plan::run_spec() const {
   r.trainer.policy.accum = 0;
   r.batch = global_batch;
   r.seq_len = seq_len;
+  r.alloc = alloc;
   r.alloc.budget = budget;
   r.device = device_kind;
   return r;

@@ -12,7 +12,9 @@
 // (f32|f16|bf16), checkpoint (none|all|sqrt|every:K|optimal|ops), schedule (the op list of an
 // explicit schedule: a solved optimal one, or ops), offload: {optimizer, gradients, weights,
 // activations, delayed_update},
-// ranks, zero_stage, predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
+// ranks, zero_stage, alloc_conf (the allocator settings the prediction assumed, in
+// MEMFIT_ALLOC_CONF syntax without the budget; "" = the defaults; absent reads as ""),
+// predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
 // (bytes by category at the reserved peak), cached_bytes_at_peak (reserved, not allocated,
 // then: the two add up to peak_reserved_bytes), category_peaks (each category's own peak),
 // host_pinned_bytes, host_pinned_by_category (those bytes by category: they add up to
@@ -29,6 +31,7 @@
 
 #include "core/dtype.h"
 #include "core/model_spec.h"
+#include "memory/alloc_conf.h"
 #include "memory/peak_figures.h"
 #include "policies/device_spec.h"
 #include "policies/policy.h"
@@ -53,6 +56,7 @@ struct Plan {
   MemoryPolicy policy;  // policy.micro_batch: the micro-batch (>= 1); policy.accum unused
   int ranks = 1;
   int zero_stage = 0;  // 0, 1 (optimizer state sharded), 2 (+ gradients)
+  AllocatorConfig alloc;  // what the dry runs used; its budget is unused (`budget` above)
   Prediction predicted;
   std::string why;
 

@@ -314,6 +314,8 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
   p.policy.loss = c.o.loss;
   p.ranks = c.o.ranks;
   p.zero_stage = c.o.ranks > 1 ? c.o.zero_stage : 0;
+  p.alloc = c.o.alloc_conf;
+  p.alloc.budget = 0;
   PeakFigures& pk = p.predicted.peaks;
   pk = r.step;
   pk.reserved -= std::min(pk.reserved, saving);
@@ -600,15 +602,17 @@ PlanResult plan(const PlannerOptions& o) {
   if (error) std::rethrow_exception(error);
 
   PlanResult result;
-  for (Combo& cb : combos) {
+  std::vector<std::size_t> feasible;  // combos with a plan, in the candidates' order
+  for (std::size_t i = 0; i < combos.size(); ++i) {
+    Combo& cb = combos[i];
     result.dry_runs += cb.dry_runs;
     if (cb.plan) {
-      result.candidates.push_back(*cb.plan);
+      feasible.push_back(i);
     } else {
       result.infeasible.push_back(cb.infeasible);
     }
   }
-  if (result.candidates.empty()) {
+  if (feasible.empty()) {
     std::string msg = "plan: nothing fits in " + gib(double(budget)) + " for " + o.spec.name +
                       " at seq_len " + std::to_string(seq_len) + ":";
     for (const std::string& s : result.infeasible) msg += "\n  " + s;
@@ -617,8 +621,7 @@ PlanResult plan(const PlannerOptions& o) {
     throw InvalidArgument(msg);
   }
   const bool throughput = o.global_batch > 0;
-  std::stable_sort(
-      result.candidates.begin(), result.candidates.end(), [&](const Plan& a, const Plan& b) {
+  const auto better = [&](const Plan& a, const Plan& b) {
         if (throughput) return a.predicted.step_seconds < b.predicted.step_seconds;
         if (a.policy.micro_batch != b.policy.micro_batch) {
           return a.policy.micro_batch > b.policy.micro_batch;
@@ -629,14 +632,45 @@ PlanResult plan(const PlannerOptions& o) {
         // A true tie: bf16 before f16 (f32's range, no loss scaler to tune).
         auto pref = [](DType d) { return d == DType::kBF16 ? 0 : d == DType::kF16 ? 1 : 2; };
         return pref(a.policy.dtype) < pref(b.policy.dtype);
-      });
+      };
+  std::stable_sort(feasible.begin(), feasible.end(), [&](std::size_t a, std::size_t b) {
+    return better(*combos[a].plan, *combos[b].plan);
+  });
+  for (std::size_t i : feasible) result.candidates.push_back(*combos[i].plan);
+  // The allocator: when the caller leaves it to the planner, the best combination is searched
+  // again with expandable segments, which it takes when that fits a larger micro-batch (or,
+  // for a global batch, is faster: fewer accumulation steps).
+  std::string allocator_note;
+  if (o.choose_allocator && !o.alloc_conf.expandable_segments) {
+    PlannerOptions ox = o;
+    ox.alloc_conf.expandable_segments = true;
+    const Context cx{ox, cm, seq_len, budget, static_cast<int>(o.spec.layers)};
+    const Combo& base = combos[feasible.front()];
+    Combo cb(base.dtype, base.ck, base.offload);
+    if (throughput) {
+      search_throughput(cx, cb, base.max_micro);
+    } else {
+      search_max(cx, cb, base.max_micro);
+    }
+    result.dry_runs += cb.dry_runs;
+    const Plan fixed = result.candidates.front();
+    if (cb.plan && better(*cb.plan, fixed) &&
+        (throughput || cb.plan->policy.micro_batch > fixed.policy.micro_batch)) {
+      allocator_note = "; expandable segments (micro-batch " +
+                       std::to_string(cb.plan->policy.micro_batch) + " against " +
+                       std::to_string(fixed.policy.micro_batch) + " with fixed segments)";
+      result.candidates.front() = *cb.plan;  // the same combination, its better allocator
+    } else {
+      allocator_note = "; fixed segments (expandable segments fit no more)";
+    }
+  }
   Plan& best = result.candidates.front();
-  char why[512];
+  char why[768];
   if (throughput) {
     const Plan* runner = result.candidates.size() > 1 ? &result.candidates[1] : nullptr;
     std::snprintf(why, sizeof why,
                   "fastest to a global batch of %lld: %.3g s per step (%.0f tokens/s) with %s, "
-                  "peak %s of %s%s%s",
+                  "peak %s of %s%s%s%s",
                   static_cast<long long>(o.global_batch), best.predicted.step_seconds,
                   best.predicted.tokens_per_second, best.describe().c_str(),
                   gib(double(best.predicted.peaks.reserved)).c_str(), gib(double(budget)).c_str(),
@@ -644,16 +678,17 @@ PlanResult plan(const PlannerOptions& o) {
                   runner ? (runner->describe() + " at " +
                             std::to_string(runner->predicted.step_seconds) + " s")
                                .c_str()
-                         : "");
+                         : "",
+                  allocator_note.c_str());
   } else {
     const bool tie = result.candidates.size() > 1 &&
                      result.candidates[1].policy.micro_batch == best.policy.micro_batch;
     std::snprintf(why, sizeof why,
-                  "largest micro-batch that fits %s: %s (peak %s, %.0f tokens/s predicted)%s",
+                  "largest micro-batch that fits %s: %s (peak %s, %.0f tokens/s predicted)%s%s",
                   gib(double(budget)).c_str(), best.describe().c_str(),
                   gib(double(best.predicted.peaks.reserved)).c_str(),
                   best.predicted.tokens_per_second,
-                  tie ? "; ties broken by predicted tokens/s" : "");
+                  tie ? "; ties broken by predicted tokens/s" : "", allocator_note.c_str());
   }
   best.why = why;
   for (std::size_t i = 1; i < result.candidates.size(); ++i) {

@@ -67,6 +67,11 @@ struct PlannerOptions {
   LossMode loss = LossMode::kChunked;  // every candidate's (MemoryPolicy::loss)
   bool calibrate = false;          // CostModel::calibrate instead of analytic
   AllocatorConfig alloc_conf;      // the allocator's tuning for the dry runs (budget: above)
+  // With alloc_conf.expandable_segments off: the best combination is searched again with
+  // expandable segments, and that plan recommended when it fits a larger micro-batch (or is
+  // faster to a global batch). The CLI turns this off when the user's alloc conf names
+  // expandable_segments. Each plan's `alloc` says what it assumed.
+  bool choose_allocator = true;
   int threads = 0;                 // combinations searched in parallel; 0: the CPU count
   // kCuda devices: the workspace every GEMM takes (CudaBackendOptions::gemm_workspace_bytes);
   // 0 models none.
@@ -74,7 +79,9 @@ struct PlannerOptions {
 };
 
 struct PlanResult {
-  std::vector<Plan> candidates;  // one per feasible combination, best first
+  // One per feasible combination, best first (the first with the allocator choose_allocator
+  // picked for it).
+  std::vector<Plan> candidates;
   std::vector<std::string> infeasible;  // "f32 none offload=off: one sample needs 81.2 GiB"
   Plan recommended;
   std::int64_t dry_runs = 0;  // how many the search took (benchmarks report it)

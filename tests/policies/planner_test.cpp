@@ -175,6 +175,7 @@ void expect_error(const PlannerOptions& o, const std::string& needle) {
 // others are planned as without it. Every plan says what it pins.
 TEST(Planner, AHostBudgetRulesOutTheOffloadsThatPinMore) {
   PlannerOptions o = options(kBudget);
+  o.choose_allocator = false;  // one allocator for the two plans compared below
   o.dtypes = {DType::kBF16};
   o.checkpoints = {Checkpointing::all()};
   const PlanResult free = plan(o);
@@ -244,6 +245,77 @@ TEST(Planner, BadRequestsAreClearErrors) {
   ASSERT_FALSE(chunked.candidates.empty());
   EXPECT_EQ(chunked.recommended.policy.loss, LossMode::kChunked);
   EXPECT_LE(chunked.recommended.predicted.peaks.reserved, o.budget);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// The allocator is the planner's to choose unless the caller fixed it: the best combination
+// is searched again with expandable segments, taken only when that fits a larger micro-batch,
+// and the plan carries what it assumed (through its file, into the run it makes).
+TEST(Planner, ChoosesExpandableSegmentsOnlyWhenTheyFitMoreAndSaysSo) {
+  PlannerOptions o = options(kBudget);
+  o.dtypes = {DType::kBF16};
+  o.checkpoints = {Checkpointing::none()};
+  o.offloads = {OffloadSwitches{}};
+  o.choose_allocator = false;
+  const PlanResult fixed = plan(o);
+  ASSERT_EQ(fixed.candidates.size(), 1u);
+  EXPECT_FALSE(fixed.recommended.alloc.expandable_segments);
+  o.alloc_conf.expandable_segments = true;
+  const PlanResult expandable = plan(o);
+  EXPECT_TRUE(expandable.recommended.alloc.expandable_segments);
+  o.alloc_conf.expandable_segments = false;
+  o.choose_allocator = true;
+  const PlanResult chosen = plan(o);
+  const Plan& rec = chosen.recommended;
+  const bool more = expandable.recommended.policy.micro_batch >
+                    fixed.recommended.policy.micro_batch;
+  EXPECT_EQ(rec.alloc.expandable_segments, more);
+  EXPECT_EQ(rec.policy.micro_batch, std::max(expandable.recommended.policy.micro_batch,
+                                             fixed.recommended.policy.micro_batch));
+  EXPECT_NE(rec.why.find(more ? "expandable segments (micro-batch" : "fixed segments"),
+            std::string::npos)
+      << rec.why;
+  EXPECT_EQ(chosen.candidates.size(), 1u) << "the same combination, not a second candidate";
+  // Here (a 40 MiB budget) the pages fit more than 20 MiB segments: the case worth testing.
+  EXPECT_TRUE(more) << fixed.recommended.policy.micro_batch << " vs "
+                    << expandable.recommended.policy.micro_batch;
+
+  // The file keeps it, and the run it makes uses it: its dry run is the plan's prediction.
+  const Plan back = Plan::from_yaml_string(rec.to_yaml(), "plan.yaml");
+  EXPECT_EQ(back.alloc.expandable_segments, rec.alloc.expandable_segments);
+  const RunSpec run = back.run_spec();
+  EXPECT_EQ(run.alloc.expandable_segments, rec.alloc.expandable_segments);
+  EXPECT_EQ(run.alloc.budget, kBudget);
+  EXPECT_EQ(dry_run(run).step, rec.predicted.peaks);
+  EXPECT_EQ(Plan::from_json_string(rec.to_json(), "plan.json").alloc.to_string(),
+            rec.alloc.to_string());
+}
+
+TEST(Planner, APlanFilesAllocConfIsCheckedLikeTheVariable) {
+  Plan p = plan(options(kBudget)).recommended;
+  std::string yaml = p.to_yaml();
+  const std::size_t at = yaml.find("alloc_conf:");
+  ASSERT_NE(at, std::string::npos) << yaml;
+  const std::size_t eol = yaml.find('\n', at);
+  const auto with = [&](const std::string& line) {
+    return yaml.substr(0, at) + line + yaml.substr(eol);
+  };
+  EXPECT_TRUE(Plan::from_yaml_string(with("alloc_conf: \"expandable_segments:True\""), "p.yaml")
+                  .alloc.expandable_segments);
+  for (const char* bad : {"alloc_conf: \"expandable_segment:True\"",
+                          "alloc_conf: \"budget:1GiB\""}) {
+    try {
+      Plan::from_yaml_string(with(bad), "p.yaml");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("plan.alloc_conf"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
