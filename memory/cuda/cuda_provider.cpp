@@ -6,6 +6,7 @@
 
 #include "memory/check.h"
 #include "memory/cuda/cuda_check.h"
+#include "memory/cuda/cuda_vmm.h"
 #include "memory/error.h"
 
 namespace memfit {
@@ -26,7 +27,31 @@ void check_device(int device, const char* who) {
 
 }  // namespace
 
-CudaProvider::CudaProvider(int device) : device_(device) { check_device(device, "CudaProvider"); }
+CudaProvider::CudaProvider(int device) : device_(device) {
+  check_device(device, "CudaProvider");
+  if (const cuda::CudaVmm* vmm = cuda::CudaVmm::get()) page_ = vmm->page_size(device);
+}
+
+void* CudaProvider::reserve(std::size_t bytes) {
+  MEMFIT_CHECK(page_ != 0 && bytes % page_ == 0) << "reserve(" << bytes << ")";
+  cuda::DeviceGuard guard(device_);
+  return cuda::CudaVmm::get()->reserve(bytes, page_);
+}
+
+bool CudaProvider::map(void* addr, std::size_t bytes) {
+  MEMFIT_CHECK(page_ != 0 && bytes % page_ == 0) << "map(" << bytes << ")";
+  return cuda::CudaVmm::get()->map(device_, addr, bytes, page_);
+}
+
+void CudaProvider::unmap(void* addr, std::size_t bytes) {
+  cuda::DeviceGuard guard(device_);
+  cuda::CudaVmm::get()->unmap(addr, bytes, page_);
+}
+
+void CudaProvider::release(void* base, std::size_t bytes) {
+  cuda::DeviceGuard guard(device_);
+  cuda::CudaVmm::get()->release(base, bytes);
+}
 
 int CudaProvider::cuda_device_count(std::string* why) {
   int count = 0;

@@ -17,6 +17,9 @@
 // - Each call makes `device` current for its duration and restores the caller's device, so
 //   the provider is safe on any thread whatever that thread's current device is.
 // - cudaFree synchronizes the device; this is why the caching allocator exists.
+// - Virtual memory for expandable segments (memory/provider.h): CUDA VMM (cuda_vmm.h) in the
+//   device's granularity (2 MiB on current GPUs); page_size() is 0 where the driver or the
+//   device lacks it. unmap() waits for the device first.
 // Thread-safe (the runtime's allocation calls are).
 #pragma once
 
@@ -48,6 +51,11 @@ class CudaProvider final : public MemoryProvider {
   const char* name() const override { return "cuda"; }
   MemoryKind kind() const override { return MemoryKind::kDevice; }
   std::size_t alignment() const override { return 256; }
+  std::size_t page_size() const override { return page_; }
+  void* reserve(std::size_t bytes) override;
+  bool map(void* addr, std::size_t bytes) override;
+  void unmap(void* addr, std::size_t bytes) override;
+  void release(void* base, std::size_t bytes) override;
 
   int device() const { return device_; }
 
@@ -76,6 +84,7 @@ class CudaProvider final : public MemoryProvider {
 
  private:
   const int device_;
+  std::size_t page_ = 0;  // VMM granularity; 0: none
 };
 
 }  // namespace memfit

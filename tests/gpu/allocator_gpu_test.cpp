@@ -39,6 +39,8 @@ std::int64_t abs_diff(std::size_t a, std::size_t b) {
   return a > b ? static_cast<std::int64_t>(a - b) : static_cast<std::int64_t>(b - a);
 }
 
+std::uintptr_t addr_of(const Block& b) { return reinterpret_cast<std::uintptr_t>(b.data()); }
+
 using testing::Gate;
 using testing::GateOpener;
 using testing::print_figure;
@@ -224,6 +226,52 @@ TEST_F(AllocatorGpu, PinnedHostCacheServesAsyncCopies) {
   MEMFIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   EXPECT_EQ(h.as<unsigned char>()[0], 0x7E);
   EXPECT_EQ(h.as<unsigned char>()[n - 1], 0x7E);
+}
+
+// Expandable segments on the device: CUDA VMM pages (cuMemCreate + cuMemMap), written and read
+// by the device, counted in cudaMemGetInfo as the allocator counts them, unmapped by
+// empty_cache, and mapped again after.
+TEST_F(AllocatorGpu, ExpandableSegmentsMapDevicePagesAndGiveThemBack) {
+  MEMFIT_REQUIRE_GPU();
+  CudaProvider gpu(0);
+  ASSERT_EQ(gpu.page_size(), kDriverGranule) << "the device's VMM granularity";
+  CudaStreamSync sync(0);
+  AllocatorConfig cfg;
+  cfg.expandable_segments = true;
+  cfg.debug_checks = true;
+  const std::size_t free0 = free_device_bytes();
+  {
+    CachingAllocator alloc(gpu, cfg, &sync);
+    std::vector<Block> blocks;
+    for (std::size_t n : {3 * kMiB, 3 * kMiB, 100 * kKiB, 33 * kMiB}) {
+      blocks.push_back(alloc.allocate(n, Category::kActivation));
+      MEMFIT_CUDA_CHECK(cudaMemset(blocks.back().data(), 0x5A, n));
+    }
+    EXPECT_EQ(addr_of(blocks[1]), addr_of(blocks[0]) + 3 * kMiB) << "one range, side by side";
+    std::vector<unsigned char> back(3 * kMiB);
+    MEMFIT_CUDA_CHECK(cudaMemcpy(back.data(), blocks[1].data(), back.size(), cudaMemcpyDefault));
+    EXPECT_EQ(back.front(), 0x5A);
+    EXPECT_EQ(back.back(), 0x5A);
+    const auto reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].current);
+    const std::size_t drop = free0 - free_device_bytes();
+    print_figure("expandable: reserved vs driver free-memory drop",
+                 format_bytes(reserved) + " vs " + format_bytes(drop));
+    EXPECT_EQ(reserved % kDriverGranule, 0u);
+    EXPECT_LE(abs_diff(drop, reserved), static_cast<std::int64_t>(kDriverGranule));
+    blocks.erase(blocks.begin());  // the first 3 MiB: one whole page inside it is free
+    alloc.empty_cache();
+    EXPECT_EQ(static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].current),
+              reserved - kDriverGranule);
+    Block again = alloc.allocate(2 * kMiB, Category::kActivation);  // maps that page again
+    MEMFIT_CUDA_CHECK(cudaMemset(again.data(), 1, again.size()));
+    MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
+    again.reset();
+    blocks.clear();
+    alloc.empty_cache();
+    EXPECT_EQ(alloc.stats().reserved_bytes[kStatAll].current, 0);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_LE(abs_diff(free0, free_device_bytes()), static_cast<std::int64_t>(kDriverGranule));
 }
 
 }  // namespace
