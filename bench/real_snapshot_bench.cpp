@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   std::printf("%-44s %3s %9s | %9s %6s | %6s %6s %6s | %16s %7s\n", "", "", "GiB", "GiB", "",
               "ratio", "ratio", "ratio", "", "pt/mf");
   int status = 0;
-  std::size_t above = 0, compared = 0;
+  std::size_t above = 0, pick_above = 0, compared = 0;
   for (const fs::path& file : files) {
     const std::string name = file.filename().string().substr(0, 44);
     try {
@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
         if (theirs > 0) {
           ++compared;
           above += mine > theirs;
+          pick_above += std::min(exp_peak, seg_peak) > theirs;
         }
         char counts[64];
         std::snprintf(counts, sizeof counts, "%zu/%zu/%zu/%zu", s.num_segment_allocs,
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
       "was); expand / segs = expandable_segments True / False; rules = PyTorch's rules "
       "(separate_persistent_pools and release_before_growth off, expandable as recorded).\n"
       "memfit's default replay above PyTorch's reserved peak on %zu of %zu traces with segment "
-      "events.\n",
-      above, compared);
+      "events; memfit's pick (the better of expand / segs, as memfit replay names it) on %zu.\n",
+      above, compared, pick_above);
   return status;
 }

@@ -230,6 +230,49 @@ nlohmann::json replay_one_json(const ReplayArgs& a, const Loaded& in, const Conf
   return j;
 }
 
+// A PyTorch snapshot replayed under settings the user did not choose is also replayed in the
+// other allocator mode (expandable segments on or off), as the planner weighs both: the
+// better of the two is the setting to use for this workload.
+struct OtherMode {
+  bool ran = false;
+  AllocatorConfig conf;
+  ReplayResult result;
+};
+
+OtherMode other_mode(const Loaded& in, const ConfChoice& c) {
+  OtherMode o;
+  if (!in.snapshot || (c.source != "defaults" && c.source != "the trace")) return o;
+  o.conf = c.conf;
+  o.conf.expandable_segments = !c.conf.expandable_segments;
+  NullProvider null;
+  CachingAllocator alloc(null, o.conf);
+  o.result = replay(in.trace, alloc);
+  o.ran = true;
+  return o;
+}
+
+void print_other_mode(const Loaded& in, const ConfChoice& c, const ReplayResult& r,
+                      const OtherMode& o) {
+  if (!o.ran) return;
+  const std::size_t theirs = in.snapshot->segments.trace_peak_reserved_bytes;
+  const auto vs = [&](std::size_t b) {
+    if (theirs == 0) return std::string();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", %.3f x PyTorch's", ratio(b, theirs));
+    return std::string(buf);
+  };
+  say("\nother mode, %s: reserved peak %s%s, %lld OOMs\n", conf_text(o.conf).c_str(),
+      format_bytes(o.result.peak_reserved_bytes).c_str(),
+      vs(o.result.peak_reserved_bytes).c_str(), static_cast<long long>(o.result.num_ooms));
+  const bool other_better = o.result.num_ooms <= r.num_ooms &&
+                            o.result.peak_reserved_bytes < r.peak_reserved_bytes;
+  const AllocatorConfig& best = other_better ? o.conf : c.conf;
+  const std::size_t best_peak =
+      other_better ? o.result.peak_reserved_bytes : r.peak_reserved_bytes;
+  say("memfit's pick for this workload: MEMFIT_ALLOC_CONF='%s' (reserved peak %s%s)\n",
+      best.to_string().c_str(), format_bytes(best_peak).c_str(), vs(best_peak).c_str());
+}
+
 void print_table(const ReplayArgs& a, const Loaded& in, const ConfChoice& c,
                  const ReplayResult& r) {
   say("memfit replay %s (%s", a.file.c_str(), in.snapshot ? "memory_viz snapshot" : "memfit trace");
@@ -313,11 +356,17 @@ int run_replay(const ReplayArgs& a) {
     NullProvider null;
     CachingAllocator alloc(null, c.conf);
     const ReplayResult r = replay(in.trace, alloc);
+    const OtherMode o = other_mode(in, c);
     if (a.format == "json") {
-      list.push_back(replay_one_json(a, in, c, r));
+      nlohmann::json j = replay_one_json(a, in, c, r);
+      if (o.ran) {
+        j["other_mode"] = {{"alloc_conf", o.conf.to_string()}, {"replay", replay_json(o.result)}};
+      }
+      list.push_back(std::move(j));
     } else {
       if (i > 0) say("\n");
       print_table(a, in, c, r);
+      print_other_mode(in, c, r, o);
     }
   }
   if (a.format == "json") {

@@ -55,6 +55,35 @@ TEST(ReplayCommand, AllocConfChangesTheReplay) {
   EXPECT_EQ(run_memfit("replay " + kFixture + " --alloc-conf bogus:1").exit_code, 2);
 }
 
+// Settings the user did not choose: the other allocator mode is replayed too, and the better
+// of the two named; a user's --alloc-conf is replayed alone.
+TEST(ReplayCommand, TheOtherAllocatorModeIsWeighedUnlessTheUserChose) {
+  const ProgramRun r = run_memfit("replay " + kFixture + " --format json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_TRUE(j.contains("other_mode")) << r.output;
+  EXPECT_EQ(j["other_mode"]["alloc_conf"], "expandable_segments:True");
+  const std::int64_t fixed = j["replay"]["peak_reserved_bytes"];
+  const std::int64_t expandable = j["other_mode"]["replay"]["peak_reserved_bytes"];
+  EXPECT_EQ(expandable % (2 << 20), 0) << "whole 2 MiB pages";
+  EXPECT_EQ(j["other_mode"]["replay"]["peak_live_bytes"], j["replay"]["peak_live_bytes"]);
+
+  const ProgramRun table = run_memfit("replay " + kFixture);
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_TRUE(contains(table.output, "other mode, expandable_segments:True: reserved peak"))
+      << table.output;
+  EXPECT_TRUE(contains(table.output, expandable < fixed
+                                         ? "memfit's pick for this workload: "
+                                           "MEMFIT_ALLOC_CONF='expandable_segments:True'"
+                                         : "memfit's pick for this workload: MEMFIT_ALLOC_CONF=''"))
+      << table.output;
+
+  const ProgramRun chosen = run_memfit("replay " + kFixture + " --alloc-conf ''");
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_FALSE(contains(chosen.output, "other mode")) << chosen.output;
+  EXPECT_FALSE(contains(chosen.output, "memfit's pick")) << chosen.output;
+}
+
 TEST(ReplayCommand, SnapshotTable) {
   const ProgramRun r = run_memfit("replay " + kFixture);
   ASSERT_EQ(r.exit_code, 0) << r.output;
