@@ -46,6 +46,33 @@
 //   max_split_size_mb:128 the release costs warm-up calls (B=8: 16 in step 1 and 1 in step 2,
 //   against 1 / 0 without it); switch it off there.
 //
+// Expandable segments (expandable_segments:True; caching_allocator_expandable.cpp), after
+// PyTorch's ExpandableSegment: per pool and stream one reserved address range (budget + 1/8
+// with a budget, else kExpandableRange) whose pages are mapped when a request needs them. A
+// request no mapped free block fits takes the lowest place where a free block and the
+// unmapped pages after it (or unmapped pages alone) add up to it, and maps only the pages it
+// lacks, merging with the free neighbours; blocks then split at any 512-byte boundary.
+// empty_cache, the retry after a failure and garbage collection unmap the whole pages inside
+// free blocks (pages shared with a live block stay) and give back ranges left with nothing
+// mapped. Reserved = mapped bytes; the budget bounds them. Events: kSegmentMap /
+// kSegmentUnmap per run of pages; snapshot() lists each mapped run as a segment
+// (is_expandable), stats.segment counts those runs and inactive_split the free blocks that
+// share one. num_device_alloc / num_device_free count maps and unmaps. Where memfit differs:
+// - Pages are the device's granularity (2 MiB) in both pools; PyTorch maps its large pool in
+//   20 MiB pages, which would cost up to 18 MiB per range under the small budgets memfit is
+//   for.
+// - release_before_growth has an expandable form: before a transient mapping lifts reserved
+//   memory above its high-water mark, the whole free pages of transient blocks elsewhere are
+//   unmapped (largest blocks first, never the grow's own) until it stays under, and the place
+//   is looked for again. PyTorch unmaps only on empty_cache and after a failure.
+// - The persistent pools (separate_persistent_pools) get ranges of their own.
+// Measured (build/bench/trace_replay_bench 4; ratio = reserved peak / live peak, calls = maps
+// in step 0 / 1 / 2-3):      B=4 ratio  calls        B=8 ratio  calls
+//   expandable (default rules)    1.005    196 / 1 / 0    1.003    197 / 1 / 0
+//   expandable, PyTorch's rules   1.067     44 / 2 / 0    1.071     40 / 1 / 0
+//   segments (defaults, above)    1.027     99 / 0 / 0    1.018     97 / 0 / 0
+// The dry run predicts this mode byte-exactly too: NullProvider models the pages.
+//
 // Fast path (caching_allocator_impl.h has the data structures): a cached size costs one lock,
 // a best-fit lookup, a split or none, stats; a freed small block waits unmerged in a short
 // free cache for a repeat of its size. Instructions per allocate + free pair (valgrind, Release

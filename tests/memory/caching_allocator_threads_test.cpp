@@ -39,6 +39,42 @@ TEST(CachingAllocatorThreads, ManyThreads) {
   EXPECT_EQ(a.stats().allocation[kStatAll].allocated, 20000);
 }
 
+// Expandable segments under threads: ranges grow, and shrink in empty_cache called from one
+// thread while the others allocate, write and free; every byte written is read back.
+TEST(CachingAllocatorThreads, ExpandableSegmentsWithEmptyCacheDuringUse) {
+  HostProvider host;
+  AllocatorConfig config;
+  config.expandable_segments = true;
+  CachingAllocator a(host, config);
+  std::vector<std::thread> threads;
+  std::atomic<long> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&a, &bad, t] {
+      std::vector<Block> mine;
+      for (int i = 0; i < 3000; ++i) {
+        const std::size_t n = std::size_t(1 + (i * 7919 + t * 104729) % (3 << 20));
+        mine.push_back(a.allocate(n, kAct, StreamId(t % 2)));
+        unsigned char* p = mine.back().as<unsigned char>();
+        p[0] = p[n - 1] = static_cast<unsigned char>(t + 1);
+        if (i % 3 == 2) {
+          const std::size_t k = static_cast<std::size_t>(i) % mine.size();
+          const unsigned char* q = mine[k].as<unsigned char>();
+          if (q[0] != t + 1 || q[mine[k].size() - 1] != t + 1) ++bad;
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+        if (t == 0 && i % 250 == 0) a.empty_cache();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0) << "a block's bytes changed under its owner";
+  a.check_invariants();
+  EXPECT_EQ(a.stats().allocation[kStatAll].current, 0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes[kStatAll].current, 0);
+  EXPECT_GT(a.stats().num_device_free, 0) << "empty_cache never unmapped anything";
+}
+
 // Events complete on their third query, so frees after record_stream stay pending for a while
 // and complete inside later calls from any thread. The allocator calls its StreamSync only
 // under its lock, so this needs no lock of its own (TSan would say otherwise).
