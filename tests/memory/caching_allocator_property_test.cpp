@@ -22,6 +22,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/check.h"
 #include "memory/error.h"
+#include "memory/fault_injecting_provider.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "memory/size.h"
@@ -93,6 +94,7 @@ struct PendingRange {
 struct Counters {
   int allocs = 0, frees = 0, ooms = 0, pending_frees = 0, reuse_after_pending = 0;
   int empty_caches = 0, checks = 0;
+  std::int64_t provider_failures = 0;  // injected (Scenario::fault_every)
 };
 
 std::size_t random_size(std::mt19937_64& rng, std::size_t small_max, std::size_t large_max) {
@@ -212,13 +214,18 @@ struct Scenario {
   int ops;
   std::size_t small_max, large_max;
   AllocatorConfig config;
+  // > 0: the provider fails one of its next few calls (allocate or map) before about one op
+  // in `fault_every`, so failures strike part way through growing a range, then the retry.
+  int fault_every = 0;
 };
 
 Counters run(const Scenario& sc, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   HostProvider host;
   NullProvider null;
-  MemoryProvider& provider = sc.host ? static_cast<MemoryProvider&>(host) : null;
+  MemoryProvider& inner = sc.host ? static_cast<MemoryProvider&>(host) : null;
+  FaultInjectingProvider faulty(inner);
+  MemoryProvider& provider = sc.fault_every > 0 ? static_cast<MemoryProvider&>(faulty) : inner;
   TestSync sync;
   Counters n;
   std::vector<LiveEntry> live;
@@ -244,6 +251,9 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
     int op = 0;
     try {
     for (; op < sc.ops; ++op) {
+      if (sc.fault_every > 0 && rng() % static_cast<unsigned>(sc.fault_every) == 0) {
+        faulty.fail_call(1 + static_cast<std::int64_t>(rng() % 3));
+      }
       const int r = static_cast<int>(rng() % 100);
       const bool want_alloc = live.size() < 40 || (live.size() < 160 && r < 45);
       if (want_alloc && r < 80) {
@@ -348,6 +358,7 @@ Counters run(const Scenario& sc, std::uint64_t seed) {
     drop_completed();
     verify(a, live, pending, sync);
     const AllocatorStats st = a.stats();
+    n.provider_failures = faulty.failures();
     std::printf(
         "%s: %d allocs, %d frees (%d pending), %d reuses after events, %d OOMs, "
         "%lld retries, %d empty_cache, %lld segments allocated, %d model checks\n",
@@ -412,6 +423,19 @@ TEST(CachingAllocatorProperty, ExpandableSegmentsNullProvider) {
   EXPECT_GT(n.pending_frees, 1000);
   EXPECT_GT(n.empty_caches, 100);
   EXPECT_GT(n.ooms, 0) << "the budget was never reached: the OOM path went untested";
+}
+
+// Injected map failures: a grow that maps several page runs fails after some of them.
+TEST(CachingAllocatorProperty, ExpandableSegmentsWithFailingMapsNullProvider) {
+  Scenario sc{"expandable_faults/null", false, 100000, kSmallSize, 48 * kMiB, {}};
+  sc.config.debug_checks = true;
+  sc.config.expandable_segments = true;
+  sc.config.budget = 1536 * kMiB;
+  sc.fault_every = 40;
+  const Counters n = run(sc, 0x5eed0008);
+  EXPECT_GT(n.allocs, 30000);
+  EXPECT_GT(n.provider_failures, 100) << "the injected failures never struck";
+  EXPECT_GT(n.empty_caches, 100);
 }
 
 TEST(CachingAllocatorProperty, ExpandableSegmentsTunedNullProvider) {
