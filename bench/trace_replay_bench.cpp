@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
       alloc.add_listener([&](const AllocatorEvent& e) {
         if (e.kind == EventKind::kSegmentAlloc || e.kind == EventKind::kSegmentMap) {
           segs.push_back({e.size, std::string(e.tag), 0});
+        } else if (e.kind == EventKind::kAlloc && !segs.empty() && segs.back().tag.empty()) {
+          segs.back().tag = std::string(e.tag) + " (" + category_name(e.category) + ")";  // a map's
         }
       });
       const ReplayResult r = replay(trace, alloc);
