@@ -90,6 +90,7 @@ Snapshot CachingAllocator::snapshot() const {
         run->stream = seg->stream;
         run->is_large = seg->is_large;
         run->is_expandable = seg->expandable;
+        run->persistent = seg->persistent;
       }
       SegmentInfo& si = *run;
       si.total_size += b->size;

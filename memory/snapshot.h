@@ -46,6 +46,9 @@ struct SegmentInfo {
   // Expandable segments: one contiguous mapped run of an expandable range (as PyTorch reports
   // them; memory_viz "is_expandable").
   bool is_expandable = false;
+  // Served only to gradients and optimizer state (separate_persistent_pools): memory_viz's
+  // segment_pool_id (0, 1) in the export.
+  bool persistent = false;
   std::vector<BlockInfo> blocks;
 };
 

@@ -28,9 +28,7 @@
 // and every real 2.x snapshot with settings carries -1), else the bytes. segment_pool_id is
 // (0, 0) for the default pool, as PyTorch writes its own; memfit's persistent pools
 // (gradients and optimizer state, caching_allocator.h) are written as a private pool, (0, 1),
-// the form of a user-created MemPool's id. The snapshot does not name a segment's pool, so a
-// segment is placed by its blocks (a gradient or optimizer_state block lives only in the
-// persistent pool when the policy is on); a wholly free persistent segment reads as (0, 0).
+// the form of a user-created MemPool's id (SegmentInfo::persistent says which).
 // A large file is pickle protocol 4 with frames, as pickle.dump writes PyTorch's own
 // (write_pickle, profiler/pickle.h); never protocol 5, which memory_viz cannot read.
 //
@@ -68,13 +66,8 @@ PickleValue frames_of(const TimelineEvent& e) {
 PickleValue i64(std::uint64_t v) { return PickleValue::integer(static_cast<std::int64_t>(v)); }
 
 // (0, 0): PyTorch's default pool; (0, 1): memfit's persistent pool (see the header comment).
-PickleValue segment_pool_id(const SegmentInfo& s, const AllocatorConfig& c) {
-  bool persistent = false;
-  for (const BlockInfo& b : s.blocks) {
-    persistent |= c.separate_persistent_pools && b.state != BlockState::kInactive &&
-                  (b.category == Category::kGradient || b.category == Category::kOptimizerState);
-  }
-  return PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(persistent ? 1 : 0)});
+PickleValue segment_pool_id(const SegmentInfo& s) {
+  return PickleValue::tuple({PickleValue::integer(0), PickleValue::integer(s.persistent ? 1 : 0)});
 }
 
 PickleValue allocator_settings(const AllocatorConfig& c) {
@@ -148,7 +141,7 @@ std::string snapshot_pickle(const ProfileReport& r) {
     seg.add("requested_size", i64(s.requested_size));
     seg.add("stream", i64(s.stream));
     seg.add("segment_type", PickleValue::str(s.is_large ? "large" : "small"));
-    seg.add("segment_pool_id", segment_pool_id(s, r.config));
+    seg.add("segment_pool_id", segment_pool_id(s));
     seg.add("is_expandable", PickleValue::boolean(s.is_expandable));
     seg.add("frames", PickleValue::list());
     PickleValue blocks = PickleValue::list();

@@ -147,6 +147,9 @@ TEST(CachingAllocatorExpandable, PoolsAndStreamsGetRangesOfTheirOwn) {
   Block grad = a.allocate(4 * kMiB, Category::kGradient);  // the persistent pool
   const Snapshot snap = a.snapshot();
   ASSERT_EQ(snap.segments.size(), 4u);
+  int persistent = 0;
+  for (const SegmentInfo& s : snap.segments) persistent += s.persistent ? 1 : 0;
+  EXPECT_EQ(persistent, 1) << "the gradient's range";
   EXPECT_EQ(reserved(a), static_cast<std::int64_t>(kPage + 2 * kPage * 3));
   EXPECT_EQ(a.stats().reserved_bytes[kStatSmallPool].current,
             static_cast<std::int64_t>(kPage));
