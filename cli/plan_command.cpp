@@ -221,6 +221,29 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   return o;
 }
 
+// Beside the largest micro-batch: the fastest plan that fits, and what the last few percent
+// of the batch cost in throughput (PlanResult::fastest, near_largest).
+void print_trade_offs(const PlanResult& r) {
+  const Plan& rec = r.recommended;
+  const double tps = rec.predicted.tokens_per_second;
+  if (r.fastest) {
+    const Plan& f = *r.fastest;
+    say("  fastest that fits: %s (%s tokens/s predicted, %.2fx the recommended plan's)\n",
+        f.describe().c_str(), short_rate(f.predicted.tokens_per_second).c_str(),
+        tps > 0 ? f.predicted.tokens_per_second / tps : 0.0);
+  }
+  if (r.near_largest) {
+    const Plan& n = *r.near_largest;
+    const double fewer = 1.0 - double(n.policy.micro_batch) / double(rec.policy.micro_batch);
+    const double cost = n.predicted.tokens_per_second > 0
+                            ? 1.0 - tps / n.predicted.tokens_per_second
+                            : 0.0;
+    say("  the last %.1f%% of the batch cost %.0f%% of the throughput: %s runs at %s tokens/s\n",
+        100.0 * fewer, 100.0 * cost, n.describe().c_str(),
+        short_rate(n.predicted.tokens_per_second).c_str());
+  }
+}
+
 int run_plan(const PlanArgs& a) {
   validate(a);
   const std::vector<OutputLock> held = claim_outputs({{"--out", a.out}});  // before planning
@@ -238,6 +261,8 @@ int run_plan(const PlanArgs& a) {
     j["candidates"] = nlohmann::ordered_json::array();
     for (const Plan& p : r.candidates) j["candidates"].push_back(doc(p));
     j["infeasible"] = r.infeasible;
+    j["fastest"] = r.fastest ? doc(*r.fastest) : nullptr;
+    j["near_largest"] = r.near_largest ? doc(*r.near_largest) : nullptr;
     say("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else if (a.format == "yaml") {
     say("%s", rec.to_yaml().c_str());
@@ -288,6 +313,7 @@ int run_plan(const PlanArgs& a) {
         rec.alloc.expandable_segments ? "expandable" : "fixed",
         conf.empty() ? ", defaults" : ": ", conf.c_str());
     say("  why: %s\n", rec.why.c_str());
+    print_trade_offs(r);
   }
   if (!a.out.empty()) {
     std::vector<std::string> failed;

@@ -696,6 +696,23 @@ PlanResult plan(const PlannerOptions& o) {
     p.why = throughput ? "predicted " + std::to_string(p.predicted.step_seconds) + " s per step"
                        : "largest micro-batch for " + p.describe();
   }
+  if (!throughput) {
+    const Plan* fastest = &best;
+    const Plan* near = nullptr;
+    const auto lowest = static_cast<std::int64_t>(
+        std::ceil(double(best.policy.micro_batch) * (1.0 - kNearLargest)));
+    for (const Plan& p : result.candidates) {
+      const double tps = p.predicted.tokens_per_second;
+      if (tps > fastest->predicted.tokens_per_second) fastest = &p;
+      if (&p != &best && p.policy.micro_batch >= lowest &&
+          tps > best.predicted.tokens_per_second &&
+          (near == nullptr || tps > near->predicted.tokens_per_second)) {
+        near = &p;
+      }
+    }
+    if (fastest != &best) result.fastest = *fastest;
+    if (near != nullptr) result.near_largest = *near;
+  }
   result.recommended = best;
   return result;
 }

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,8 +85,16 @@ struct PlanResult {
   std::vector<Plan> candidates;
   std::vector<std::string> infeasible;  // "f32 none offload=off: one sample needs 81.2 GiB"
   Plan recommended;
+  // Max-batch mode, beside the largest micro-batch (empty when the recommended plan is it):
+  // the fastest plan that fits (highest predicted tokens/s of the candidates), and the
+  // fastest one whose micro-batch is within kNearLargest of the recommended one (what the
+  // last few percent of the batch cost in throughput).
+  std::optional<Plan> fastest;
+  std::optional<Plan> near_largest;
   std::int64_t dry_runs = 0;  // how many the search took (benchmarks report it)
 };
+
+inline constexpr double kNearLargest = 0.05;  // 5% fewer samples per micro-batch
 
 PlanResult plan(const PlannerOptions& options);
 
