@@ -10,6 +10,7 @@
 // (steps 1, 1 + stride, 1 + 2 stride, ...); first() and last() are always the real ones.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -44,5 +45,15 @@ class StepSeries {
   std::int64_t seen_ = 0;
   double first_ = 0, last_ = 0;
 };
+
+// The median of the kept values after the first (a run's first step warms up); 0 with fewer
+// than two.
+inline double steady_step_seconds(const StepSeries& s) {
+  if (s.kept().size() < 2) return 0;
+  std::vector<double> v(s.kept().begin() + 1, s.kept().end());
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 }  // namespace memfit::cli

@@ -80,7 +80,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
   PeakFigures measured;
-  StepSeries losses, grad_norms;
+  StepSeries losses, grad_norms, step_seconds;
   std::int64_t clipped = 0;
   std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
   double seconds = 0, last_scale = 1;
@@ -94,6 +94,7 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     skipped += r.skipped ? 1 : 0;
     tokens += r.tokens;
     seconds += r.seconds;
+    step_seconds.add(r.seconds);
     micro_batches = r.micro_batches;
     last_scale = r.loss_scale;
     const std::string line =
@@ -121,6 +122,19 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   say("  loss %.4f -> %.4f over %lld steps (%lld skipped), %.0f tokens/s, %.2f s\n", losses.first(),
       losses.last(), static_cast<long long>(a.steps), static_cast<long long>(skipped), tps,
       seconds);
+  // Time per step: the median of the steps after the first (the first warms caches, the
+  // allocator and the thread pools up), beside the plan's prediction.
+  const double measured_step = steady_step_seconds(step_seconds);
+  const double predicted_step = prep.src.plan ? prep.src.plan->predicted.step_seconds : 0;
+  if (a.steps > 1) {
+    say("  time per step %.3f s (median after the first, which took %.3f s)", measured_step,
+        step_seconds.first());
+    if (predicted_step > 0) {
+      say("; predicted %.3f s (measured/predicted %.2f)", predicted_step,
+          measured_step / predicted_step);
+    }
+    say("\n");
+  }
   say("  peak reserved %s, allocated %s", format_bytes(measured.reserved).c_str(),
       format_bytes(measured.allocated).c_str());
   if (predicted) {
@@ -196,6 +210,9 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     j["first_loss"] = losses.first();
     j["final_loss"] = losses.last();
     j["seconds"] = seconds;
+    j["step_seconds"] = step_seconds.kept();  // the same steps as "losses"
+    j["measured_step_seconds"] = measured_step;  // median after the first step (0: one step)
+    if (predicted_step > 0) j["predicted_step_seconds"] = predicted_step;
     j["tokens"] = tokens;
     j["tokens_per_second"] = tps;
     j["budget_bytes"] = p.alloc.budget;

@@ -404,6 +404,12 @@ TEST(TrainPlanning, BudgetAlonePlansThenTrainsWithThePlan) {
   EXPECT_EQ(j.at("host_pinned_bytes"), j.at("predicted_host_pinned_bytes"));
   EXPECT_GT(measured, 0u);
   EXPECT_EQ(j.at("losses").size(), 2u);
+  // Time: every step's seconds, the median after the first, and the plan's prediction.
+  ASSERT_EQ(j.at("step_seconds").size(), 2u);
+  EXPECT_EQ(j.at("measured_step_seconds"), j.at("step_seconds")[1]);
+  EXPECT_EQ(j.at("predicted_step_seconds"), p.at("predicted").at("step_seconds"));
+  EXPECT_TRUE(contains(r.output, "time per step ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "; predicted ")) << r.output;
   // The same budget planned by `memfit plan` gives the same plan.
   nlohmann::json planned =
       plan_json("--model " + model_file() + " --device " + dev + " --budget 24MiB")

@@ -26,5 +26,18 @@ TEST(StepSeries, KeepsEveryStepUntilFullThenEveryStrideTh) {
   EXPECT_EQ(big.last(), static_cast<double>(n - 1));
 }
 
+TEST(StepSeries, SteadyStepSecondsIsTheMedianAfterTheFirst) {
+  StepSeries s;
+  EXPECT_EQ(steady_step_seconds(s), 0);
+  s.add(9.0);  // the warm-up step is left out
+  EXPECT_EQ(steady_step_seconds(s), 0);
+  s.add(3.0);
+  EXPECT_EQ(steady_step_seconds(s), 3.0);
+  s.add(1.0);
+  EXPECT_EQ(steady_step_seconds(s), 2.0);  // even count: the mean of the middle two
+  s.add(2.0);
+  EXPECT_EQ(steady_step_seconds(s), 2.0);
+}
+
 }  // namespace
 }  // namespace memfit::cli

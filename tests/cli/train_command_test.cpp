@@ -77,6 +77,13 @@ TEST(TrainCommand, SummaryJsonMatchesTheRunAndThePrediction) {
   EXPECT_LE(by_cat_max, allocated);
   EXPECT_EQ(j.at("losses").size(), 4u);
   EXPECT_EQ(j.at("final_loss").get<double>(), j.at("losses").back().get<double>());
+  // Seconds per step, summing to the run's; no plan here, so no predicted time.
+  ASSERT_EQ(j.at("step_seconds").size(), 4u);
+  double sum = 0;
+  for (const auto& v : j.at("step_seconds")) sum += v.get<double>();
+  EXPECT_NEAR(sum, j.at("seconds").get<double>(), 1e-9 * sum + 1e-12);
+  EXPECT_FALSE(j.contains("predicted_step_seconds"));
+  EXPECT_TRUE(contains(r.output, "time per step ")) << r.output;
   EXPECT_TRUE(std::isfinite(j.at("final_loss").get<double>()));
   EXPECT_GT(j.at("tokens_per_second").get<double>(), 0.0);
   EXPECT_EQ(j.at("tokens").get<std::int64_t>(), 4 * 4 * 32);
