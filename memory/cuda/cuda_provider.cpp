@@ -43,12 +43,25 @@ bool CudaProvider::map(void* addr, std::size_t bytes) {
   return cuda::CudaVmm::get()->map(device_, addr, bytes, page_);
 }
 
+namespace {
+// At exit, static destructors may run after the runtime began to unload: the driver returns
+// the memory with the process (as deallocate() says), and throwing would only terminate.
+bool runtime_unloading() {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaErrorCudartUnloading) return false;
+  (void)cudaGetLastError();
+  return true;
+}
+}  // namespace
+
 void CudaProvider::unmap(void* addr, std::size_t bytes) {
+  if (runtime_unloading()) return;
   cuda::DeviceGuard guard(device_);
   cuda::CudaVmm::get()->unmap(addr, bytes, page_);
 }
 
 void CudaProvider::release(void* base, std::size_t bytes) {
+  if (runtime_unloading()) return;
   cuda::DeviceGuard guard(device_);
   cuda::CudaVmm::get()->release(base, bytes);
 }
