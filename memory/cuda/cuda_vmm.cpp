@@ -107,6 +107,7 @@ std::size_t CudaVmm::page_size(int device) const {
 }
 
 void* CudaVmm::reserve(std::size_t bytes, std::size_t alignment) const {
+  enter();  // the caller's DeviceGuard chose the device
   CUdeviceptr ptr = 0;
   const CUresult r = fns_->address_reserve(&ptr, bytes, alignment, 0, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
@@ -160,6 +161,7 @@ bool CudaVmm::map(int device, void* addr, std::size_t bytes, std::size_t page) c
 
 void CudaVmm::unmap(void* addr, std::size_t bytes, std::size_t page) const {
   // Kernels queued before the free may still read these pages.
+  enter();
   MEMFIT_CUDA_CHECK(cudaDeviceSynchronize());
   const auto base = reinterpret_cast<CUdeviceptr>(addr);
   for (std::size_t off = 0; off < bytes; off += page) {
@@ -169,6 +171,7 @@ void CudaVmm::unmap(void* addr, std::size_t bytes, std::size_t page) const {
 }
 
 void CudaVmm::release(void* base, std::size_t bytes) const {
+  enter();
   const CUresult r = fns_->address_free(reinterpret_cast<CUdeviceptr>(base), bytes);
   if (r != CUDA_SUCCESS) fail(*fns_, r, "cuMemAddressFree");
 }

@@ -9,7 +9,9 @@
 // it, as PyTorch loads its driver calls lazily for the same reason. Pages are mapped one
 // handle each (cuMemUnmap cannot unmap part of a mapping; the allocator unmaps any page
 // run), and each handle is released right after it is mapped: the memory lives until its
-// page is unmapped. Errors other than out-of-memory throw CudaError naming the call.
+// page is unmapped. Errors other than out-of-memory throw CudaError naming the call. Every
+// call acts on the current device's primary context (the caller makes the device current;
+// CudaProvider does with a DeviceGuard), created if it does not exist yet.
 // CUDA builds only.
 #pragma once
 
