@@ -1,0 +1,427 @@
+// The planner's search of one combination (planner_search.h): the Searcher's dry-run probes,
+// the plan it makes, and why a combination does not fit.
+#include "policies/planner_search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <typeinfo>
+
+#include "memory/check.h"
+#include "memory/error.h"
+#include "memory/size.h"
+#include "policies/checkpoint_solver.h"
+#include "policies/dry_run.h"
+
+namespace memfit::planner_detail {
+
+// "64.00 MiB", "1.00 GiB": the unit that reads best (small budgets were "0.06 GiB").
+std::string gib(double bytes) {
+  return format_bytes(static_cast<std::size_t>(std::max(0.0, bytes)));
+}
+
+// Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
+// device optimizer state (stage >= 1) and of the gradients (stage 2). The dry run simulates one
+// rank holding everything; this is subtracted from its peak (and added to its budget).
+std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload) {
+  if (c.o.ranks <= 1 || c.o.zero_stage == 0) return 0;
+  const StaticBytes s = c.cm.static_bytes(dt, offload);
+  const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
+  double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
+  // (Offloaded gradients leave only the bucket ring, which no rank shares out.)
+  if (c.o.zero_stage >= 2 && !offload.gradients)
+    saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
+  return static_cast<std::size_t>(saved);
+}
+
+namespace {
+
+// ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b near INT64_MAX.
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+class Searcher {
+ public:
+  Searcher(const Context& c, Combo& combo)
+      : c_(c), combo_(combo), saving_(zero_saving(c, combo.dtype, combo.offload)) {}
+
+  // A dry run of `micro` (accum micro-batches, an uneven last one) under the budget, with the
+  // schedule this combination gives at that micro-batch; nullopt when no schedule fits.
+  std::optional<DryRunResult> probe(std::int64_t micro, std::int64_t accum, std::int64_t last,
+                                    Schedule* schedule_out) {
+    RunSpec q = request(micro, accum, last);
+    q.alloc.budget = c_.budget + saving_;
+    if (!combo_.optimal()) {
+      const DryRunResult r = run(q);
+      if (schedule_out) *schedule_out = fixed_schedule();
+      return r;
+    }
+    // Optimal: the DP's limit is what the chain may use: the budget less the static bytes and
+    // the micro-batch's inputs; the dry run confirms with every other byte (rounding,
+    // fragmentation, the head's transients) and lowers the limit by what it overshot.
+    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
+    const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
+    std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - st.device_total() - inputs;
+    const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
+    for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
+      const SolverResult s = solve_checkpoint(chain, limit, "optimal");
+      if (!s.feasible) return std::nullopt;
+      q.trainer.policy.checkpoint = Checkpointing::solved(s.schedule);
+      const DryRunResult r = run(q);
+      if (r.fits) {
+        if (schedule_out) *schedule_out = s.schedule;
+        return r;
+      }
+      RunSpec free_q = q;
+      free_q.alloc.budget = 0;
+      const DryRunResult u = run(free_q);
+      const auto over =
+          static_cast<std::int64_t>(u.step.reserved) - static_cast<std::int64_t>(q.alloc.budget);
+      limit -= std::max<std::int64_t>(over, limit / 64 + 1);
+    }
+    // The DP's memory model is conservative (the dry run is the truth), so a schedule that
+    // fitted a smaller micro-batch may still fit this one: try the largest such, then all(n).
+    std::vector<Schedule> fallbacks;
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
+      if (it->first < micro && it->second) {
+        fallbacks.push_back(it->second->schedule);
+        break;
+      }
+    }
+    fallbacks.push_back(Schedule::all(static_cast<int>(c_.o.spec.layers)));
+    for (const Schedule& f : fallbacks) {
+      q.trainer.policy.checkpoint = Checkpointing::solved(f);
+      const DryRunResult r = run(q);
+      if (r.fits) {
+        if (schedule_out) *schedule_out = f;
+        return r;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Optimal solver: a micro-batch found largest may have been probed before the schedule of
+  // its predecessor was known; while that schedule fits one more sample, take it.
+  std::int64_t extend_with_own_schedule(std::int64_t lo, std::int64_t cap) {
+    while (combo_.optimal() && lo < cap) {
+      const std::optional<Found>& f = at(lo);
+      if (!f) break;
+      RunSpec q = request(lo + 1, 1, 0);
+      q.alloc.budget = c_.budget + saving_;
+      q.trainer.policy.checkpoint = Checkpointing::solved(f->schedule);
+      const DryRunResult r = run(q);
+      if (!r.fits) break;
+      cache_[lo + 1] = Found{r, f->schedule};
+      ++lo;
+    }
+    return lo;
+  }
+
+  struct Found {
+    DryRunResult r;
+    Schedule schedule;
+  };
+  // probe(micro) in one micro-batch, remembered: the search and the final plan share it.
+  const std::optional<Found>& at(std::int64_t micro) {
+    auto it = cache_.find(micro);
+    if (it == cache_.end()) {
+      Schedule s;
+      const std::optional<DryRunResult> r = probe(micro, 1, 0, &s);
+      std::optional<Found> f;
+      if (r && r->fits) f = Found{*r, s};
+      it = cache_.emplace(micro, std::move(f)).first;
+    }
+    return it->second;
+  }
+
+  bool fits(std::int64_t micro, std::size_t* peak) {
+    const std::optional<Found>& f = at(micro);
+    if (peak && f) *peak = f->r.step.reserved;
+    return f.has_value();
+  }
+
+  // The largest micro-batch whose dry run fits, up to `cap`: exponential steps from a hint,
+  // then interpolation on the measured peaks, falling back to bisection when it stalls.
+  std::int64_t max_micro(std::int64_t cap, std::int64_t hint) {
+    std::size_t p_lo = 0;
+    if (!fits(1, &p_lo)) return 0;
+    std::int64_t lo = 1, hi = cap + 1;  // fits(lo), !fits(hi) (hi = cap + 1: unknown)
+    std::int64_t lo_prev = 0;
+    std::size_t p_prev = 0;
+    if (hint > 1 && hint <= cap) {
+      std::size_t p = 0;
+      if (fits(hint, &p)) {
+        lo_prev = lo, p_prev = p_lo, lo = hint, p_lo = p;
+        if (hint + 1 > cap || !fits(hint + 1, &p)) {
+          return extend_with_own_schedule(hint, cap);  // a twin's answer holds
+        }
+        lo_prev = lo, p_prev = p_lo, lo = hint + 1, p_lo = p;
+      } else {
+        hi = hint;
+      }
+    }
+    bool bisect = false;
+    while (hi - lo > 1) {
+      std::int64_t next;
+      if (bisect || lo_prev == 0 || p_lo <= p_prev) {
+        // Without two points (or a slope) grow geometrically until something fails.
+        next = hi > cap ? std::min(cap, lo * 2) : lo + (hi - lo) / 2;
+        if (hi <= cap) bisect = false;
+      } else {
+        const double slope = double(p_lo - p_prev) / double(lo - lo_prev);
+        const double room = double(c_.budget + saving_) - double(p_lo);
+        next = lo + static_cast<std::int64_t>(std::floor(std::max(0.0, room) / slope));
+        next = std::clamp<std::int64_t>(next, lo + 1, std::min(hi - 1, cap));
+      }
+      if (next <= lo) break;
+      const std::int64_t width = hi - lo;
+      std::size_t p = 0;
+      if (fits(next, &p)) {
+        lo_prev = lo, p_prev = p_lo, lo = next, p_lo = p;
+      } else {
+        hi = next;
+      }
+      // Interpolation that shrank the interval by less than half: bisect next time.
+      bisect = hi <= cap && (hi - lo) * 2 > width;
+    }
+    return extend_with_own_schedule(lo, cap);
+  }
+
+  // The search probes the first step only; a plan's answer is confirmed over two (confirm()).
+  DryRunResult run(const RunSpec& q) {
+    ++combo_.dry_runs;
+    return dry_run(q, /*steps=*/1);
+  }
+  // A probe that fitted, over two steps (the second starts from the first's cache).
+  std::optional<DryRunResult> confirm(std::int64_t micro, std::int64_t accum, std::int64_t last,
+                                      const Schedule& schedule) {
+    RunSpec q = request(micro, accum, last);
+    q.alloc.budget = c_.budget + saving_;
+    if (combo_.optimal()) q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
+    ++combo_.dry_runs;
+    DryRunResult r = dry_run(q, /*steps=*/2);
+    if (!r.fits) return std::nullopt;
+    return r;
+  }
+  // The largest micro-batch <= m whose first-step fit holds over two steps (rarely one less:
+  // a block's rounding); 0 for none. For the optimal solver a micro-batch whose own schedule
+  // fails over two steps also tries the schedule solved for one sample fewer (the solver's
+  // schedules are not monotone in the micro-batch: measured, f32 on a small GPT at 40 MiB,
+  // the schedule solved for 80 fails where 79's fits at 80).
+  std::int64_t confirmed(std::int64_t m, DryRunResult* out, Schedule* schedule) {
+    for (; m >= 1; --m) {
+      const std::optional<Found>& f = at(m);
+      if (!f) continue;
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, f->schedule)) {
+        *out = *r;
+        *schedule = f->schedule;
+        return m;
+      }
+      if (!combo_.optimal() || m == 1) continue;
+      const Schedule own = f->schedule;  // at() below may rehash the cache
+      const std::optional<Found>& below = at(m - 1);
+      if (!below || below->schedule.ops() == own.ops()) continue;
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, below->schedule)) {
+        *out = *r;
+        *schedule = below->schedule;
+        return m;
+      }
+    }
+    return 0;
+  }
+
+  // `accum` micro-batches of `micro` samples, the last one `last` (0: micro) samples.
+  RunSpec request(std::int64_t micro, std::int64_t accum, std::int64_t last) const {
+    RunSpec q;
+    q.model = c_.o.spec;
+    MemoryPolicy& p = q.trainer.policy;
+    p.dtype = combo_.dtype;
+    p.checkpoint = combo_.optimal() ? Checkpointing::solved(Schedule::all(c_.n)) : combo_.ck;
+    p.offload = combo_.offload;
+    p.loss = c_.o.loss;
+    p.micro_batch = micro;
+    q.batch = (accum - 1) * micro + (last > 0 ? last : micro);
+    q.seq_len = c_.seq_len;
+    q.alloc = c_.o.alloc_conf;
+    // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
+    // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
+    q.device = c_.o.device.kind;
+    q.gpu_gemm_workspace = c_.o.gemm_workspace_bytes;
+    // Activation offload's room grows with the micro-batch: the dry run holds it to the budget.
+    q.trainer.host_budget = c_.o.host_budget;
+    return q;
+  }
+
+  const Schedule& fixed_schedule() {
+    if (!fixed_) fixed_ = combo_.ck.schedule(c_.n);
+    return *fixed_;
+  }
+
+  std::size_t saving() const { return saving_; }
+
+ private:
+  const Context& c_;
+  Combo& combo_;
+  std::size_t saving_;
+  std::optional<Schedule> fixed_;
+  std::map<std::int64_t, std::optional<Found>> cache_;
+};
+
+Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const DryRunResult& r,
+               std::size_t saving, std::int64_t micro, std::int64_t accum, std::int64_t global) {
+  Plan p;
+  p.model = c.o.spec;
+  p.device = c.o.device.name;
+  p.budget = c.budget;
+  p.seq_len = c.seq_len;
+  p.device_kind = c.o.device.kind;
+  p.accum_steps = accum;
+  p.global_batch = global;
+  p.policy.dtype = combo.dtype;
+  p.policy.checkpoint = combo.optimal() ? Checkpointing::solved(s) : combo.ck;
+  p.policy.offload = combo.offload;
+  p.policy.micro_batch = micro;
+  p.policy.loss = c.o.loss;
+  p.ranks = c.o.ranks;
+  p.zero_stage = c.o.ranks > 1 ? c.o.zero_stage : 0;
+  p.alloc = c.o.alloc_conf;
+  p.alloc.budget = 0;
+  PeakFigures& pk = p.predicted.peaks;
+  pk = r.step;
+  pk.reserved -= std::min(pk.reserved, saving);
+  pk.allocated -= std::min(pk.allocated, saving);
+  if (saving > 0) {
+    // Per rank: the sharded categories hold 1/N (ZeRO); the dry run held them whole. The
+    // breakdown at the peak shrinks by what the reserved peak did, so it still adds up.
+    const double keep = 1.0 / double(c.o.ranks);
+    std::size_t cut = 0;
+    for (Category cat : {Category::kOptimizerState, Category::kGradient}) {
+      if (cat == Category::kGradient && c.o.zero_stage < 2) continue;
+      const std::size_t k = category_index(cat);
+      pk.category_peaks[k] = static_cast<std::size_t>(double(pk.category_peaks[k]) * keep);
+      const std::size_t was = pk.at_peak[k];
+      pk.at_peak[k] = static_cast<std::size_t>(double(was) * keep);
+      cut += was - pk.at_peak[k];
+    }
+    pk.allocated_at_peak -= std::min(pk.allocated_at_peak, cut);
+    pk.reserved = std::max(pk.reserved, pk.allocated_at_peak);
+  }
+  p.predicted.step_seconds = c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
+  const double tokens = double(global) * double(c.seq_len);
+  p.predicted.tokens_per_second =
+      p.predicted.step_seconds > 0 ? tokens / p.predicted.step_seconds : 0;
+  return p;
+}
+
+std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
+  RunSpec q = s.request(1, 1, 0);  // optimal: all(n), the least memory a per-block rule reaches
+  q.alloc.budget = 0;
+  const DryRunResult u = s.run(q);
+  const std::size_t need = u.step.reserved - std::min(u.step.reserved, s.saving());
+  const std::size_t setup = u.setup_peak_reserved - std::min(u.setup_peak_reserved, s.saving());
+  if (setup > c.budget) {
+    return combo.name() + ": the weights, gradients and optimizer state alone need " +
+           gib(double(setup)) + " (budget " + gib(double(c.budget)) + ")";
+  }
+  return combo.name() + ": one sample needs " + gib(double(std::max(need, setup))) + " (budget " +
+         gib(double(c.budget)) + ")";
+}
+
+}  // namespace
+
+// Max-batch mode for one combination.
+void search_max(const Context& c, Combo& combo, std::int64_t hint) {
+  Searcher s(c, combo);
+  std::int64_t m = s.max_micro(c.o.max_micro_batch, hint);
+  DryRunResult r;
+  Schedule sched;
+  if (m > 0) m = s.confirmed(m, &r, &sched);
+  combo.max_micro = m;
+  if (m == 0) {
+    combo.infeasible = infeasible_reason(c, combo, s);
+    return;
+  }
+  combo.plan = make_plan(c, combo, sched, r, s.saving(), m, 1, m * c.o.ranks);
+}
+
+// Throughput mode for one combination: the micro-batch (up to the largest that fits) that
+// reaches the per-rank batch fastest, confirmed by a dry run with its accumulation.
+void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
+  Searcher s(c, combo);
+  const std::int64_t per_rank = c.o.global_batch / c.o.ranks;
+  const std::int64_t m = s.max_micro(std::min(c.o.max_micro_batch, per_rank), hint);
+  combo.max_micro = m;
+  if (m == 0) {
+    combo.infeasible = infeasible_reason(c, combo, s);
+    return;
+  }
+  // Candidate micro-batches: every one when few, else powers of two, the largest, and the
+  // sizes that split the batch into k even-ish parts. The optimal solver re-solves per size,
+  // so it gets the short list.
+  std::vector<std::int64_t> cand;
+  const bool optimal = combo.optimal();
+  if (!optimal && m <= 512) {
+    for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
+  } else {
+    for (std::int64_t b = 1; b <= m; b *= 2) cand.push_back(b);
+    const std::int64_t parts = optimal ? 8 : 512;
+    for (std::int64_t k = 1; k <= parts; ++k) {
+      const std::int64_t b = ceil_div(per_rank, k);
+      if (b <= m) cand.push_back(b);
+    }
+    cand.push_back(m);
+    std::sort(cand.begin(), cand.end());
+    cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  }
+  struct Timed {
+    double seconds;
+    std::int64_t micro;
+  };
+  std::vector<Timed> timed;
+  MemoryPolicy pol;
+  pol.dtype = combo.dtype;
+  pol.offload = combo.offload;
+  pol.loss = c.o.loss;
+  for (std::int64_t b : cand) {
+    const std::int64_t accum = ceil_div(per_rank, b);
+    if (accum > kMaxMicroBatches) continue;  // past what a step may hold (accumulation.h)
+    Schedule sched;
+    if (optimal) {
+      const auto& f = s.at(b);
+      if (!f) continue;
+      sched = f->schedule;
+    } else {
+      sched = s.fixed_schedule();
+    }
+    timed.push_back({c.cm.step_seconds(pol, sched, b, accum, c.o.device), b});
+  }
+  std::sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) {
+    return a.seconds != b.seconds ? a.seconds < b.seconds : a.micro > b.micro;
+  });
+  // The best few confirmed with their real accumulation (an uneven last micro-batch included).
+  for (std::size_t i = 0; i < timed.size() && i < 4; ++i) {
+    const std::int64_t b = timed[i].micro;
+    const std::int64_t accum = ceil_div(per_rank, b);
+    const std::int64_t last = per_rank - (accum - 1) * b;
+    Schedule sched;
+    const std::int64_t uneven = last == b ? 0 : last;
+    const std::optional<DryRunResult> first = s.probe(b, accum, uneven, &sched);
+    if (!first || !first->fits) continue;
+    const std::optional<DryRunResult> r = s.confirm(b, accum, uneven, sched);
+    if (!r) continue;
+    combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
+    return;
+  }
+  if (ceil_div(per_rank, m) > kMaxMicroBatches) {
+    combo.infeasible = combo.name() + ": a per-rank batch of " + std::to_string(per_rank) +
+                       " needs more than " + std::to_string(kMaxMicroBatches) +
+                       " micro-batches of at most " + std::to_string(m);
+    return;
+  }
+  combo.infeasible =
+      combo.name() + ": no micro-batch up to " + std::to_string(m) + " fits with its accumulation";
+}
+
+}  // namespace memfit::planner_detail

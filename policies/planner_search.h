@@ -1,0 +1,60 @@
+// Private to the planner (policies/planner*.cpp); not API. The search of one combination
+// (dtype, checkpointing, offload): its largest micro-batch under the budget (max-batch mode)
+// or its fastest way to the global batch (throughput mode), each a chain of dry runs; the
+// plan() that weighs the combinations against each other is in planner.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "core/dtype.h"
+#include "policies/cost_model.h"
+#include "policies/plan.h"
+#include "policies/planner.h"
+#include "policies/policy.h"
+
+namespace memfit::planner_detail {
+
+// One (dtype, checkpointing, offload) combination and what the search found for it.
+struct Combo {
+  Combo(DType d, Checkpointing c, OffloadSwitches o) : dtype(d), ck(std::move(c)), offload(o) {}
+  DType dtype = DType::kF32;
+  Checkpointing ck;
+  OffloadSwitches offload;
+  // Results.
+  std::int64_t max_micro = 0;  // 0: nothing fits
+  std::optional<Plan> plan;
+  std::string infeasible;
+  std::int64_t dry_runs = 0;
+
+  bool optimal() const { return ck.kind() == Checkpointing::Kind::kOptimal; }
+  std::string name() const {
+    return std::string(dtype_name(dtype)) + " " + ck.name() + " offload=" + offload.describe();
+  }
+};
+
+struct Context {
+  const PlannerOptions& o;
+  const CostModel& cm;
+  std::int64_t seq_len = 0;
+  std::size_t budget = 0;
+  int n = 0;  // blocks
+};
+
+// "64.00 MiB", "1.00 GiB": the unit that reads best (small budgets were "0.06 GiB").
+std::string gib(double bytes);
+
+// Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
+// device optimizer state (stage >= 1) and of the gradients (stage 2).
+std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload);
+
+// Max-batch mode for one combination: combo.plan, or combo.infeasible saying why not. `hint`:
+// a micro-batch that fitted a twin combination (0: none).
+void search_max(const Context& c, Combo& combo, std::int64_t hint);
+// Throughput mode for one combination (PlannerOptions::global_batch).
+void search_throughput(const Context& c, Combo& combo, std::int64_t hint);
+
+}  // namespace memfit::planner_detail
