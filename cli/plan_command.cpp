@@ -216,8 +216,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   o.calibrate = a.calibrate;
   // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);
-  // Naming expandable_segments (either way) is the user's choice; otherwise the planner's.
-  o.choose_allocator = a.alloc_conf.find("expandable_segments") == std::string::npos;
+  o.choose_allocator = planner_chooses_allocator(a.alloc_conf);
   return o;
 }
 

@@ -160,6 +160,10 @@ std::size_t parse_budget(const std::string& text, const char* flag) {
   return b;
 }
 
+bool planner_chooses_allocator(const std::string& alloc_conf) {
+  return alloc_conf.find("expandable_segments") == std::string::npos;
+}
+
 namespace {
 
 void check_common(const TrainArgs& a) {
@@ -314,7 +318,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.budget = parse_budget(a.budget);
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
-  o.choose_allocator = a.alloc_conf.find("expandable_segments") == std::string::npos;
+  o.choose_allocator = planner_chooses_allocator(a.alloc_conf);
   o.loss = parse_loss_flag(a.loss);
   o.host_budget = host_budget_of(a, o.budget);  // this machine's host memory
   if (given(a, "--batch")) {

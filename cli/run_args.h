@@ -93,6 +93,10 @@ LossMode parse_loss_flag(const std::string& text);
 // naming `flag` otherwise.
 std::size_t parse_budget(const std::string& text, const char* flag = "--budget");
 
+// Whether --alloc-conf (or MEMFIT_ALLOC_CONF) leaves the allocator mode to the planner: it
+// does not name expandable_segments either way (PlannerOptions::choose_allocator).
+bool planner_chooses_allocator(const std::string& alloc_conf);
+
 // Where the policies come from: a plan file, the planner, or the command line.
 struct Source {
   std::optional<Plan> plan;

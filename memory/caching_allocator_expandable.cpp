@@ -13,6 +13,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/caching_allocator_impl.h"
 #include "memory/check.h"
+#include "memory/size.h"
 
 namespace memfit {
 
@@ -26,7 +27,10 @@ using alloc_detail::stat_increase;
 
 namespace {
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+// Page rounding; throws InvalidArgument rather than wrap (an absurd budget's range).
+std::size_t round_up(std::size_t n, std::size_t page) {
+  return checked_align_up(n, page, "expandable segment range");
+}
 
 bool allocatable(const BlockNode* b) {
   return b != nullptr && (b->state == NodeState::kFree || b->state == NodeState::kUnmapped);

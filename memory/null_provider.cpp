@@ -122,6 +122,11 @@ std::size_t NullProvider::mapped() const {
   return mapped_;
 }
 
+std::size_t NullProvider::reservations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_.size();
+}
+
 std::size_t NullProvider::in_use() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_use_;

@@ -49,6 +49,7 @@ class NullProvider final : public MemoryProvider {
   std::int64_t num_maps() const;    // successful map() calls
   std::int64_t num_unmaps() const;
   std::size_t mapped() const;       // bytes mapped now (also part of in_use())
+  std::size_t reservations() const; // address ranges reserved and not yet released
 
  private:
   const std::size_t capacity_;
