@@ -132,7 +132,7 @@ int bench_main(int argc, char** argv) {
       "attention_bench: B=%lld H=%lld hs=%lld %s, CPU flash build %s, %d repetitions "
       "(median), the paths alternating\n",
       static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(hs),
-      dtype_name(dt), cpu::flash_isa_name(cpu::flash_isa_best()), reps);
+      dtype_name(dt), cpu::vec_isa_name(cpu::vec_isa_best()), reps);
   std::printf("%6s | %10s %10s | %10s %10s | %6s %6s | %12s %12s %8s\n", "T", "flash fwd",
               "flash f+b", "mat fwd", "mat f+b", "fwd x", "f+b x", "flash bytes", "mat bytes",
               "bytes x");

@@ -65,53 +65,12 @@ namespace {
 
 using i64 = std::int64_t;
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  // any float address
-typedef std::int32_t i16v __attribute__((vector_size(64)));
+// v16, load/store/splat, vexp, hsum, hmax: 16-float lanes in this file's ISA.
+#include "core/cpu/vmath.h"
 
-constexpr int kLanes = 16;
 constexpr int kTile = 64;  // query rows and key columns of a tile
 constexpr int kVecs = kTile / kLanes;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
-inline void store(float* p, v16 v) { *reinterpret_cast<v16u*>(p) = v; }
-inline v16 splat(float x) { return v16{} + x; }
-
-// exp(x) per lane: x = n ln2 + r, |r| <= ln2/2, exp(r) by Cephes' expf polynomial, 2^n from
-// the exponent bits. Lanes below -87.3 (where 2^n would leave the normal range) give 0, so
-// -inf (a masked score) gives exactly 0.
-inline v16 vexp(v16 x) {
-  const v16 lo = splat(-87.3365447f), hi = splat(88.3762626f);
-  const v16 xc = x < lo ? lo : (x > hi ? hi : x);
-  const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v16 n = (xc * 1.44269504088896341f + magic) - magic;
-  const v16 r = xc - n * 0.693359375f - n * -2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const i16v bits = (__builtin_convertvector(n, i16v) + 127) << 23;
-  v16 two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const v16 e = p * two_n;
-  return x < lo ? v16{} : e;
-}
-
-inline float hsum(v16 v) {
-  float s = 0.0f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
-
-inline float hmax(v16 v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
-}
 
 // c (64 x 64) = a (64 x hsp, row-major) @ bt (hsp x 64, row-major): the scores of a query
 // tile against a key tile stored transposed (or do against v, in the backward).

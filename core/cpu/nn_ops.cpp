@@ -3,7 +3,8 @@
 // and AdamW. Every value is widened to f32, computed in FP32 with double accumulators for
 // reductions, and rounded once to the output's dtype. Parallel (OpenMP) over rows, or over
 // column blocks where rows are reduced, so no output element is ever written by two threads and
-// results do not depend on the thread count.
+// results do not depend on the thread count. GELU runs vec_ops.h's vector kernels (a polynomial
+// exp, a few ulp from std::tanh's form).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "core/cpu/adamw.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/nn_util.h"
+#include "core/cpu/vec_ops.h"
 #include "memory/error.h"
 
 namespace memfit {
@@ -56,10 +58,6 @@ void add_into(const Tensor& dst, const std::vector<double>& acc) {
   float* d = f32(dst);
   for (std::size_t i = 0; i < acc.size(); ++i) d[i] = static_cast<float>(d[i] + acc[i]);
 }
-
-// GPT-2's GELU: sqrt(2/pi) and the cubic coefficient of Hendrycks & Gimpel's tanh form.
-constexpr float kGeluS = 0.7978845608028654f;
-constexpr float kGeluA = 0.044715f;
 
 }  // namespace
 
@@ -326,33 +324,31 @@ void CpuBackend::run_swiglu_backward(const Tensor& dout, const Tensor& gate_up,
 }
 
 void CpuBackend::run_gelu_forward(StreamId, const Tensor& inp, const Tensor& out) {
+  const cpu::VecIsa isa = cpu::vec_isa_best();
   for_chunks(inp.numel(), [&](std::int64_t off, std::int64_t n) {
+    if (inp.dtype() == DType::kF32 && out.dtype() == DType::kF32) {
+      return cpu::gelu_forward(isa, f32(inp) + off, f32(out) + off, n);
+    }
     float v[kChunk];
     widen(inp, off, n, v);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float x = v[i];
-      v[i] = 0.5f * x * (1.0f + std::tanh(kGeluS * (x + kGeluA * x * x * x)));
-    }
+    cpu::gelu_forward(isa, v, v, n);
     narrow(v, out, off, n);
   });
 }
 
-// d/dx gelu = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 a x^2), u = s (x + a x^3);
-// 1 - tanh^2 instead of 1/cosh^2 so large |x| gives 0, not inf/inf.
 void CpuBackend::run_gelu_backward(StreamId, const Tensor& dout, const Tensor& inp,
                                    const Tensor& dinp) {
+  const cpu::VecIsa isa = cpu::vec_isa_best();
   for_chunks(inp.numel(), [&](std::int64_t off, std::int64_t n) {
+    if (inp.dtype() == DType::kF32 && dout.dtype() == DType::kF32 &&
+        dinp.dtype() == DType::kF32) {
+      return cpu::gelu_backward(isa, f32(inp) + off, f32(dout) + off, f32(dinp) + off, n);
+    }
     float x[kChunk];
     float d[kChunk];
     widen(inp, off, n, x);
     widen(dout, off, n, d);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float xi = x[i];
-      const float th = std::tanh(kGeluS * (xi + kGeluA * xi * xi * xi));
-      const float local = 0.5f * (1.0f + th) +
-                          0.5f * xi * (1.0f - th * th) * kGeluS * (1.0f + 3.0f * kGeluA * xi * xi);
-      d[i] *= local;
-    }
+    cpu::gelu_backward(isa, x, d, d, n);
     narrow(d, dinp, off, n);
   });
 }

@@ -261,19 +261,19 @@ TEST(FlashAttention, EveryVectorBuildThisCpuRunsAgrees) {
   dout.rand(rng);
   const AttentionDims ad{d.B, d.T, d.H, d.G, d.hs};
   Outs best(d, DType::kF32);
-  cpu::flash_forward(cpu::flash_isa_best(), qkv, ad, best.out, best.lse);
-  cpu::flash_backward(cpu::flash_isa_best(), dout, qkv, best.out, best.lse, ad, best.delta,
+  cpu::flash_forward(cpu::vec_isa_best(), qkv, ad, best.out, best.lse);
+  cpu::flash_backward(cpu::vec_isa_best(), dout, qkv, best.out, best.lse, ad, best.delta,
                       best.dqkv);
   int ran = 0;
-  for (cpu::FlashIsa isa :
-       {cpu::FlashIsa::kGeneric, cpu::FlashIsa::kAvx2, cpu::FlashIsa::kAvx512}) {
-    if (!cpu::flash_isa_available(isa)) {
+  for (cpu::VecIsa isa :
+       {cpu::VecIsa::kGeneric, cpu::VecIsa::kAvx2, cpu::VecIsa::kAvx512}) {
+    if (!cpu::vec_isa_available(isa)) {
       std::printf("flash attention: the %s build cannot run on this CPU; not compared\n",
-                  cpu::flash_isa_name(isa));
+                  cpu::vec_isa_name(isa));
       EXPECT_THROW(cpu::flash_forward(isa, qkv, ad, best.out, best.lse), InvalidArgument);
       continue;
     }
-    SCOPED_TRACE(cpu::flash_isa_name(isa));
+    SCOPED_TRACE(cpu::vec_isa_name(isa));
     Outs r(d, DType::kF32);
     cpu::flash_forward(isa, qkv, ad, r.out, r.lse);
     cpu::flash_backward(isa, dout, qkv, r.out, r.lse, ad, r.delta, r.dqkv);
