@@ -5,7 +5,9 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache pkg-config python3
       libgtest-dev libgmock-dev libbenchmark-dev
-      libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libopenblas-dev libomp-dev
+      libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libomp-dev
+      libopenblas-dev libopenblas-openmp-dev  # BLAS on the OpenMP team the rest uses
+      libdnnl-dev                              # oneDNN: native 16-bit CPU matmul
       clang libclang-rt-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do

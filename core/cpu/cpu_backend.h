@@ -23,10 +23,12 @@
 // token or target id outside the vocabulary on a worker stream surfaces as InvalidArgument at
 // that stream's next synchronize. Kernels run with OpenMP from whichever thread runs the
 // stream, so two busy streams share the cores.
-// GEMM goes through OpenBLAS's cblas_sgemm with FP32 accumulation. f16/bf16 operands are
-// widened (exactly) to f32 in scratch, and a non-f32 C is computed in f32 scratch (holding
-// the widened old C when beta != 0) and rounded once to its dtype. Scratch per call is at most
-// one A, one B and one C matrix of f32 (none when all three are f32). It comes from
+// GEMM accumulates in FP32 through one of two engines (cpu/gemm_engine.h, MEMFIT_CPU_GEMM):
+// oneDNN's matmul on the operands as stored, where the CPU has the instructions (bf16 with
+// AVX512-BF16, f32 with AVX-512), or OpenBLAS's cblas_sgemm with f16/bf16 operands widened
+// (exactly) to f32 in scratch and a non-f32 C computed in f32 scratch (holding the widened old
+// C when beta != 0) and rounded once to its dtype. Scratch per call is oneDNN's scratchpad, or
+// at most one A, one B and one C matrix of f32 (none when all three are f32). It comes from
 //   - the caching allocator given to set_workspace_allocator(), as Category::kWorkspace blocks
 //     on the op's stream, tagged "cpu.gemm.scratch", so it counts against the budget like a
 //     device's workspace would (for a worker stream: taken by the calling thread on the default
@@ -166,7 +168,7 @@ class CpuBackend final : public Backend {
                           const Tensor& dweight) override;
   // ---- end conv2d ----
 
-  // cblas_sgemm takes 32-bit sizes.
+  // cblas_sgemm takes 32-bit sizes (the oneDNN path would not need the limit).
   std::int64_t max_gemm_dim() const override;
 
  private:
@@ -254,7 +256,9 @@ class CpuBackend final : public Backend {
 
 namespace cpu {
 
-// Floats of scratch gemm() needs: m*k if A is not f32, k*n if B is not, m*n if C is not.
+// Floats of scratch gemm() needs (gemm_engine.h's plan_gemm under MEMFIT_CPU_GEMM): oneDNN's
+// scratchpad, or on the BLAS path m*k if A is not f32, k*n if B is not, m*n if C is not.
+// MetaBackend calls it too, so a dry run takes the same scratch.
 std::size_t gemm_scratch_floats(const GemmDesc& d, const Tensor& a, const Tensor& b,
                                 const Tensor& c);
 

@@ -1,6 +1,7 @@
-// CPU GEMM: f16/bf16 widened to f32 scratch, OpenBLAS sgemm with FP32 accumulation, the result
-// rounded once to C's dtype. Shapes as in backend.h: A[b] (m,k) or (k,m) when trans_a,
-// B[b] (k,n) or (n,k) when trans_b, C[b] (m,n), all row-major and dense.
+// CPU GEMM: the dispatch between oneDNN and BLAS (gemm_engine.h chooses), and the BLAS path:
+// f16/bf16 widened to f32 scratch, OpenBLAS sgemm with FP32 accumulation, the result rounded
+// once to C's dtype. Shapes as in backend.h: A[b] (m,k) or (k,m) when trans_a, B[b] (k,n) or
+// (n,k) when trans_b, C[b] (m,n), all row-major and dense.
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <cstdint>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/gemm_dnnl.h"
+#include "core/cpu/gemm_engine.h"
 #include "memory/block.h"
 #include "memory/caching_allocator.h"
 #include "memory/size.h"
@@ -47,14 +50,31 @@ void blas_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, co
 
 std::size_t gemm_scratch_floats(const GemmDesc& d, const Tensor& a, const Tensor& b,
                                 const Tensor& c) {
-  if (d.m == 0 || d.n == 0 || d.batch == 0) return 0;
-  return checked_add(
-      checked_add(floats_if_narrow(a, d.m, d.k), floats_if_narrow(b, d.k, d.n), "CPU GEMM scratch"),
-      floats_if_narrow(c, d.m, d.n), "CPU GEMM scratch");
+  return plan_gemm(d, a.dtype(), b.dtype(), c.dtype(), gemm_engine_from_env()).scratch_floats;
 }
 
 void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, float* scratch) {
-  if (d.m == 0 || d.n == 0 || d.batch == 0) return;
+  run_gemm_plan(plan_gemm(d, a.dtype(), b.dtype(), c.dtype(), gemm_engine_from_env()), d, a, b, c,
+                scratch);
+}
+
+const char* blas_threading() {
+  switch (openblas_get_parallel()) {
+    case 0:
+      return "sequential";
+    case 1:
+      return "pthreads";
+    case 2:
+      return "OpenMP";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// The BLAS path: scratch holds blas-path floats (gemm_engine.cpp's blas_scratch_floats).
+void widening_gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c,
+                   float* scratch) {
   const std::int64_t size_a = d.m * d.k;
   const std::int64_t size_b = d.k * d.n;
   const std::int64_t size_c = d.m * d.n;
@@ -97,23 +117,42 @@ void gemm(const GemmDesc& d, const Tensor& a, const Tensor& b, const Tensor& c, 
   }
 }
 
+}  // namespace
+
+void run_gemm_plan(const GemmPlan& p, const GemmDesc& d, const Tensor& a, const Tensor& b,
+                   const Tensor& c, float* scratch) {
+  switch (p.path) {
+    case GemmPath::kNone:
+      return;
+    case GemmPath::kDnnl:
+      p.dnnl->run(a.raw(), b.raw(), c.raw(), scratch);
+      return;
+    case GemmPath::kBlas:
+      widening_gemm(d, a, b, c, scratch);
+      return;
+  }
+}
+
 }  // namespace cpu
 
 std::int64_t CpuBackend::max_gemm_dim() const { return INT_MAX; }
 
 void CpuBackend::run_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
                           const Tensor& c) {
-  const std::size_t floats = cpu::gemm_scratch_floats(d, a, b, c);
+  // One plan for the scratch and the call: the engine variable is read once.
+  const cpu::GemmPlan plan =
+      cpu::plan_gemm(d, a.dtype(), b.dtype(), c.dtype(), cpu::gemm_engine_from_env());
+  const std::size_t floats = plan.scratch_floats;
   if (floats == 0) {
-    cpu::gemm(d, a, b, c, nullptr);
+    cpu::run_gemm_plan(plan, d, a, b, c, nullptr);
   } else if (workspace_ != nullptr) {
     // Freed on return: the GEMM is done by then, on whichever thread runs the stream.
     Block ws = workspace_->allocate(checked_mul(floats, sizeof(float), "CPU GEMM scratch"),
                                     Category::kWorkspace, stream, "cpu.gemm.scratch");
-    cpu::gemm(d, a, b, c, ws.as<float>());
+    cpu::run_gemm_plan(plan, d, a, b, c, ws.as<float>());
   } else {
     cpu::ScratchPool::Lease ws = scratch_.take(floats);
-    cpu::gemm(d, a, b, c, ws.data());
+    cpu::run_gemm_plan(plan, d, a, b, c, ws.data());
   }
 }
 

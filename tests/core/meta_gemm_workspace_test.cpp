@@ -1,13 +1,23 @@
-// MetaBackend's GPU GEMM workspace: with set_gemm_workspace_bytes(N) every GEMM that has work
+// MetaBackend's GEMM workspace: with set_gemm_workspace_bytes(N) every GEMM that has work
 // takes exactly N bytes (Category::kWorkspace) from the workspace allocator for the call's
-// duration, as CudaBackend does with cuBLASLt's workspace, instead of the CPU scratch.
+// duration, as CudaBackend does with cuBLASLt's workspace; without, the CPU backend's scratch,
+// byte for byte, on each CPU GEMM engine (MEMFIT_CPU_GEMM: oneDNN's scratchpad or BLAS's
+// widened operands).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/gemm_engine.h"
 #include "core/meta/meta_backend.h"
 #include "core/tensor.h"
 #include "memory/caching_allocator.h"
+#include "memory/error.h"
+#include "memory/host_provider.h"
 #include "memory/null_provider.h"
 
 namespace memfit {
@@ -83,6 +93,108 @@ TEST(MetaGemmWorkspace, ZeroBytesKeepsTheCpuScratchAndNoAllocatorTakesNothing) {
     meta.set_gemm_workspace_bytes(std::size_t{3} << 20);
     issue(meta, alloc);
     EXPECT_EQ(alloc.stats().category_bytes[ws].allocated, 0);
+  }
+}
+
+// The GPT shapes' GEMMs (forward, dinp, dweight with beta 1, attention batched with a
+// broadcast) in every dtype mix the layers issue, on `be`, with operands from `alloc`; returns
+// the "cpu.gemm.scratch" allocation sizes in order.
+std::vector<std::size_t> scratch_sequence(Backend& be, CachingAllocator& alloc, Device dev) {
+  std::vector<std::size_t> sizes;
+  alloc.add_listener([&](const AllocatorEvent& e) {
+    if (e.kind == EventKind::kAlloc && e.tag == "cpu.gemm.scratch") sizes.push_back(e.size);
+  });
+  struct Shape3 {
+    std::int64_t m, n, k, batch;
+    bool ta, tb;
+    float beta;
+    bool broadcast_b;
+  };
+  const Shape3 shapes[] = {{256, 96, 32, 1, false, true, 0.0f, false},
+                           {256, 32, 96, 1, false, false, 0.0f, false},
+                           {96, 32, 256, 1, true, false, 1.0f, false},
+                           {16, 16, 8, 4, false, true, 0.0f, false},
+                           {16, 8, 16, 4, false, false, 0.0f, true}};
+  const DType mixes[][3] = {{DType::kF32, DType::kF32, DType::kF32},
+                            {DType::kBF16, DType::kBF16, DType::kBF16},
+                            {DType::kBF16, DType::kBF16, DType::kF32},
+                            {DType::kF16, DType::kF16, DType::kF16},
+                            {DType::kBF16, DType::kF32, DType::kF32}};
+  for (const auto& mix : mixes) {
+    for (const Shape3& s : shapes) {
+      OwnedTensor a = OwnedTensor::empty(alloc, {s.batch * s.m * s.k}, mix[0], dev,
+                                         Category::kActivation);
+      OwnedTensor b = OwnedTensor::empty(alloc, {s.batch * s.k * s.n}, mix[1], dev,
+                                         Category::kParameter);
+      OwnedTensor c = OwnedTensor::empty(alloc, {s.batch * s.m * s.n}, mix[2], dev,
+                                         Category::kActivation);
+      if (dev == Device::kCpu) {
+        be.fill(kDefaultStream, a, 0.5f);
+        be.fill(kDefaultStream, b, 0.25f);
+        be.fill(kDefaultStream, c, 0.0f);
+      }
+      GemmDesc d;
+      d.m = s.m;
+      d.n = s.n;
+      d.k = s.k;
+      d.trans_a = s.ta;
+      d.trans_b = s.tb;
+      d.beta = s.beta;
+      d.batch = s.batch;
+      if (s.broadcast_b) d.stride_b = 0;
+      be.gemm(kDefaultStream, d, a, b, c);
+    }
+  }
+  be.synchronize(kDefaultStream);
+  return sizes;
+}
+
+TEST(MetaGemmWorkspace, DryRunScratchIsTheCpuBackendsOnEveryEngine) {
+  std::optional<std::string> old;
+  if (const char* v = std::getenv(cpu::kGemmEngineEnv)) old = v;
+  for (const char* engine : {"blas", "dnnl", "auto"}) {
+    SCOPED_TRACE(engine);
+    ::setenv(cpu::kGemmEngineEnv, engine, 1);
+    CpuBackend cpu_be;
+    HostProvider host;
+    CachingAllocator cpu_alloc(host, {}, &cpu_be.stream_sync());
+    cpu_be.set_workspace_allocator(&cpu_alloc);
+    const std::vector<std::size_t> measured = scratch_sequence(cpu_be, cpu_alloc, Device::kCpu);
+    cpu_be.set_workspace_allocator(nullptr);
+
+    MetaBackend meta;
+    NullProvider null;
+    CachingAllocator meta_alloc(null, {}, &meta.stream_sync());
+    meta.set_workspace_allocator(&meta_alloc);
+    const std::vector<std::size_t> predicted = scratch_sequence(meta, meta_alloc, Device::kMeta);
+    meta.set_workspace_allocator(nullptr);
+
+    EXPECT_EQ(predicted, measured);
+    EXPECT_FALSE(measured.empty());
+    EXPECT_EQ(meta_alloc.stats().requested_bytes[kStatAll].allocated,
+              cpu_alloc.stats().requested_bytes[kStatAll].allocated);
+  }
+  if (old) {
+    ::setenv(cpu::kGemmEngineEnv, old->c_str(), 1);
+  } else {
+    ::unsetenv(cpu::kGemmEngineEnv);
+  }
+}
+
+TEST(MetaGemmWorkspace, BadEngineVariableFailsTheDryRunToo) {
+  std::optional<std::string> old;
+  if (const char* v = std::getenv(cpu::kGemmEngineEnv)) old = v;
+  ::setenv(cpu::kGemmEngineEnv, "fast", 1);
+  MetaBackend meta;
+  NullProvider null;
+  CachingAllocator alloc(null, {}, &meta.stream_sync());
+  meta.set_workspace_allocator(&alloc);
+  EXPECT_THROW(issue(meta, alloc), ConfigError);
+  meta.set_workspace_allocator(nullptr);
+  if (old) {
+    ::setenv(cpu::kGemmEngineEnv, old->c_str(), 1);
+  } else {
+    ::unsetenv(cpu::kGemmEngineEnv);
   }
 }
 
