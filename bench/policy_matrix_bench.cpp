@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -58,6 +59,7 @@
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "memory/category.h"
+#include "policies/cpu_rates.h"
 #include "policies/run_setup.h"
 
 namespace memfit {
@@ -95,12 +97,14 @@ struct Args {
   const char* torch_script = nullptr;
   AttentionImpl attention = AttentionImpl::kFlash;
   AllocatorConfig alloc;  // --alloc-conf (default: MEMFIT_ALLOC_CONF, else the defaults)
+  std::shared_ptr<const CpuRates> rates;  // this machine's (policies/cpu_rates.h), cached
 };
 
 struct Figures {  // one configuration, either side
   bool ok = false;
   std::string error;
   double seconds = 0;  // median step time
+  double predicted = 0;  // memfit: CpuRates::step_seconds, the planner's prediction
   double loss = 0;
   std::size_t by[kCategoryCount] = {};
   std::size_t allocated = 0, reserved = 0;  // memfit only
@@ -177,6 +181,7 @@ Figures run_memfit(const Config& c, const Args& a, const ModelSpec& spec, const 
     rs.batch = batch.batch;
     rs.seq_len = batch.seq_len;
     rs.alloc = a.alloc;
+    if (a.rates) f.predicted = a.rates->step_seconds(rs);
     RunSetup run(rs);
     std::vector<double> secs;
     for (int k = 0; k < a.warmup + a.steps; ++k) {
@@ -305,8 +310,9 @@ void print_row(const Config& c, const Figures& m, const Figures* t) {
                 c.offload_label(), m.error.c_str());
     return;
   }
-  std::printf("%-5s %-8s %-5s %7.3f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
-              c.dtype.c_str(), c.checkpoint.c_str(), c.offload_label(), m.seconds, m.loss,
+  std::printf("%-5s %-8s %-5s %7.3f %7.3f %5.2f %6.3f | %6.1f %6.1f %6.1f %7.1f %6.1f | %7.1f %7.1f %7.1f",
+              c.dtype.c_str(), c.checkpoint.c_str(), c.offload_label(), m.seconds, m.predicted,
+              m.predicted > 0 ? m.seconds / m.predicted : 0.0, m.loss,
               cat(Category::kParameter), cat(Category::kGradient), cat(Category::kOptimizerState),
               cat(Category::kActivation),
               cat(Category::kTemporary) + cat(Category::kWorkspace) + cat(Category::kInput) +
@@ -413,6 +419,11 @@ int main(int argc, char** argv) {
       a.warmup);
   if (a.torch && !a.torch_bf16) std::printf("PyTorch bf16 rows skipped (--torch-bf16 off)\n");
   const std::string script = torch_script(a);
+  {
+    std::string note;
+    a.rates = CpuRates::cached(&note);
+    std::printf("cpu rates: %s\n", note.c_str());
+  }
 
   std::vector<Config> configs;
   for (const auto& d : a.dtypes) {
@@ -423,13 +434,14 @@ int main(int argc, char** argv) {
   std::map<std::string, Figures> torch;  // "dtype/checkpoint"
   std::string version;
   std::printf(
-      "\nMiB; step_s median; other = temporary + workspace + input; sum4 = param + grad + "
+      "\nMiB; step_s median; pred_s: the planner's prediction (this machine's measured rates), "
+      "m/p = step_s / pred_s;\nother = temporary + workspace + input; sum4 = param + grad + "
       "optim + activ (peaks);\ntorch_s / t_act / t_sum4: PyTorch at the same dtype and "
       "checkpoint (no offload); ratios memfit / PyTorch\n");
   std::printf(
-      "%-5s %-8s %-5s %7s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
+      "%-5s %-8s %-5s %7s %7s %5s %6s | %6s %6s %6s %7s %6s | %7s %7s %7s | %7s %7s %7s | %6s "
       "%7s %s\n",
-      "dtype", "ckpt", "ofl", "step_s", "loss", "param", "grad", "optim", "activ", "other", "sum4",
+      "dtype", "ckpt", "ofl", "step_s", "pred_s", "m/p", "loss", "param", "grad", "optim", "activ", "other", "sum4",
       "alloc", "reserv", "torch_s", "t_act", "t_sum4", "time", "sum4", "time,mem <= torch");
   std::map<std::string, Figures> res;
   for (const Config& c : configs) {
@@ -538,5 +550,17 @@ int main(int argc, char** argv) {
   } else if (a.all_policies) {
     std::printf("3. all policies: needs the f32/none/off row (and both rows without errors)\n");
   }
+  // 4. The planner's time: every row's measured step within 20% of its prediction.
+  int within = 0, timed = 0;
+  double worst = 1.0;
+  for (const auto& [key, m] : res) {
+    if (!m.ok || m.predicted <= 0) continue;
+    ++timed;
+    const double r = m.seconds / m.predicted;
+    within += r >= 1.0 / 1.2 && r <= 1.2;
+    if (std::abs(std::log(r)) > std::abs(std::log(worst))) worst = r;
+  }
+  std::printf("4. predicted step time within 20%% of measured: %d/%d rows %s (worst measured/predicted %.2f)\n",
+              within, timed, verdict(timed > 0 && within == timed), worst);
   return 0;
 }

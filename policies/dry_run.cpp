@@ -26,10 +26,11 @@ struct NotSettled {};  // thrown past the OutOfMemory handling: dry_run() decide
 struct Work {
   double gemm_flops = 0;
   double bytes = 0;
+  double seconds = 0;  // with RunSpec::op_rates
 };
 
 Work work_of(const MetaStats& s) {
-  return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved())};
+  return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved()), s.seconds};
 }
 
 // Watches the allocator between micro-batches: once the full ones take no segment from the
@@ -57,7 +58,8 @@ class RepeatWatch {
   // After a full micro-batch: the period the allocator repeats with, or 0 while it does not.
   int period() {
     const Work now = work_of(meta_.stats());
-    last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes};
+    last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes,
+             now.seconds - before_.seconds};
     before_ = now;
     const AllocatorStats st = alloc_.stats();
     const Signature sig{st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
@@ -124,6 +126,7 @@ DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
     meta.set_workspace_allocator(&alloc);
   }
   if (run.device == DeviceKind::kCuda) meta.set_gemm_workspace_bytes(run.gpu_gemm_workspace);
+  meta.set_rates(run.op_rates.get());
   LayerContext ctx{meta, alloc, kDefaultStream, run.trainer.policy.dtype};
 
   DryRunResult r;
@@ -162,6 +165,7 @@ DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
     const Work repeat = watch.last_micro_batch();
     r.gemm_flops = total.gemm_flops + repeat.gemm_flops * static_cast<double>(skipped);
     r.bytes_moved = total.bytes + repeat.bytes * static_cast<double>(skipped);
+    r.compute_seconds = total.seconds + repeat.seconds * static_cast<double>(skipped);
     r.micro_batches_run = count - skipped;
     if (steps == 2) {
       // From the cache the first step left: where every later step starts.

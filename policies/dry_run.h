@@ -35,7 +35,7 @@
 // pinned, while step.host_at_peak stays empty (nothing was).
 // An OutOfMemory under the budget is caught: fits = false, with the request that failed and
 // the allocator's message; bad input (RunSpec::validate) throws.
-// gemm_flops and bytes_moved are the meta backend's counts for every micro-batch (skipped
+// gemm_flops, bytes_moved (and compute_seconds) are the meta backend's counts for every micro-batch (skipped
 // ones counted as the one they repeat) and the update, in the first step.
 // Runs in about a millisecond per block per step on this machine (gpt2-xl: 48 blocks).
 #pragma once
@@ -57,6 +57,10 @@ struct DryRunResult {
   std::string failure;                  // when !fits: the OutOfMemory message
   double gemm_flops = 0;                // the meta backend's counts for the step
   double bytes_moved = 0;
+  // With RunSpec::op_rates: the step's ops priced at those rates and added up (the first step;
+  // skipped micro-batches as the one they repeat). Compute only: waits for offload transfers
+  // and the host's AdamW are not in it (CostModel::step_seconds models those). 0 without rates.
+  double compute_seconds = 0;
   std::int64_t micro_batches_run = 0;  // how many the dry run ran (the rest repeat them)
 
   // The most the run reserves on the device: the step's peak or construction's.

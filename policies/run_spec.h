@@ -17,8 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "core/meta/op_rates.h"
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
 #include "policies/device_spec.h"
@@ -41,6 +43,9 @@ struct RunSpec {
   // prediction is then an upper bound). kCpu ignores it: the CPU backend's 16-bit widening
   // scratch comes from the budgeted allocator at the size each GEMM needs.
   std::size_t gpu_gemm_workspace = kGpuGemmWorkspaceBytes;
+  // Rates to price the dry run's ops at (DryRunResult::compute_seconds); none: no time. For the
+  // CPU: policies/cpu_rates.h's measured ones. Decides nothing about memory.
+  std::shared_ptr<const OpRates> op_rates;
 
   // The model, the policy, batch >= 1, the sequence length (ModelSpec::resolve_seq_len), and
   // batch x seq_len tokens addressable; the micro-batch split of the batch.

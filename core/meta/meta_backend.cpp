@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/cpu/cpu_backend.h"  // cpu::gemm_scratch_floats: the scratch a dry run mirrors
+#include "core/meta/op_rates.h"
 #include "core/meta/saturating.h"
 #include "memory/caching_allocator.h"
 #include "memory/size.h"
@@ -111,18 +112,36 @@ void MetaBackend::reset_stats() {
 
 std::int64_t MetaBackend::max_gemm_dim() const { return INT_MAX; }
 
-void MetaBackend::count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops,
-                        std::int64_t host_bytes) {
+void MetaBackend::set_rates(const OpRates* rates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rates_ = rates;
+}
+
+void MetaBackend::count(MetaOp op, DType dt, std::int64_t read, std::int64_t written,
+                        std::int64_t flops, std::int64_t host_bytes) {
+  const bool gemm = op == MetaOp::kGemm;
+  record(op, dt, read, written, gemm ? flops : 0, gemm ? 0 : flops, host_bytes);
+}
+
+void MetaBackend::count_matmul(MetaOp op, DType dt, std::int64_t read, std::int64_t written,
+                               std::int64_t matmul_flops, std::int64_t flops) {
+  record(op, dt, read, written, matmul_flops, flops, 0);
+}
+
+void MetaBackend::record(MetaOp op, DType dt, std::int64_t read, std::int64_t written,
+                         std::int64_t matmul_flops, std::int64_t flops, std::int64_t host_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.op_calls[static_cast<std::size_t>(op)];
   stats_.bytes_read = sat_add(stats_.bytes_read, read);
   stats_.bytes_written = sat_add(stats_.bytes_written, written);
-  if (op == MetaOp::kGemm) {
-    stats_.gemm_flops = sat_add(stats_.gemm_flops, flops);
-  } else {
-    stats_.other_flops = sat_add(stats_.other_flops, flops);
-  }
+  stats_.gemm_flops = sat_add(stats_.gemm_flops, matmul_flops);
+  stats_.other_flops = sat_add(stats_.other_flops, flops);
   stats_.host_copy_bytes = sat_add(stats_.host_copy_bytes, host_bytes);
+  if (rates_ != nullptr) {
+    stats_.seconds += rates_->seconds(op, dt, static_cast<double>(matmul_flops),
+                                      static_cast<double>(flops),
+                                      static_cast<double>(read) + static_cast<double>(written));
+  }
 }
 
 void MetaBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, const Tensor& b,
@@ -155,30 +174,30 @@ void MetaBackend::do_gemm(StreamId stream, const GemmDesc& d, const Tensor& a, c
     if (d.beta != 0.0f) read = sat_add(read, c_bytes);
     written = c_bytes;
   }
-  count(MetaOp::kGemm, read, written, d.flops());
+  count(MetaOp::kGemm, a.dtype(), read, written, d.flops());
 }
 
-void MetaBackend::do_fill(StreamId, const Tensor& x, float) { count(MetaOp::kFill, 0, bytes(x)); }
+void MetaBackend::do_fill(StreamId, const Tensor& x, float) { count(MetaOp::kFill, x.dtype(), 0, bytes(x)); }
 
 void MetaBackend::do_copy(StreamId, const Tensor& src, const Tensor& dst) {
   const bool transfer = src.device() != dst.device();
-  count(MetaOp::kCopy, bytes(src), bytes(dst), 0, transfer ? bytes(src) : 0);
+  count(MetaOp::kCopy, src.dtype(), bytes(src), bytes(dst), 0, transfer ? bytes(src) : 0);
 }
 
 void MetaBackend::do_cast(StreamId, const Tensor& src, const Tensor& dst) {
-  count(MetaOp::kCast, bytes(src), bytes(dst));
+  count(MetaOp::kCast, src.dtype(), bytes(src), bytes(dst));
 }
 
 void MetaBackend::do_axpy(StreamId, float, const Tensor& x, const Tensor& y) {
-  count(MetaOp::kAxpy, sat_add(bytes(x), bytes(y)), bytes(y));
+  count(MetaOp::kAxpy, y.dtype(), sat_add(bytes(x), bytes(y)), bytes(y));
 }
 
 void MetaBackend::do_scale(StreamId, float, const Tensor& x) {
-  count(MetaOp::kScale, bytes(x), bytes(x));
+  count(MetaOp::kScale, x.dtype(), bytes(x), bytes(x));
 }
 
 void MetaBackend::do_sumsq(StreamId, const Tensor& x, const Tensor& out) {
-  count(MetaOp::kSumSq, sat_add(bytes(x), bytes(out)), bytes(out));
+  count(MetaOp::kSumSq, x.dtype(), sat_add(bytes(x), bytes(out)), bytes(out));
 }
 
 }  // namespace memfit

@@ -96,6 +96,8 @@ struct MetaFlops {
   static constexpr std::int64_t kSwiGluBackward = 12;       // per out element
 };
 
+class OpRates;  // core/meta/op_rates.h
+
 struct MetaStats {
   std::array<std::int64_t, static_cast<std::size_t>(MetaOp::kCount)> op_calls{};
   std::int64_t gemm_flops = 0;       // sum of GemmDesc::flops() (2*m*n*k*batch); saturates
@@ -103,6 +105,7 @@ struct MetaStats {
   std::int64_t bytes_read = 0;       // operand bytes an op must read (C only when beta != 0)
   std::int64_t bytes_written = 0;    // operand bytes an op writes
   std::int64_t host_copy_bytes = 0;  // copy() bytes with one side on the host (transfers)
+  double seconds = 0;                // with set_rates(): the ops' predicted seconds, summed
 
   std::int64_t calls(MetaOp op) const { return op_calls[static_cast<std::size_t>(op)]; }
   std::int64_t total_calls() const;
@@ -118,6 +121,11 @@ class MetaBackend final : public cpu::InlineBackend {
 
   MetaStats stats() const;
   void reset_stats();
+
+  // Rates to price each op at (op_rates.h): stats().seconds then adds up the step's predicted
+  // compute time. nullptr (the default): seconds stays 0. `rates` must outlive the backend's
+  // use of it.
+  void set_rates(const OpRates* rates);
 
   // Mirrors CpuBackend::set_workspace_allocator: each GEMM then allocates (and frees on
   // return) the f32 scratch the CPU backend would take for it (cpu::gemm_scratch_floats,
@@ -221,15 +229,20 @@ class MetaBackend final : public cpu::InlineBackend {
   std::int64_t max_gemm_dim() const override;
 
  private:
-  void count(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t flops = 0,
+  // One call of `op` on tensors of dtype `dt` (its main operand's): bytes read and written,
+  // flops (gemm_flops for kGemm, other_flops otherwise) and bytes of a host transfer.
+  void count(MetaOp op, DType dt, std::int64_t read, std::int64_t written, std::int64_t flops = 0,
              std::int64_t host_bytes = 0);
   // As count(), with `matmul_flops` added to gemm_flops (matrix-unit work: conv2d, flash
   // attention) and `flops` to other_flops.
-  void count_matmul(MetaOp op, std::int64_t read, std::int64_t written, std::int64_t matmul_flops,
-                    std::int64_t flops = 0);
+  void count_matmul(MetaOp op, DType dt, std::int64_t read, std::int64_t written,
+                    std::int64_t matmul_flops, std::int64_t flops = 0);
+  void record(MetaOp op, DType dt, std::int64_t read, std::int64_t written,
+              std::int64_t matmul_flops, std::int64_t flops, std::int64_t host_bytes);
 
   mutable std::mutex mu_;
   MetaStats stats_;
+  const OpRates* rates_ = nullptr;
   CachingAllocator* workspace_ = nullptr;
   std::size_t gemm_workspace_bytes_ = 0;  // gpuinteg: see set_gemm_workspace_bytes
 };

@@ -1,6 +1,5 @@
 // MetaBackend's conv2d: operand bytes and GEMM-class flops (meta_backend.h), never memory.
 #include <cstdint>
-#include <mutex>
 
 #include "core/meta/meta_backend.h"
 #include "core/meta/saturating.h"
@@ -10,16 +9,9 @@ namespace memfit {
 using meta::bytes;
 using meta::sat_add;
 
-void MetaBackend::count_matmul(MetaOp op, std::int64_t read, std::int64_t written,
-                               std::int64_t matmul_flops, std::int64_t flops) {
-  count(op, read, written, flops);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.gemm_flops = sat_add(stats_.gemm_flops, matmul_flops);
-}
-
 void MetaBackend::do_conv2d_forward(StreamId, const Conv2dDesc& d, const Tensor& inp,
                                     const Tensor& weight, const Tensor& out) {
-  count_matmul(MetaOp::kConv2dForward, bytes(inp, weight), bytes(out), d.flops());
+  count_matmul(MetaOp::kConv2dForward, inp.dtype(), bytes(inp, weight), bytes(out), d.flops());
 }
 
 void MetaBackend::do_conv2d_backward(StreamId, const Conv2dDesc& d, const Tensor& dout,
@@ -33,7 +25,7 @@ void MetaBackend::do_conv2d_backward(StreamId, const Conv2dDesc& d, const Tensor
     written = sat_add(written, bytes(*dinp));
     flops = sat_add(flops, d.flops());
   }
-  count_matmul(MetaOp::kConv2dBackward, read, written, flops);
+  count_matmul(MetaOp::kConv2dBackward, inp.dtype(), read, written, flops);
 }
 
 }  // namespace memfit

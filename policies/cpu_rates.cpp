@@ -1,0 +1,420 @@
+// CpuRates::measure: this machine's CPU backend op by op (cpu_rates.h).
+#include "policies/cpu_rates.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "core/adamw.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/meta/meta_backend.h"
+#include "memory/caching_allocator.h"
+#include "memory/host_provider.h"
+#include "memory/null_provider.h"
+#include "policies/cost_model.h"
+
+namespace memfit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using i64 = std::int64_t;
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// One operand of a measured call: shape, dtype, and for index tensors (tokens, targets) the
+// number of rows of the table they index.
+struct Spec {
+  Shape shape;
+  DType dtype = DType::kF32;
+};
+
+// Tensors of a call on one backend; index tensors share one buffer of valid ids.
+struct Operands {
+  std::vector<OwnedTensor> owned;
+  std::vector<Tensor> t;
+  IndexTensor idx;
+};
+
+// The same call on a CpuBackend (timed) and a MetaBackend (its work counted).
+class Bench {
+ public:
+  Bench() : cpu_alloc_(host_, {}, &cpu_.stream_sync()), meta_alloc_(null_, {}, &meta_.stream_sync()) {}
+
+  // Best of `reps` timed calls after one warm-up; `work` = the meta backend's count for one.
+  struct Timing {
+    double seconds = 0, work = 0, bytes = 0;
+  };
+  using Call = std::function<void(Backend&, const Operands&)>;
+
+  Timing time(const std::vector<Spec>& specs, i64 idx_n, i64 idx_range, const Call& call,
+              int reps) {
+    Operands c = make(cpu_alloc_, Device::kCpu, specs, idx_n, idx_range, &ids_);
+    Operands m = make(meta_alloc_, Device::kMeta, specs, idx_n, idx_range, &ids_);
+    meta_.reset_stats();
+    call(meta_, m);
+    const MetaStats s = meta_.stats();
+    Timing r;
+    const double flops = static_cast<double>(s.gemm_flops) + static_cast<double>(s.other_flops);
+    r.bytes = static_cast<double>(s.bytes_moved());
+    r.work = flops > 0 ? flops : r.bytes;
+    for (std::size_t i = 0; i < c.t.size(); ++i) fill_small(c.t[i]);
+    call(cpu_, c);  // warm-up: caches, primitives, pages
+    cpu_.synchronize(kDefaultStream);
+    double best = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < reps; ++k) {
+      const Clock::time_point t0 = Clock::now();
+      call(cpu_, c);
+      cpu_.synchronize(kDefaultStream);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    r.seconds = best;
+    return r;
+  }
+
+ private:
+  static Operands make(CachingAllocator& alloc, Device dev, const std::vector<Spec>& specs,
+                       i64 idx_n, i64 idx_range, std::vector<std::int32_t>* ids) {
+    Operands o;
+    for (const Spec& s : specs) {
+      o.owned.push_back(OwnedTensor::empty(alloc, s.shape, s.dtype, dev, Category::kTemporary));
+      o.t.push_back(o.owned.back().view());
+    }
+    if (idx_n > 0) {
+      ids->resize(static_cast<std::size_t>(idx_n));
+      for (i64 i = 0; i < idx_n; ++i) {
+        (*ids)[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7919) % idx_range);
+      }
+      o.idx = IndexTensor{ids->data(), Shape{1, idx_n}, dev};
+    }
+    return o;
+  }
+
+  // Small finite values in every element (f32, f16, bf16 alike: 1/64 is exact in all).
+  static void fill_small(const Tensor& t) {
+    const std::size_t n = static_cast<std::size_t>(t.numel());
+    std::vector<float> v(n, 1.0f / 64);
+    convert(v.data(), DType::kF32, t.raw(), t.dtype(), n);
+  }
+
+  HostProvider host_;
+  NullProvider null_;
+  CpuBackend cpu_;
+  MetaBackend meta_;
+  CachingAllocator cpu_alloc_;
+  CachingAllocator meta_alloc_;
+  std::vector<std::int32_t> ids_;
+};
+
+// per_call and rate from a small and a large call of the same op: the line through the two.
+OpRates::Rate fit(const Bench::Timing& a, const Bench::Timing& b) {
+  OpRates::Rate r;
+  const double dw = b.work - a.work, ds = b.seconds - a.seconds;
+  if (dw > 0 && ds > 0) {
+    r.rate = dw / ds;
+    r.per_call = std::max(0.0, a.seconds - a.work / r.rate);
+  } else {
+    r.rate = b.work / b.seconds;  // noise made the small call the slower per unit: no fixed part
+  }
+  return r;
+}
+
+// Each op at two sizes: `size` gives the operands and index sizes for step 0 (small) or 1.
+struct OpCase {
+  MetaOp op;
+  std::function<std::vector<Spec>(int size, DType dt)> specs;
+  std::function<std::pair<i64, i64>(int size)> index;  // (count, range); {0, 0}: none
+  Bench::Call call;
+};
+
+}  // namespace
+
+CpuRates CpuRates::measure() {
+  const Clock::time_point start = Clock::now();
+  CpuRates r;
+  r.key = this_key();
+  Bench bench;
+
+  // ---- GEMM: M = 16N, K = N; x W^T, dy W, dy^T x -------------------------------------------
+  for (DType dt : kDTypes) {
+    std::vector<OpRates::GemmPoint>& pts = r.ops.gemm[OpRates::dtype_index(dt)];
+    for (i64 n : {32, 64, 128, 256}) {
+      const i64 m = 16 * n, k = n;
+      const int reps = n >= 256 ? 3 : 5;
+      double secs = 0, flops = 0;
+      // x (m,k) @ W^T (W: n,k) -> (m,n)
+      const auto fwd = bench.time({{Shape{m, k}, dt}, {Shape{n, k}, dt}, {Shape{m, n}, dt}}, 0, 0,
+                                  [=](Backend& be, const Operands& o) {
+                                    GemmDesc d{};
+                                    d.m = m, d.n = n, d.k = k, d.trans_b = true, d.batch = 1;
+                                    d.alpha = 1, d.beta = 0;
+                                    be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
+                                  },
+                                  reps);
+      // dy (m,n) @ W (n,k) -> dx (m,k)
+      const auto bwd_x = bench.time({{Shape{m, n}, dt}, {Shape{n, k}, dt}, {Shape{m, k}, dt}}, 0, 0,
+                                    [=](Backend& be, const Operands& o) {
+                                      GemmDesc d{};
+                                      d.m = m, d.n = k, d.k = n, d.batch = 1;
+                                      d.alpha = 1, d.beta = 0;
+                                      be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
+                                    },
+                                    reps);
+      // dy^T (n,m) @ x (m,k) -> dW (n,k), accumulated in f32
+      const auto bwd_w =
+          bench.time({{Shape{m, n}, dt}, {Shape{m, k}, dt}, {Shape{n, k}, DType::kF32}}, 0, 0,
+                     [=](Backend& be, const Operands& o) {
+                       GemmDesc d{};
+                       d.m = n, d.n = k, d.k = m, d.trans_a = true, d.batch = 1;
+                       d.alpha = 1, d.beta = 1;
+                       be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
+                     },
+                     reps);
+      for (const auto& t : {fwd, bwd_x, bwd_w}) {
+        secs += t.seconds;
+        flops += t.work;
+      }
+      pts.push_back({flops / 3, flops / secs});
+    }
+  }
+
+  // ---- the other ops, small (0) and large (1) per dtype ------------------------------------
+  const auto rows = [](int size) -> i64 { return size == 0 ? 256 : 2048; };
+  const auto cols = [](int size) -> i64 { return size == 0 ? 256 : 512; };
+  const auto no_index = [](int) { return std::pair<i64, i64>{0, 0}; };
+  constexpr float kEps = 1e-5f;
+  const std::vector<OpCase> cases = {
+      {MetaOp::kLayerNormForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{c}, dt}, {Shape{c}, dt},
+                                  {Shape{n, c}, dt}, {Shape{n}, DType::kF32}, {Shape{n}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.layernorm_forward(kDefaultStream, o.t[0], o.t[1], o.t[2], kEps, o.t[3], o.t[4], o.t[5]);
+       }},
+      {MetaOp::kLayerNormBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt},          {Shape{n, c}, dt},
+                                  {Shape{c}, dt},             {Shape{n}, DType::kF32},
+                                  {Shape{n}, DType::kF32},    {Shape{n, c}, dt},
+                                  {Shape{c}, DType::kF32},    {Shape{c}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.layernorm_backward(kDefaultStream, o.t[0], o.t[1], o.t[2], o.t[3], o.t[4], o.t[5],
+                               o.t[6], o.t[7]);
+       }},
+      {MetaOp::kRmsNormForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{c}, dt}, {Shape{n, c}, dt},
+                                  {Shape{n}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.rmsnorm_forward(kDefaultStream, o.t[0], o.t[1], kEps, o.t[2], o.t[3]);
+       }},
+      {MetaOp::kRmsNormBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, dt}, {Shape{c}, dt},
+                                  {Shape{n}, DType::kF32}, {Shape{n, c}, dt},
+                                  {Shape{c}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.rmsnorm_backward(kDefaultStream, o.t[0], o.t[1], o.t[2], o.t[3], o.t[4], o.t[5]);
+       }},
+      {MetaOp::kGeluForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = 4 * cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, dt}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.gelu_forward(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kGeluBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = 4 * cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, dt}, {Shape{n, c}, dt}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.gelu_backward(kDefaultStream, o.t[0], o.t[1], o.t[2]);
+       }},
+      {MetaOp::kSwiGluForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), f = 2 * cols(z);
+         return std::vector<Spec>{{Shape{n, 2 * f}, dt}, {Shape{n, f}, dt}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) { be.swiglu_forward(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kSwiGluBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), f = 2 * cols(z);
+         return std::vector<Spec>{{Shape{n, f}, dt}, {Shape{n, 2 * f}, dt}, {Shape{n, 2 * f}, dt}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.swiglu_backward(kDefaultStream, o.t[0], o.t[1], o.t[2]);
+       }},
+      {MetaOp::kAdd,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, dt}, {Shape{n, c}, dt}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.add(kDefaultStream, o.t[0], o.t[1], o.t[2]); }},
+      {MetaOp::kAddBias,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{c}, dt}, {Shape{n, c}, dt}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.add_bias(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kBiasBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{c}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) { be.bias_backward(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kFlashAttentionForward,
+       [&](int z, DType dt) {
+         const i64 b = z == 0 ? 1 : 4, t = z == 0 ? 128 : 256, h = 4, hs = 64;
+         return std::vector<Spec>{{Shape{b, t, 3 * h * hs}, dt}, {Shape{b, t, h * hs}, dt},
+                                  {Shape{b, h, t}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.flash_attention_forward(kDefaultStream, o.t[0], 4, 4, o.t[1], o.t[2]);
+       }},
+      {MetaOp::kFlashAttentionBackward,
+       [&](int z, DType dt) {
+         const i64 b = z == 0 ? 1 : 4, t = z == 0 ? 128 : 256, h = 4, hs = 64;
+         return std::vector<Spec>{{Shape{b, t, h * hs}, dt},     {Shape{b, t, 3 * h * hs}, dt},
+                                  {Shape{b, t, h * hs}, dt},     {Shape{b, h, t}, DType::kF32},
+                                  {Shape{b, h, t}, DType::kF32}, {Shape{b, t, 3 * h * hs}, dt}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         be.flash_attention_backward(kDefaultStream, o.t[0], o.t[1], o.t[2], o.t[3], 4, 4, o.t[4],
+                                     o.t[5]);
+       }},
+      {MetaOp::kEmbeddingForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{1024, c}, dt}, {Shape{n, c}, dt}, {Shape{1, n, c}, dt}};
+       },
+       [&](int z) { return std::pair<i64, i64>{rows(z), 1024}; },
+       [](Backend& be, const Operands& o) {
+         be.embedding_forward(kDefaultStream, o.idx, o.t[0], o.t[1], o.t[2]);
+       }},
+      {MetaOp::kEmbeddingBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{1, n, c}, dt}, {Shape{1024, c}, DType::kF32},
+                                  {Shape{n, c}, DType::kF32}};
+       },
+       [&](int z) { return std::pair<i64, i64>{rows(z), 1024}; },
+       [](Backend& be, const Operands& o) {
+         be.embedding_backward(kDefaultStream, o.t[0], o.idx, o.t[1], o.t[2]);
+       }},
+      {MetaOp::kCrossEntropyForward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z) / 4, v = 4 * cols(z);
+         return std::vector<Spec>{{Shape{1, n, v}, dt}, {Shape{1, n}, DType::kF32},
+                                  {Shape{1, n}, DType::kF32}};
+       },
+       [&](int z) { return std::pair<i64, i64>{rows(z) / 4, 4 * cols(z)}; },
+       [&](Backend& be, const Operands& o) {
+         be.crossentropy_forward(kDefaultStream, o.t[0], o.idx, o.t[0].size(2), o.t[1], o.t[2]);
+       }},
+      {MetaOp::kCrossEntropyBackward,
+       [&](int z, DType dt) {
+         const i64 n = rows(z) / 4, v = 4 * cols(z);
+         return std::vector<Spec>{{Shape{1, n, v}, dt}, {Shape{1, n}, DType::kF32},
+                                  {Shape{1, n, v}, dt}};
+       },
+       [&](int z) { return std::pair<i64, i64>{rows(z) / 4, 4 * cols(z)}; },
+       [&](Backend& be, const Operands& o) {
+         be.crossentropy_backward(kDefaultStream, o.t[0], o.t[1], o.idx, o.t[0].size(2), 1e-3f,
+                                  nullptr, o.t[2]);
+       }},
+      {MetaOp::kCopy,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, dt}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.copy(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kFill,
+       [&](int z, DType dt) { return std::vector<Spec>{{Shape{rows(z), cols(z)}, dt}}; },
+       no_index, [](Backend& be, const Operands& o) { be.fill(kDefaultStream, o.t[0], 0.0f); }},
+      {MetaOp::kCast,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, DType::kF32}, {Shape{n, c}, dt}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.cast(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kAxpy,
+       [&](int z, DType dt) {
+         const i64 n = rows(z), c = cols(z);
+         return std::vector<Spec>{{Shape{n, c}, dt}, {Shape{n, c}, DType::kF32}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) { be.axpy(kDefaultStream, 0.5f, o.t[0], o.t[1]); }},
+      {MetaOp::kScale,
+       [&](int z, DType dt) { return std::vector<Spec>{{Shape{rows(z), cols(z)}, dt}}; },
+       no_index, [](Backend& be, const Operands& o) { be.scale(kDefaultStream, 1.0f, o.t[0]); }},
+      {MetaOp::kSumSq,
+       [&](int z, DType dt) {
+         return std::vector<Spec>{{Shape{rows(z), cols(z)}, dt}, {Shape{kSumSqSlots}, DType::kF32}};
+       },
+       no_index, [](Backend& be, const Operands& o) { be.sumsq(kDefaultStream, o.t[0], o.t[1]); }},
+      {MetaOp::kAdamW,
+       [&](int z, DType dt) {
+         const Shape s{rows(z), cols(z)};
+         return std::vector<Spec>{{s, DType::kF32}, {s, DType::kF32}, {s, DType::kF32},
+                                  {s, DType::kF32}, {s, dt}};
+       },
+       no_index,
+       [](Backend& be, const Operands& o) {
+         const AdamWConstants k = adamw_constants(AdamWOptions{}, 1);
+         const Tensor* out = o.t[4].dtype() == DType::kF32 ? nullptr : &o.t[4];
+         be.adamw(kDefaultStream, k, o.t[0], o.t[1], o.t[2], o.t[3], out);
+       }},
+  };
+  for (const OpCase& c : cases) {
+    for (DType dt : kDTypes) {
+      Bench::Timing t[2];
+      for (int z = 0; z < 2; ++z) {
+        const auto [idx_n, idx_range] = c.index(z);
+        t[z] = bench.time(c.specs(z, dt), idx_n, idx_range, c.call, z == 0 ? 10 : 2);
+      }
+      r.ops.ops[static_cast<std::size_t>(c.op)][OpRates::dtype_index(dt)] = fit(t[0], t[1]);
+    }
+  }
+
+  // ---- memcpy and the host AdamW ----------------------------------------------------------
+  {
+    constexpr std::size_t kBytes = std::size_t{64} << 20;  // beyond any last-level cache
+    std::vector<char> src(kBytes, 1), dst(kBytes, 0);
+    double best = std::numeric_limits<double>::infinity();
+    for (int k = 0; k < 3; ++k) {
+      const Clock::time_point t0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), kBytes);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    r.copy = 2.0 * static_cast<double>(kBytes) / best;  // read + write, as MetaBackend counts
+    r.ops.bandwidth = r.copy;
+  }
+  r.adamw = CostModel::cpu_adamw_rate();
+  r.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return r;
+}
+
+}  // namespace memfit
