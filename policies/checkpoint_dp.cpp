@@ -50,10 +50,39 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::size_t kMaxTableBytes = std::size_t{1} << 30;
+constexpr std::size_t kKeptTableBytes = std::size_t{64} << 20;
+
+std::vector<double>& thread_table() {
+  thread_local std::vector<double> table;
+  return table;
+}
+
+// best[i] = min(best[i], cost + in[i] + left[i]) for i < count, in and left optional: the
+// solver's whole cost. Compiled for AVX-512 and AVX2 besides the baseline and chosen at load
+// time (the same additions and minimum in the same order, so the same bits on every path);
+// omp simd because -O2 does not vectorize these loops on its own.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void relax_span(double* best, const double* in, const double* left, double cost, int count) {
+  if (in != nullptr && left != nullptr) {
+#pragma omp simd
+    for (int i = 0; i < count; ++i) best[i] = std::min(best[i], cost + in[i] + left[i]);
+  } else if (in != nullptr) {
+#pragma omp simd
+    for (int i = 0; i < count; ++i) best[i] = std::min(best[i], cost + in[i]);
+  } else if (left != nullptr) {
+#pragma omp simd
+    for (int i = 0; i < count; ++i) best[i] = std::min(best[i], cost + left[i]);
+  } else {
+#pragma omp simd
+    for (int i = 0; i < count; ++i) best[i] = std::min(best[i], cost);
+  }
+}
 
 class Dp {
  public:
-  Dp(const Chain& chain, std::int64_t limit, int slots);
+  Dp(const Chain& chain, std::int64_t limit, int slots, bool prune);
 
   // Fills the tables; returns H(0, budget).
   double solve();
@@ -82,19 +111,21 @@ class Dp {
   template <typename F>
   void for_each_choice(int s, int t, bool head, F&& f) const;
   void relax(double* best, const Choice& c) const;
-  const double* at(int r) const { return &tab_[static_cast<std::size_t>(r) * width_]; }
-  double* at(int r) { return &tab_[static_cast<std::size_t>(r) * width_]; }
-  void set_first_finite(int r) {
-    int m = 0;
-    while (m <= budget_ && at(r)[m] == kInf) ++m;
-    first_[static_cast<std::size_t>(r)] = m;
+  const double* at(int r) const { return tab_->data() + static_cast<std::size_t>(r) * width_; }
+  double* at(int r) { return tab_->data() + static_cast<std::size_t>(r) * width_; }
+  // Row r at m: +inf below its first finite entry (where the row was not filled).
+  double value(int r, int m) const {
+    return m < first_[static_cast<std::size_t>(r)] ? kInf : at(r)[m];
   }
+  int first_of(const Choice& c) const;  // the least m where c may be finite (budget + 1: none)
+  void solve_row(int s, int t, bool head);
   // The choice giving table[m] for P(s, t) / H(s).
   int chosen(int s, int t, bool head, int m, Choice& out) const;
   void emit(int s, int t, bool head, int m, std::vector<ScheduleOp>& ops) const;
   void emit_chain(int s, int s2, std::vector<ScheduleOp>& ops) const;
 
   int n_;
+  bool prune_;
   std::int64_t unit_;
   int budget_;
   std::size_t width_;                     // budget_ + 1
@@ -102,13 +133,17 @@ class Dp {
   int head_ = 0;
   std::vector<double> tf_, tb_, tf_prefix_;  // tf_prefix_[k] = sum of tf_[0..k-1]
   double th_ = 0;
-  std::vector<double> tab_;  // P and H rows of budget + 1 entries
+  // P and H rows of budget + 1 entries, written only from where a row can be finite
+  // (solve_row). The storage is the thread's, kept between solves up to kKeptTableBytes: the
+  // planner solves hundreds of tables of a few MiB, and fresh ones cost a page fault per 4 KiB.
+  std::vector<double> own_;
+  std::vector<double>* tab_ = &own_;
   std::vector<int> first_;   // each row's first finite entry (budget + 1: none)
   mutable bool head_emitted_ = false;
 };
 
-Dp::Dp(const Chain& chain, std::int64_t limit, int slots)
-    : n_(static_cast<int>(chain.blocks.size())) {
+Dp::Dp(const Chain& chain, std::int64_t limit, int slots, bool prune)
+    : n_(static_cast<int>(chain.blocks.size())), prune_(prune) {
   unit_ = limit / slots + (limit % slots != 0);
   budget_ = static_cast<int>(limit / unit_);
   width_ = static_cast<std::size_t>(budget_) + 1;
@@ -147,7 +182,8 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots)
   a_[nn] = units(chain.output_bytes);
   head_ = units(chain.head_bytes);
   th_ = chain.head_time;
-  tab_.assign((segments + nn) * width_, kInf);
+  if (bytes <= kKeptTableBytes) tab_ = &thread_table();
+  tab_->resize(entries);
   first_.assign(segments + nn, budget_ + 1);
 }
 
@@ -187,52 +223,81 @@ void Dp::for_each_choice(int s, int t, bool head, F&& f) const {
   }
 }
 
-void Dp::relax(double* best, const Choice& c) const {
+int Dp::first_of(const Choice& c) const {
   // Both terms only fall as m grows: start where both are finite.
   int lo = std::max(c.lo, 0);
   if (c.inner >= 0) lo = std::max(lo, c.shift + first_[static_cast<std::size_t>(c.inner)]);
   if (c.left >= 0) lo = std::max(lo, first_[static_cast<std::size_t>(c.left)]);
+  return std::min(lo, budget_ + 1);
+}
+
+void Dp::relax(double* best, const Choice& c) const {
+  const int lo = first_of(c);
   if (lo > budget_) return;
   const double cost = c.cost;
   const double* in = c.inner >= 0 ? at(c.inner) : nullptr;
   const double* left = c.left >= 0 ? at(c.left) : nullptr;
   const int shift = c.shift;
-  // omp simd: -O2 does not vectorize these on its own; they are the solver's whole cost.
-  if (in != nullptr && left != nullptr) {
-#pragma omp simd
-    for (int m = lo; m <= budget_; ++m) {
-      best[m] = std::min(best[m], cost + in[m - shift] + left[m]);
+  // Every row is non-increasing in m (a minimum of terms that are), so is this choice's value,
+  // and so is `best` so far: where best[m] is already at most the choice's least value (at
+  // m = budget, the same expression as relax_span's, so the same bits), the choice changes
+  // nothing, and that is an upper part of the range. Relaxing only below it, [lo, hi), leaves
+  // the table as the full pass would, bit for bit; it skips most of the splits, whose
+  // recomputation makes them slower than keeping all where that fits. hi is found galloping up
+  // from lo, then bisecting: the log of the range relaxed, which costs more anyway.
+  int hi = budget_ + 1;
+  if (prune_) {
+    double least = cost;
+    if (in != nullptr && left != nullptr) {
+      least = cost + in[budget_ - shift] + left[budget_];
+    } else if (in != nullptr) {
+      least = cost + in[budget_ - shift];
+    } else if (left != nullptr) {
+      least = cost + left[budget_];
     }
-  } else if (in != nullptr) {
-#pragma omp simd
-    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost + in[m - shift]);
-  } else if (left != nullptr) {
-#pragma omp simd
-    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost + left[m]);
-  } else {
-#pragma omp simd
-    for (int m = lo; m <= budget_; ++m) best[m] = std::min(best[m], cost);
+    int below = lo - 1;  // best[below] > least, or below the range
+    hi = lo;
+    for (int step = 1; hi <= budget_ && best[hi] > least; step *= 2) {
+      below = hi;
+      hi = std::min(hi + step, budget_ + 1);
+    }
+    while (hi - below > 1) {  // best[below] > least; best[hi] <= least, or hi = budget + 1
+      const int mid = below + (hi - below) / 2;
+      if (best[mid] <= least) {
+        hi = mid;
+      } else {
+        below = mid;
+      }
+    }
   }
+  relax_span(best + lo, in != nullptr ? in + (lo - shift) : nullptr,
+             left != nullptr ? left + lo : nullptr, cost, hi - lo);
 }
 
 double Dp::solve() {
   for (int len = 1; len <= n_; ++len) {
-    for (int s = 0; s + len <= n_; ++s) {
-      double* best = at(row(s, s + len));
-      for_each_choice(s, s + len, false, [&](const Choice& c) { relax(best, c); });
-      set_first_finite(row(s, s + len));
-    }
+    for (int s = 0; s + len <= n_; ++s) solve_row(s, s + len, false);
   }
-  for (int s = n_ - 1; s >= 0; --s) {
-    double* best = at(hrow(s));
-    for_each_choice(s, n_, true, [&](const Choice& c) { relax(best, c); });
-    set_first_finite(hrow(s));
-  }
-  return at(hrow(0))[budget_];
+  for (int s = n_ - 1; s >= 0; --s) solve_row(s, n_, true);
+  return value(hrow(0), budget_);
+}
+
+// One row: +inf from the least m any choice reaches (below it the row is never read: every
+// reader starts at a row's first finite entry, or goes through value()), then every choice.
+void Dp::solve_row(int s, int t, bool head) {
+  const int r = head ? hrow(s) : row(s, t);
+  int lo = budget_ + 1;
+  for_each_choice(s, t, head, [&](const Choice& c) { lo = std::min(lo, first_of(c)); });
+  double* best = at(r);
+  if (lo <= budget_) std::fill(best + lo, best + budget_ + 1, kInf);
+  for_each_choice(s, t, head, [&](const Choice& c) { relax(best, c); });
+  int m = lo;
+  while (m <= budget_ && best[m] == kInf) ++m;
+  first_[static_cast<std::size_t>(r)] = m;
 }
 
 int Dp::chosen(int s, int t, bool head, int m, Choice& out) const {
-  const double target = at(head ? hrow(s) : row(s, t))[m];
+  const double target = value(head ? hrow(s) : row(s, t), m);
   MEMFIT_CHECK(target < kInf) << "segment [" << s << ", " << t << ") at " << m << " units";
   int found = -1;
   for_each_choice(s, t, head, [&](const Choice& c) {
@@ -240,11 +305,11 @@ int Dp::chosen(int s, int t, bool head, int m, Choice& out) const {
     // The same expression as relax(), so the same bits.
     double v = c.cost;
     if (c.inner >= 0 && c.left >= 0) {
-      v = c.cost + at(c.inner)[m - c.shift] + at(c.left)[m];
+      v = c.cost + value(c.inner, m - c.shift) + value(c.left, m);
     } else if (c.inner >= 0) {
-      v = c.cost + at(c.inner)[m - c.shift];
+      v = c.cost + value(c.inner, m - c.shift);
     } else if (c.left >= 0) {
-      v = c.cost + at(c.left)[m];
+      v = c.cost + value(c.left, m);
     }
     if (v == target) {
       found = c.choice;
@@ -295,10 +360,11 @@ Schedule Dp::schedule() const {
 
 }  // namespace
 
-std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots) {
+std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots,
+                                                bool prune) {
   MEMFIT_CHECK(!chain.blocks.empty() && slots >= 1);
   if (limit < 1) return std::nullopt;
-  Dp dp(chain, limit, slots);
+  Dp dp(chain, limit, slots, prune);
   const double t = dp.solve();
   if (t == kInf) return std::nullopt;
   return DpSolution{dp.schedule(), t, dp.unit(), dp.budget()};

@@ -28,6 +28,9 @@ struct DpSolution {
 // The least compute time over all schedules whose peak, with sizes rounded up to units, fits
 // the budget; nullopt when none does. The chain must be valid (checkpoint_solver.cpp checks).
 // InvalidArgument when the tables would exceed 1 GiB (n^2/2 * (slots + 1) entries).
-std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots);
+// prune = false relaxes every way of solving a sub-problem over its whole range instead of
+// only where it can still lower the table (the tests check the two agree bit for bit).
+std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots,
+                                                bool prune = true);
 
 }  // namespace memfit

@@ -142,6 +142,14 @@ PlanResult plan(const PlannerOptions& o) {
     }
     groups.push_back({i});
   }
+  // The longest searches first, so that no thread starts one when the others are about done:
+  // the optimal solver's (a DP per probe, and several probes per micro-batch), twins before
+  // singles. Each group's answer is its own, whichever thread takes it and when.
+  const auto weight = [&](const std::vector<std::size_t>& g) {
+    return (combos[g.front()].optimal() ? 4 : 0) + static_cast<int>(g.size());
+  };
+  std::stable_sort(groups.begin(), groups.end(),
+                   [&](const auto& a, const auto& b) { return weight(a) > weight(b); });
   std::atomic<std::size_t> next{0};
   std::mutex mu;
   std::exception_ptr error;

@@ -8,7 +8,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <typeinfo>
+#include <vector>
 
 #include "memory/check.h"
 #include "memory/error.h"
@@ -190,9 +192,16 @@ class Searcher {
   }
 
   // The search probes the first step only; a plan's answer is confirmed over two (confirm()).
-  DryRunResult run(const RunSpec& q) {
+  DryRunResult run(const RunSpec& q, int steps = 1) {
+    // The same request again (the DP may answer two limits with one schedule; a fallback may
+    // be a schedule already run) is answered from memory: a dry run is deterministic.
+    std::vector<Ran>& same = ran_[{q.trainer.policy.micro_batch, q.batch, q.alloc.budget, steps}];
+    for (const Ran& r : same) {
+      if (r.policy == q.trainer.policy) return r.result;
+    }
     ++combo_.dry_runs;
-    return dry_run(q, /*steps=*/1);
+    same.push_back({q.trainer.policy, dry_run(q, steps)});
+    return same.back().result;
   }
   // A probe that fitted, over two steps (the second starts from the first's cache).
   std::optional<DryRunResult> confirm(std::int64_t micro, std::int64_t accum, std::int64_t last,
@@ -200,8 +209,7 @@ class Searcher {
     RunSpec q = request(micro, accum, last);
     q.alloc.budget = c_.budget + saving_;
     if (combo_.optimal()) q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
-    ++combo_.dry_runs;
-    DryRunResult r = dry_run(q, /*steps=*/2);
+    DryRunResult r = run(q, /*steps=*/2);
     if (!r.fits) return std::nullopt;
     return r;
   }
@@ -267,6 +275,13 @@ class Searcher {
   std::size_t saving_;
   std::optional<Schedule> fixed_;
   std::map<std::int64_t, std::optional<Found>> cache_;
+  // Every dry run this search made, by (micro-batch, batch, budget, steps), with its policy
+  // (the rest of the request is the combination's).
+  struct Ran {
+    MemoryPolicy policy;
+    DryRunResult result;
+  };
+  std::map<std::tuple<std::int64_t, std::int64_t, std::size_t, int>, std::vector<Ran>> ran_;
 };
 
 Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const DryRunResult& r,

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -464,6 +465,55 @@ TEST(CheckpointSolver, OptimalNeverWorseThanFixedRules) {
       if (slots == 500) previous = std::min(previous, o.compute_time);
     }
   }
+}
+
+// The DP relaxes each way of solving a sub-problem only where it can still lower the table
+// (planning time: the planner solves hundreds of these). The answer must be the full pass's,
+// bit for bit, schedule included: on chains of up to 48 blocks at 500 slots with sizes that
+// are not multiples of the unit, blocks of zero forward time (ties between keeping all and
+// recomputing), and limits from infeasible to unlimited.
+TEST(CheckpointSolver, PrunedDpIsTheFullPassBitForBit) {
+  std::mt19937 rng(18);
+  std::uniform_int_distribution<std::int64_t> bytes(1000, 90000);
+  std::uniform_int_distribution<int> pick(0, 4);
+  int feasible = 0, infeasible = 0, recomputing = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const int n = trial % 8 == 0 ? 48 : 1 + trial % 16;
+    Chain c;
+    for (int i = 0; i < n; ++i) {
+      const double tf = pick(rng) == 0 ? 0.0 : 0.25 * pick(rng) + 0.1;
+      c.blocks.push_back({bytes(rng), 3 * bytes(rng), pick(rng) != 0, bytes(rng) / 4,
+                          bytes(rng) / 2, tf, 2 * tf + 0.5});
+    }
+    c.output_bytes = bytes(rng);
+    c.head_bytes = bytes(rng);
+    c.head_time = 0.1 * pick(rng);
+    const std::int64_t none = simulate(c, Schedule::none(n)).peak_bytes;
+    const std::int64_t all = simulate(c, Schedule::all(n)).peak_bytes;
+    const double none_time = simulate(c, Schedule::none(n)).compute_time;
+    for (int j = 0; j <= 8; ++j) {
+      const std::int64_t limit = all / 2 + (none + none / 8 - all / 2) * j / 8;
+      const int slots = j % 3 == 0 ? 500 : 37 + 50 * j;
+      SCOPED_TRACE("n=" + std::to_string(n) + " limit=" + std::to_string(limit) +
+                   " slots=" + std::to_string(slots));
+      const std::optional<DpSolution> fast = optimal_checkpoint_dp(c, limit, slots);
+      const std::optional<DpSolution> full = optimal_checkpoint_dp(c, limit, slots, false);
+      ASSERT_EQ(fast.has_value(), full.has_value());
+      if (!full) {
+        ++infeasible;
+        continue;
+      }
+      ++feasible;
+      recomputing += full->compute_time > none_time;
+      EXPECT_EQ(fast->schedule.ops(), full->schedule.ops()) << fast->schedule.str() << "\n"
+                                                            << full->schedule.str();
+      EXPECT_EQ(std::memcmp(&fast->compute_time, &full->compute_time, sizeof(double)), 0);
+      EXPECT_EQ(fast->unit, full->unit);
+      EXPECT_EQ(fast->budget_units, full->budget_units);
+    }
+  }
+  EXPECT_GT(infeasible, 0);
+  EXPECT_GT(recomputing, feasible / 4);
 }
 
 TEST(CheckpointSolver, UnlimitedIsNone) {

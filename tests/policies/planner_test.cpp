@@ -92,6 +92,58 @@ TEST(Planner, EveryCandidateIsTheExactLargestMicroBatch) {
   }
 }
 
+// The search takes a few dry runs where a scan takes one per micro-batch (and shares them
+// between probes: a request made twice is answered from memory). Against that scan, on a small
+// case: for every fixed rule, the largest micro-batch whose two-step dry run fits, and none
+// where nothing does.
+TEST(Planner, FixedRulesFindTheLargestMicroBatchAScanFinds) {
+  PlannerOptions o = options(kBudget);
+  o.max_micro_batch = 64;
+  o.dtypes = {DType::kF32, DType::kBF16};
+  o.checkpoints = {Checkpointing::none(), Checkpointing::all(), Checkpointing::sqrt()};
+  o.offloads = {
+      OffloadSwitches{}, OffloadSwitches{.optimizer = true},
+      OffloadSwitches{.optimizer = true, .gradients = true, .weights = true, .activations = true}};
+  o.choose_allocator = false;
+  const PlanResult r = plan(o);
+  int checked = 0;
+  for (DType dt : o.dtypes) {
+    for (const Checkpointing& ck : o.checkpoints) {
+      for (const OffloadSwitches& off : o.offloads) {
+        if (off.activations && ck.kind() == Checkpointing::Kind::kNone) continue;
+        Plan probe;  // the candidate's request at any micro-batch
+        probe.model = o.spec;
+        probe.budget = kBudget;
+        probe.seq_len = o.spec.seq_len;
+        probe.device_kind = o.device.kind;
+        probe.policy.dtype = dt;
+        probe.policy.checkpoint = ck;
+        probe.policy.offload = off;
+        probe.policy.micro_batch = 1;
+        probe.accum_steps = 1;
+        probe.global_batch = 1;
+        std::int64_t largest = 0;
+        for (std::int64_t m = 1; m <= o.max_micro_batch; ++m) {
+          if (dry_run(request_of(probe, m, kBudget)).fits) largest = m;
+        }
+        const auto found =
+            std::find_if(r.candidates.begin(), r.candidates.end(), [&](const Plan& p) {
+              return p.policy.dtype == dt && p.policy.checkpoint == ck && p.policy.offload == off;
+            });
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + ck.name() + " " + off.describe());
+        if (largest == 0) {
+          EXPECT_EQ(found, r.candidates.end());
+        } else {
+          ASSERT_NE(found, r.candidates.end());
+          EXPECT_EQ(found->policy.micro_batch, largest);
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 12);
+}
+
 TEST(Planner, TheRecommendedPlanTrainsForRealAtThePredictedPeak) {
   for (std::size_t budget : {std::size_t{24} << 20, std::size_t{40} << 20}) {
     PlannerOptions o = options(budget);
