@@ -4,15 +4,17 @@
 //
 //   build/bench/planner_bench [model] [device] [--threads N] [--repeat R]
 //
-// Printed: wall seconds per plan (best of R), dry runs taken, seconds per dry run (the plan's
-// wall time over its dry runs, and one dry run timed alone at the recommended micro-batch),
-// and the ratio to the 1 s target (<= 1.00 passes).
+// Printed: wall seconds per plan (best of R, and the spread: median and worst of the R), dry
+// runs taken, seconds per dry run (the plan's wall time over its dry runs, and one dry run
+// timed alone at the recommended micro-batch), and the ratio of the best to the 1 s target
+// (<= 1.00 passes). On a shared machine the spread says how far to trust the best.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "memory/size.h"
 #include "policies/dry_run.h"
@@ -53,22 +55,26 @@ int main(int argc, char** argv) {
               device.c_str(), format_bytes(o.device.usable_bytes()).c_str(),
               o.dtypes.size() * o.checkpoints.size() * o.offloads.size(),
               threads ? std::to_string(threads).c_str() : "all CPUs");
-  std::printf("%-26s %10s %9s %12s %9s  %s\n", "mode", "seconds", "dry runs", "s/dry run",
-              "ratio", "recommended");
+  std::printf("%-26s %10s %15s %9s %12s %9s  %s\n", "mode", "seconds", "(median, max)", "dry runs",
+              "s/dry run", "ratio", "recommended");
   bool pass = true;
   PlanResult last;
   for (const std::int64_t global : {std::int64_t{0}, std::int64_t{512}}) {
     o.global_batch = global;
-    double best = 1e30;
+    std::vector<double> times;
     for (int r = 0; r < repeat; ++r) {
       const auto t0 = Clock::now();
       last = plan(o);
-      best = std::min(best, seconds_since(t0));
+      times.push_back(seconds_since(t0));
     }
+    std::sort(times.begin(), times.end());
+    const double best = times.front();
     const double ratio = best / kTargetSeconds;
     pass = pass && ratio <= 1.0;
     const std::string mode = global ? "throughput (global 512)" : "max-batch";
-    std::printf("%-26s %10.3f %9lld %12.4f %9.2f  %s\n", mode.c_str(), best,
+    char spread[64];
+    std::snprintf(spread, sizeof spread, "(%.3f, %.3f)", times[times.size() / 2], times.back());
+    std::printf("%-26s %10.3f %15s %9lld %12.4f %9.2f  %s\n", mode.c_str(), best, spread,
                 static_cast<long long>(last.dry_runs),
                 best / double(std::max<std::int64_t>(1, last.dry_runs)), ratio,
                 last.recommended.describe().c_str());
