@@ -68,7 +68,7 @@ class Searcher {
     std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - st.device_total() - inputs;
     const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
     for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
-      const SolverResult s = solve_checkpoint(chain, limit, "optimal");
+      const SolverResult& s = solve(micro, chain, limit);
       if (!s.feasible) return std::nullopt;
       q.trainer.policy.checkpoint = Checkpointing::solved(s.schedule);
       const DryRunResult r = run(q);
@@ -269,6 +269,17 @@ class Searcher {
 
   std::size_t saving() const { return saving_; }
 
+  // The optimal solver's answer for `micro` samples (its chain) under `limit`, remembered: a
+  // probe with accumulation starts from the limit of the probe without.
+  const SolverResult& solve(std::int64_t micro, const Chain& chain, std::int64_t limit) {
+    auto it = solved_.find({micro, limit});
+    if (it == solved_.end()) {
+      SolverResult s = solve_checkpoint(chain, limit, "optimal");
+      it = solved_.emplace(std::pair{micro, limit}, std::move(s)).first;
+    }
+    return it->second;
+  }
+
  private:
   const Context& c_;
   Combo& combo_;
@@ -282,6 +293,7 @@ class Searcher {
     DryRunResult result;
   };
   std::map<std::tuple<std::int64_t, std::int64_t, std::size_t, int>, std::vector<Ran>> ran_;
+  std::map<std::pair<std::int64_t, std::int64_t>, SolverResult> solved_;  // by (micro, limit)
 };
 
 Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const DryRunResult& r,
@@ -422,8 +434,13 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
     const std::int64_t last = per_rank - (accum - 1) * b;
     Schedule sched;
     const std::int64_t uneven = last == b ? 0 : last;
-    const std::optional<DryRunResult> first = s.probe(b, accum, uneven, &sched);
-    if (!first || !first->fits) continue;
+    if (optimal) {
+      const std::optional<DryRunResult> first = s.probe(b, accum, uneven, &sched);
+      if (!first || !first->fits) continue;
+    } else {
+      // A fixed rule's schedule needs no probe: two steps that fit begin with one that does.
+      sched = s.fixed_schedule();
+    }
     const std::optional<DryRunResult> r = s.confirm(b, accum, uneven, sched);
     if (!r) continue;
     combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
