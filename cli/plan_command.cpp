@@ -39,6 +39,7 @@ struct PlanArgs {
   std::int64_t top = 0;
   std::string alloc_conf;
   bool measure_context = false;
+  bool measure = false;
   std::string loss = "chunked";
 };
 
@@ -190,7 +191,8 @@ std::size_t measure_context(DeviceSpec& device) {
   return before;
 }
 
-PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nullptr) {
+PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nullptr,
+                               std::string* rates_note = nullptr) {
   PlannerOptions o;
   o.spec = load_model(a.model);
   o.loss = parse_loss_flag(a.loss);
@@ -214,6 +216,12 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   o.ranks = a.ranks;
   o.zero_stage = a.zero;
   o.calibrate = a.calibrate;
+  if (a.measure && (a.device != "cpu" || a.calibrate)) {
+    throw InvalidArgument("--measure measures this machine's CPU rates: it needs --device cpu "
+                          "and no --calibrate (a GPU's rates are measured on that GPU)");
+  }
+  const std::string note = use_measured_cpu_rates(o, a.device, a.measure);
+  if (rates_note != nullptr) *rates_note = note;
   // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);
   o.choose_allocator = planner_chooses_allocator(a.alloc_conf);
@@ -247,7 +255,8 @@ int run_plan(const PlanArgs& a) {
   validate(a);
   const std::vector<OutputLock> held = claim_outputs({{"--out", a.out}});  // before planning
   std::size_t context_was = 0;
-  const PlannerOptions o = planner_options(a, &context_was);
+  std::string rates_note;
+  const PlannerOptions o = planner_options(a, &context_was, &rates_note);
   const PlanResult r = plan(o);
   MEMFIT_CHECK(!r.candidates.empty());  // the planner throws when nothing fits
   const Plan& rec = r.recommended;
@@ -282,7 +291,10 @@ int run_plan(const PlanArgs& a) {
       say("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
     }
     say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
-        o.calibrate ? "calibrated on this machine" : "analytic (flops and bytes / rates)");
+        o.calibrate    ? "calibrated on this machine"
+        : o.cpu_rates ? ("the dry run's ops at this CPU's measured rates (" + rates_note + ")")
+                             .c_str()
+                       : "analytic (flops and bytes / rates)");
     print_table(r, a.top);
     say("(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
         "bytes; each category's own peak: --format json, predicted.category_peaks)\n");
@@ -377,6 +389,11 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--measure-context", a->measure_context,
                 "CUDA builds with a GPU: measure what the CUDA context and cuBLASLt/cuDNN handles "
                 "take (cudaMemGetInfo) and use it instead of the device's context figure");
+  cmd->add_flag("--measure", a->measure,
+                "--device cpu: measure this machine's CPU rates again (GEMM per dtype and size, "
+                "each op, memcpy, AdamW; a few seconds) and rewrite the cache; without it they "
+                "are measured once per machine and build, then read from the cache "
+                "($MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit)");
   cmd->callback([a, cmd, &exit_code] {
     for (const char* flag : {"--model", "--device", "--budget", "--host-budget", "--out",
                              "--alloc-conf", "--format", "--loss"}) {

@@ -160,6 +160,15 @@ std::size_t parse_budget(const std::string& text, const char* flag) {
   return b;
 }
 
+std::string use_measured_cpu_rates(PlannerOptions& o, const std::string& device_arg,
+                                   bool remeasure) {
+  if (device_arg != "cpu" || o.calibrate) return "";
+  std::string note;
+  o.cpu_rates = CpuRates::cached(&note, remeasure);
+  o.device = o.cpu_rates->apply(o.device);
+  return note;
+}
+
 bool planner_chooses_allocator(const std::string& alloc_conf) {
   return alloc_conf.find("expandable_segments") == std::string::npos;
 }
@@ -315,6 +324,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   PlannerOptions o;
   o.spec = load_text_model(a.model);
   o.device = DeviceSpec::load(a.device.empty() ? "cpu" : a.device);
+  use_measured_cpu_rates(o, a.device.empty() ? "cpu" : a.device);
   o.budget = parse_budget(a.budget);
   o.seq_len = seq_len_flag(o.spec, a.seq_len);
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);  // the settings this run's allocator gets
@@ -452,6 +462,7 @@ void check_fits_machine(const Prepared& p, const TrainArgs& a) {
     PlannerOptions o;
     o.spec = p.run.model;
     o.device = DeviceSpec::load("cpu");
+    use_measured_cpu_rates(o, "cpu");
     o.budget = usable;
     o.seq_len = p.run.resolved_seq_len();
     o.alloc_conf = p.run.alloc;

@@ -29,6 +29,7 @@
 
 #include "memory/peak_figures.h"
 #include "policies/plan.h"
+#include "policies/planner.h"
 #include "policies/run_setup.h"
 #include "policies/run_spec.h"
 #include "profiler/report.h"
@@ -96,6 +97,13 @@ std::size_t parse_budget(const std::string& text, const char* flag = "--budget")
 // Whether --alloc-conf (or MEMFIT_ALLOC_CONF) leaves the allocator mode to the planner: it
 // does not name expandable_segments either way (PlannerOptions::choose_allocator).
 bool planner_chooses_allocator(const std::string& alloc_conf);
+
+// For the `cpu` device preset (this machine): its measured rates (CpuRates::cached, measured
+// once and cached; `remeasure`: measured again) time every plan, and set the device's rates
+// the cost model ranks with. Other devices, and calibrated plans, are left as they are.
+// Returns what happened ("from PATH", "measured in 2.1 s ..."), or "" when not applied.
+std::string use_measured_cpu_rates(PlannerOptions& o, const std::string& device_arg,
+                                   bool remeasure = false);
 
 // Where the policies come from: a plan file, the planner, or the command line.
 struct Source {

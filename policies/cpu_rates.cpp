@@ -393,7 +393,7 @@ CpuRates CpuRates::measure() {
       Bench::Timing t[2];
       for (int z = 0; z < 2; ++z) {
         const auto [idx_n, idx_range] = c.index(z);
-        t[z] = bench.time(c.specs(z, dt), idx_n, idx_range, c.call, z == 0 ? 10 : 2);
+        t[z] = bench.time(c.specs(z, dt), idx_n, idx_range, c.call, z == 0 ? 30 : 2);
       }
       r.ops.ops[static_cast<std::size_t>(c.op)][OpRates::dtype_index(dt)] = fit(t[0], t[1]);
     }

@@ -27,10 +27,18 @@ struct Work {
   double gemm_flops = 0;
   double bytes = 0;
   double seconds = 0;  // with RunSpec::op_rates
+  std::array<double, kMetaOps> op_seconds{};
+
+  Work minus(const Work& o) const {
+    Work d{gemm_flops - o.gemm_flops, bytes - o.bytes, seconds - o.seconds, {}};
+    for (std::size_t i = 0; i < kMetaOps; ++i) d.op_seconds[i] = op_seconds[i] - o.op_seconds[i];
+    return d;
+  }
 };
 
 Work work_of(const MetaStats& s) {
-  return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved()), s.seconds};
+  return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved()), s.seconds,
+          s.op_seconds};
 }
 
 // Watches the allocator between micro-batches: once the full ones take no segment from the
@@ -58,8 +66,7 @@ class RepeatWatch {
   // After a full micro-batch: the period the allocator repeats with, or 0 while it does not.
   int period() {
     const Work now = work_of(meta_.stats());
-    last_ = {now.gemm_flops - before_.gemm_flops, now.bytes - before_.bytes,
-             now.seconds - before_.seconds};
+    last_ = now.minus(before_);
     before_ = now;
     const AllocatorStats st = alloc_.stats();
     const Signature sig{st.allocated_bytes[kStatAll].current, st.reserved_bytes[kStatAll].current,
@@ -166,6 +173,9 @@ DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
     r.gemm_flops = total.gemm_flops + repeat.gemm_flops * static_cast<double>(skipped);
     r.bytes_moved = total.bytes + repeat.bytes * static_cast<double>(skipped);
     r.compute_seconds = total.seconds + repeat.seconds * static_cast<double>(skipped);
+    for (std::size_t i = 0; i < kMetaOps; ++i) {
+      r.op_seconds[i] = total.op_seconds[i] + repeat.op_seconds[i] * static_cast<double>(skipped);
+    }
     r.micro_batches_run = count - skipped;
     if (steps == 2) {
       // From the cache the first step left: where every later step starts.

@@ -40,9 +40,11 @@
 // Runs in about a millisecond per block per step on this machine (gpt2-xl: 48 blocks).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
 
+#include "core/meta/meta_backend.h"  // MetaOp, kMetaOps
 #include "memory/peak_figures.h"
 #include "policies/run_spec.h"
 
@@ -61,6 +63,7 @@ struct DryRunResult {
   // skipped micro-batches as the one they repeat). Compute only: waits for offload transfers
   // and the host's AdamW are not in it (CostModel::step_seconds models those). 0 without rates.
   double compute_seconds = 0;
+  std::array<double, kMetaOps> op_seconds{};  // compute_seconds by op (MetaOp), where it goes
   std::int64_t micro_batches_run = 0;  // how many the dry run ran (the rest repeat them)
 
   // The most the run reserves on the device: the step's peak or construction's.

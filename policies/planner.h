@@ -34,12 +34,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/model_spec.h"
 #include "memory/alloc_conf.h"
+#include "policies/cpu_rates.h"
 #include "policies/device_spec.h"
 #include "policies/plan.h"
 #include "policies/policy.h"
@@ -77,6 +79,10 @@ struct PlannerOptions {
   // kCuda devices: the workspace every GEMM takes (CudaBackendOptions::gemm_workspace_bytes);
   // 0 models none.
   std::size_t gemm_workspace_bytes = kGpuGemmWorkspaceBytes;
+  // This machine's measured CPU rates (policies/cpu_rates.h), for the cpu device: each plan's
+  // step time is then its dry run's ops at these rates (CpuRates::step_seconds), not the cost
+  // model's analytic figure. nullptr: analytic.
+  std::shared_ptr<const CpuRates> cpu_rates;
 };
 
 struct PlanResult {

@@ -259,6 +259,8 @@ class Searcher {
     q.gpu_gemm_workspace = c_.o.gemm_workspace_bytes;
     // Activation offload's room grows with the micro-batch: the dry run holds it to the budget.
     q.trainer.host_budget = c_.o.host_budget;
+    // This CPU's measured rates price each dry run's ops: the plan's step time (make_plan).
+    if (c_.o.cpu_rates) q.op_rates = c_.o.cpu_rates->op_rates();
     return q;
   }
 
@@ -335,7 +337,11 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
     pk.allocated_at_peak -= std::min(pk.allocated_at_peak, cut);
     pk.reserved = std::max(pk.reserved, pk.allocated_at_peak);
   }
-  p.predicted.step_seconds = c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
+  // Measured CPU rates: the confirming dry run's ops at those rates (r ran with them), plus
+  // the host AdamW of optimizer offload; otherwise the cost model's analytic time.
+  p.predicted.step_seconds = c.o.cpu_rates
+                                 ? c.o.cpu_rates->step_seconds(p.run_spec(), r)
+                                 : c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
   const double tokens = double(global) * double(c.seq_len);
   p.predicted.tokens_per_second =
       p.predicted.step_seconds > 0 ? tokens / p.predicted.step_seconds : 0;

@@ -138,9 +138,11 @@ void MetaBackend::record(MetaOp op, DType dt, std::int64_t read, std::int64_t wr
   stats_.other_flops = sat_add(stats_.other_flops, flops);
   stats_.host_copy_bytes = sat_add(stats_.host_copy_bytes, host_bytes);
   if (rates_ != nullptr) {
-    stats_.seconds += rates_->seconds(op, dt, static_cast<double>(matmul_flops),
-                                      static_cast<double>(flops),
-                                      static_cast<double>(read) + static_cast<double>(written));
+    const double s = rates_->seconds(op, dt, static_cast<double>(matmul_flops),
+                                     static_cast<double>(flops),
+                                     static_cast<double>(read) + static_cast<double>(written));
+    stats_.seconds += s;
+    stats_.op_seconds[static_cast<std::size_t>(op)] += s;
   }
 }
 

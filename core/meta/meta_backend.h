@@ -71,6 +71,7 @@ enum class MetaOp : std::uint8_t {
   // ---- end conv2d ----
   kCount
 };
+inline constexpr std::size_t kMetaOps = static_cast<std::size_t>(MetaOp::kCount);
 const char* meta_op_name(MetaOp op);  // "gemm", "fill", ..., "layernorm_forward", ...
 
 // Flops the non-GEMM ops are counted at, per element they compute (a transcendental counts
@@ -106,6 +107,7 @@ struct MetaStats {
   std::int64_t bytes_written = 0;    // operand bytes an op writes
   std::int64_t host_copy_bytes = 0;  // copy() bytes with one side on the host (transfers)
   double seconds = 0;                // with set_rates(): the ops' predicted seconds, summed
+  std::array<double, static_cast<std::size_t>(MetaOp::kCount)> op_seconds{};  // ... by op
 
   std::int64_t calls(MetaOp op) const { return op_calls[static_cast<std::size_t>(op)]; }
   std::int64_t total_calls() const;
