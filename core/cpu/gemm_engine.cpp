@@ -64,9 +64,10 @@ const char* gemm_path_name(GemmPath p) {
 }
 
 bool dnnl_chosen_by_auto(DType in) {
-  // From bench/gemm_bench on the GPT shapes (2-core AMD EPYC, AVX512-BF16): oneDNN bf16 runs
-  // 1.5-2.3x the f32 OpenBLAS anchor where widening reaches under 1x, and oneDNN f32 beats
-  // OpenBLAS's f32 on every shape. Without these instruction sets the widening path is kept.
+  // From bench/gemm_bench on the GPT shapes (2-core AMD EPYC, AVX512-BF16, quiet machine):
+  // oneDNN bf16 runs 2.0-2.2x the f32 OpenBLAS anchor on the Linear shapes (10x on attention's
+  // batched q@k^T) where widening reaches 0.89-0.97x; oneDNN f32 runs 1.05-1.14x (2x on the
+  // batched attention shapes). Without these instruction sets the widening path is kept.
   const DnnlIsa& isa = dnnl_isa();
   switch (in) {
     case DType::kF32:
