@@ -218,7 +218,7 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
   } catch (const NotSettled&) {
     const std::int64_t count = run.trainer.policy.split(run.batch).count;
     if (count <= kMaxWholeDryMicroBatches) return dry_run_capped(run, steps, count);  // exact
-    throw InvalidArgument("dry run of " + run.describe() + ": the allocator did not settle into a "
+    throw DryRunUnsettled("dry run of " + run.describe() + ": the allocator did not settle into a "
                           "repeating state within " + std::to_string(kMaxDryMicroBatches) +
                           " micro-batches, so a step of " + std::to_string(count) +
                           " cannot be predicted from a shorter one; valid: at most " +

@@ -19,7 +19,8 @@
 // (Trainer::set_repeat_check), which would repeat them, and runs the last one. A step of more
 // than 64 micro-batches runs as one of 64 with the same sizes and the repeats extrapolated, so
 // the dry run's time and memory do not grow with the batch; if the allocator has not settled
-// within those, a step of up to 4096 runs whole, and a longer one is an InvalidArgument. Peaks:
+// within those, a step of up to 4096 runs whole, and a longer one is a DryRunUnsettled (an
+// InvalidArgument). Peaks:
 // `setup_peak_reserved` is construction's (until the optimizer is built), `step` the step's
 // (the Trainer resets the peaks at its start: what StepResult::peaks reports on a real run);
 // fits needs both within r.alloc.budget. With steps = 2 (the default) a second step runs after
@@ -45,6 +46,7 @@
 #include <string>
 
 #include "core/meta/meta_backend.h"  // MetaOp, kMetaOps
+#include "memory/error.h"
 #include "memory/peak_figures.h"
 #include "policies/run_spec.h"
 
@@ -70,6 +72,13 @@ struct DryRunResult {
   std::size_t need_reserved() const {
     return step.reserved > setup_peak_reserved ? step.reserved : setup_peak_reserved;
   }
+};
+
+// A step of more than 4096 micro-batches whose allocator does not settle within 64 (above):
+// its memory cannot be predicted from a shorter step. A planner skips such a micro-batch.
+class DryRunUnsettled : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
 };
 
 DryRunResult dry_run(const RunSpec& run, int steps = 2);  // steps: 1 or 2

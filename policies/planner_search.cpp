@@ -200,7 +200,15 @@ class Searcher {
       if (r.policy == q.trainer.policy) return r.result;
     }
     ++combo_.dry_runs;
-    same.push_back({q.trainer.policy, dry_run(q, steps)});
+    DryRunResult r;
+    try {
+      r = dry_run(q, steps);
+    } catch (const DryRunUnsettled& e) {
+      // Memory that cannot be predicted is not offered: this request does not fit.
+      r.fits = false;
+      r.failure = e.what();
+    }
+    same.push_back({q.trainer.policy, r});
     return same.back().result;
   }
   // A probe that fitted, over two steps (the second starts from the first's cache).
