@@ -59,7 +59,7 @@ constexpr float kGeluA = 0.044715f;
   const v16 sg = gelu_sigma(x, &e);
   const v16 one_minus = sg > 0.5f ? e * sg : 1.0f - sg;
   const v16 full = sg + 2.0f * x * sg * one_minus * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
-  return (sg == 0.0f) | (one_minus == 0.0f) ? sg : full;
+  return ((sg == 0.0f) | (one_minus == 0.0f)) ? sg : full;
 }
 
 // f over [0, n) in whole vectors, the tail through a zero-padded vector.

@@ -97,7 +97,7 @@ struct MetaFlops {
   static constexpr std::int64_t kSwiGluBackward = 12;       // per out element
 };
 
-class OpRates;  // core/meta/op_rates.h
+struct OpRates;  // core/meta/op_rates.h
 
 struct MetaStats {
   std::array<std::int64_t, static_cast<std::size_t>(MetaOp::kCount)> op_calls{};
