@@ -1,8 +1,6 @@
 // CpuRates::measure: this machine's CPU backend op by op (cpu_rates.h).
 #include "policies/cpu_rates.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -27,8 +25,7 @@ using i64 = std::int64_t;
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
-// One operand of a measured call: shape, dtype, and for index tensors (tokens, targets) the
-// number of rows of the table they index.
+// One operand of a measured call.
 struct Spec {
   Shape shape;
   DType dtype = DType::kF32;
@@ -147,38 +144,23 @@ CpuRates CpuRates::measure() {
       const i64 m = 16 * n, k = n;
       const int reps = n >= 256 ? 3 : 5;
       double secs = 0, flops = 0;
-      // x (m,k) @ W^T (W: n,k) -> (m,n)
-      const auto fwd = bench.time({{Shape{m, k}, dt}, {Shape{n, k}, dt}, {Shape{m, n}, dt}}, 0, 0,
-                                  [=](Backend& be, const Operands& o) {
-                                    GemmDesc d{};
-                                    d.m = m, d.n = n, d.k = k, d.trans_b = true, d.batch = 1;
-                                    d.alpha = 1, d.beta = 0;
-                                    be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
-                                  },
-                                  reps);
-      // dy (m,n) @ W (n,k) -> dx (m,k)
-      const auto bwd_x = bench.time({{Shape{m, n}, dt}, {Shape{n, k}, dt}, {Shape{m, k}, dt}}, 0, 0,
-                                    [=](Backend& be, const Operands& o) {
-                                      GemmDesc d{};
-                                      d.m = m, d.n = k, d.k = n, d.batch = 1;
-                                      d.alpha = 1, d.beta = 0;
-                                      be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
-                                    },
-                                    reps);
-      // dy^T (n,m) @ x (m,k) -> dW (n,k), accumulated in f32
-      const auto bwd_w =
-          bench.time({{Shape{m, n}, dt}, {Shape{m, k}, dt}, {Shape{n, k}, DType::kF32}}, 0, 0,
-                     [=](Backend& be, const Operands& o) {
-                       GemmDesc d{};
-                       d.m = n, d.n = k, d.k = m, d.trans_a = true, d.batch = 1;
-                       d.alpha = 1, d.beta = 1;
-                       be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
-                     },
-                     reps);
-      for (const auto& t : {fwd, bwd_x, bwd_w}) {
+      // One GEMM form: A (shape sa) and B (sb) in dt, C (gm, gn) in c_dt; its time and flops add up.
+      const auto form = [&](Shape sa, Shape sb, DType c_dt, i64 gm, i64 gn, i64 gk, bool ta,
+                            bool tb, float beta) {
+        const Bench::Timing t = bench.time(
+            {{sa, dt}, {sb, dt}, {Shape{gm, gn}, c_dt}}, 0, 0,
+            [=](Backend& be, const Operands& o) {
+              GemmDesc d{};
+              d.m = gm, d.n = gn, d.k = gk, d.trans_a = ta, d.trans_b = tb, d.beta = beta;
+              be.gemm(kDefaultStream, d, o.t[0], o.t[1], o.t[2]);
+            },
+            reps);
         secs += t.seconds;
         flops += t.work;
-      }
+      };
+      form(Shape{m, k}, Shape{n, k}, dt, m, n, k, false, true, 0);            // x W^T
+      form(Shape{m, n}, Shape{n, k}, dt, m, k, n, false, false, 0);           // dy W
+      form(Shape{m, n}, Shape{m, k}, DType::kF32, n, k, m, true, false, 1);  // dW += dy^T x
       pts.push_back({flops / 3, flops / secs});
     }
   }
