@@ -5,9 +5,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <vector>
+
+#include <omp.h>
 
 #include "core/adamw.h"
 #include "core/cpu/cpu_backend.h"
@@ -121,6 +125,24 @@ OpRates::Rate fit(const Bench::Timing& a, const Bench::Timing& b) {
   return r;
 }
 
+// Seconds this process's threads have spent runnable but waiting for a core (the second field
+// of /proc/self/task/*/schedstat, in ns); -1 where the kernel does not say.
+double seconds_waiting_to_run() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  double ns = 0;
+  bool any = false;
+  for (const fs::directory_entry& t : fs::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(t.path() / "schedstat");
+    unsigned long long run = 0, wait = 0;
+    if (in >> run >> wait) {
+      ns += static_cast<double>(wait);
+      any = true;
+    }
+  }
+  return any && !ec ? ns * 1e-9 : -1.0;
+}
+
 // Each op at two sizes: `size` gives the operands and index sizes for step 0 (small) or 1.
 struct OpCase {
   MetaOp op;
@@ -133,6 +155,7 @@ struct OpCase {
 
 CpuRates CpuRates::measure() {
   const Clock::time_point start = Clock::now();
+  const double waited0 = seconds_waiting_to_run();
   CpuRates r;
   r.key = this_key();
   Bench bench;
@@ -396,6 +419,10 @@ CpuRates CpuRates::measure() {
   }
   r.adamw = CostModel::cpu_adamw_rate();
   r.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double waited1 = seconds_waiting_to_run();
+  if (waited0 >= 0 && waited1 >= waited0) {
+    r.contention = (waited1 - waited0) / (r.measure_seconds * omp_get_max_threads());
+  }
   return r;
 }
 

@@ -41,12 +41,18 @@ struct CpuRates {
   double copy = 0;          // memcpy bytes/s
   double adamw = 0;         // CPU AdamW parameters/s
   double measure_seconds = 0;  // how long measure() took
+  // The share of measure()'s thread time spent waiting for a core that another process held
+  // (Linux's per-thread run delay over measure_seconds x OpenMP threads); -1: unknown. Near 0
+  // on a quiet machine; above kContended the rates are slower than this CPU is, and the
+  // cached() note says so (the file is kept: plans stay reproducible until `--measure`).
+  double contention = -1;
+  static constexpr double kContended = 0.05;
 
   static std::string this_key();
   static CpuRates measure();
   // The cached rates for this_key(), measured and saved when missing, stale or unreadable
   // (`note`, if given, says which: "measured in 2.1 s, saved to PATH", "from PATH", or why
-  // the cache could not be written). `remeasure`: measure and save whatever is cached.
+  // the cache could not be written, and warns when the rates were measured contended). `remeasure`: measure and save whatever is cached.
   // `measure_fn` stands in for measure() (tests).
   static std::shared_ptr<const CpuRates> cached(std::string* note = nullptr,
                                                 bool remeasure = false,

@@ -78,6 +78,17 @@ double non_negative(std::string_view source, const YAML::Node& n, const std::str
   return v;
 }
 
+// What the note adds when `r` was measured while other processes held the cores.
+std::string contention_warning(const CpuRates& r) {
+  if (!(r.contention > CpuRates::kContended)) return "";
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", 100 * r.contention);
+  return std::string("; WARNING: measured while other processes held the CPU (its threads "
+                     "waited for a core ") +
+         pct + " of the time), so predicted times are too slow: run `memfit plan --measure` "
+               "on a quiet machine";
+}
+
 }  // namespace
 
 std::string CpuRates::this_key() {
@@ -113,7 +124,7 @@ std::shared_ptr<const CpuRates> CpuRates::cached(std::string* note, bool remeasu
       try {
         CpuRates r = from_yaml(in.bytes, path);
         if (r.key == key) {
-          if (note != nullptr) *note = "from " + path;
+          if (note != nullptr) *note = "from " + path + contention_warning(r);
           return std::make_shared<const CpuRates>(std::move(r));
         }
         why = "the cached file is for another machine or build";
@@ -135,7 +146,7 @@ std::shared_ptr<const CpuRates> CpuRates::cached(std::string* note, bool remeasu
   } catch (const std::exception& e) {
     msg += std::string(", not saved: ") + e.what();
   }
-  if (note != nullptr) *note = msg;
+  if (note != nullptr) *note = msg + contention_warning(*r);
   return r;
 }
 
@@ -179,6 +190,7 @@ std::string CpuRates::to_yaml() const {
   e << YAML::Key << "copy" << YAML::Value << copy;
   e << YAML::Key << "adamw" << YAML::Value << adamw;
   e << YAML::Key << "measure_seconds" << YAML::Value << measure_seconds;
+  e << YAML::Key << "contention" << YAML::Value << contention;
   e << YAML::Key << "gemm" << YAML::Value << YAML::BeginMap;
   for (std::size_t d = 0; d < OpRates::kDTypes; ++d) {
     e << YAML::Key << kDTypeNames[d] << YAML::Value << YAML::Flow << YAML::BeginSeq;
@@ -232,6 +244,10 @@ CpuRates CpuRates::from_yaml(std::string_view text, std::string_view source) {
   r.adamw = positive(source, root["adamw"], "adamw");
   if (root["measure_seconds"]) {
     r.measure_seconds = non_negative(source, root["measure_seconds"], "measure_seconds");
+  }
+  if (root["contention"]) {  // -1: unknown; absent in files written before it was measured
+    const YAML::Node c = root["contention"];
+    r.contention = c.IsScalar() && c.Scalar() == "-1" ? -1.0 : non_negative(source, c, "contention");
   }
   r.ops.bandwidth = r.copy;
   const YAML::Node gemm = root["gemm"];

@@ -16,7 +16,9 @@ std::string memfit_binary() {
 }
 
 ProgramRun run_memfit(const std::string& args, bool stderr_too) {
-  const std::string cmd = memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+  // One CPU rates file for every run (tests/CMakeLists.txt measures it first, as cli_cpu_rates).
+  const std::string cmd = "MEMFIT_CACHE_DIR='" + std::string(MEMFIT_TEST_CACHE_DIR) + "' " +
+                          memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;

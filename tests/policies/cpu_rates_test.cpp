@@ -77,6 +77,29 @@ TEST_F(CpuRatesCache, MeasuresOnceThenReadsTheFile) {
   EXPECT_NE(note.find("asked to measure again"), std::string::npos) << note;
 }
 
+CpuRates contended_measure() {
+  ++g_measured;
+  CpuRates r = fake();
+  r.contention = 0.3;
+  return r;
+}
+
+// Rates measured while other processes held the cores are kept (plans stay reproducible) but
+// every note says so, with the share of time waited and what to do; quiet ones say nothing.
+TEST_F(CpuRatesCache, ContendedRatesAreKeptButEveryNoteWarns) {
+  std::string note;
+  CpuRates::cached(&note, false, &contended_measure);
+  EXPECT_NE(note.find("WARNING: measured while other processes held the CPU"), std::string::npos)
+      << note;
+  EXPECT_NE(note.find("30% of the time"), std::string::npos) << note;
+  EXPECT_NE(note.find("memfit plan --measure"), std::string::npos) << note;
+  CpuRates::cached(&note, false, &counting_measure);  // read back: still contended
+  EXPECT_EQ(g_measured, 1);
+  EXPECT_NE(note.find("30% of the time"), std::string::npos) << note;
+  CpuRates::cached(&note, true, &counting_measure);  // measured again, quiet (fake: unknown)
+  EXPECT_EQ(note.find("WARNING"), std::string::npos) << note;
+}
+
 TEST_F(CpuRatesCache, StaleOrCorruptFilesAreMeasuredAgain) {
   fs::create_directories(dir_);
   CpuRates other = fake();
@@ -113,6 +136,10 @@ TEST(CpuRatesFile, RoundTripsAndRefusesBadFiles) {
   const auto& lr = b.ops.ops[static_cast<std::size_t>(MetaOp::kLayerNormForward)][0];
   EXPECT_DOUBLE_EQ(lr.rate, 3e9);
   EXPECT_DOUBLE_EQ(lr.per_call, 2e-6);
+  EXPECT_EQ(b.contention, -1) << "unknown stays unknown";
+  CpuRates c = fake();
+  c.contention = 0.125;
+  EXPECT_DOUBLE_EQ(CpuRates::from_yaml(c.to_yaml(), "c").contention, 0.125);
   const auto refuses = [](const std::string& text, const std::string& what) {
     try {
       CpuRates::from_yaml(text, "rates.yaml");
@@ -135,6 +162,7 @@ TEST(CpuRatesFile, RoundTripsAndRefusesBadFiles) {
   };
   refuses(swap("copy: 1e+10", "copy: -3"), "copy");
   refuses(swap("adamw: 1e+09", "adamw: lots"), "adamw: not a number");
+  refuses(swap("contention: -1", "contention: -0.5"), "contention");
   refuses(swap("layernorm_forward:", "warp_drive:"), "unknown op 'warp_drive'");
   refuses(swap("f32: [[1e+06, 1e+09], [1e+08, 5e+10]]", "f32: [[1e+08, 1e+09], [1e+06, 5e+10]]"),
           "increasing flops");
@@ -181,6 +209,9 @@ TEST(CpuRates, MeasureRunsEveryOpAndGivesSaneRates) {
   EXPECT_GT(r.copy, 1e8);
   EXPECT_GT(r.adamw, 1e6);
   EXPECT_GT(r.measure_seconds, 0);
+  // Linux reports each thread's run delay: the share is known, and a share of thread time.
+  EXPECT_GE(r.contention, 0);
+  EXPECT_LT(r.contention, 2);
   for (std::size_t d = 0; d < OpRates::kDTypes; ++d) {
     ASSERT_EQ(r.ops.gemm[d].size(), 4u);
     for (const auto& p : r.ops.gemm[d]) EXPECT_GT(p.rate, 1e6) << d;
