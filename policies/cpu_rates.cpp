@@ -20,6 +20,8 @@
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "policies/cost_model.h"
+#include "policies/dry_run.h"
+#include "policies/run_setup.h"
 
 namespace memfit {
 namespace {
@@ -42,12 +44,19 @@ struct Operands {
   IndexTensor idx;
 };
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // The same call on a CpuBackend (timed) and a MetaBackend (its work counted).
 class Bench {
  public:
   Bench() : cpu_alloc_(host_, {}, &cpu_.stream_sync()), meta_alloc_(null_, {}, &meta_.stream_sync()) {}
 
-  // Best of `reps` timed calls after one warm-up; `work` = the meta backend's count for one.
+  // The median of `reps` timed calls after one warm-up (a step's ops run at their typical
+  // speed, not their best); `work` = the meta backend's count for one.
   struct Timing {
     double seconds = 0, work = 0, bytes = 0;
   };
@@ -67,14 +76,14 @@ class Bench {
     for (std::size_t i = 0; i < c.t.size(); ++i) fill_small(c.t[i]);
     call(cpu_, c);  // warm-up: caches, primitives, pages
     cpu_.synchronize(kDefaultStream);
-    double best = std::numeric_limits<double>::infinity();
+    std::vector<double> secs;
     for (int k = 0; k < reps; ++k) {
       const Clock::time_point t0 = Clock::now();
       call(cpu_, c);
       cpu_.synchronize(kDefaultStream);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+      secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    r.seconds = best;
+    r.seconds = median(secs);
     return r;
   }
 
@@ -150,6 +159,75 @@ struct OpCase {
   std::function<std::pair<i64, i64>(int size)> index;  // (count, range); {0, 0}: none
   Bench::Call call;
 };
+
+// A real step of gpt-tiny (no policy) at `batch` samples in dtype `dt`: its wall time (the
+// median of 3 after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
+// scale 1, and its number of ops (the dry run priced again with per_op = 1 ms).
+struct RealStep {
+  double measured = 0, priced = 0, ops = 0;
+};
+RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
+  RunSpec run;
+  run.model = ModelSpec::preset("gpt-tiny");
+  run.batch = batch;
+  run.trainer.policy.dtype = dt;
+  Batch b;
+  b.batch = batch;
+  b.seq_len = run.model.seq_len;
+  b.tokens.resize(static_cast<std::size_t>(batch * b.seq_len));
+  for (std::size_t i = 0; i < b.tokens.size(); ++i) b.tokens[i] = static_cast<int>((i * 7) % 256);
+  b.targets = b.tokens;
+  std::vector<double> secs;
+  {
+    RunSetup setup(run);
+    for (int k = 0; k < 4; ++k) {
+      const double s = setup.step(b).seconds;
+      if (k > 0) secs.push_back(s);
+    }
+  }
+  RealStep r;
+  r.measured = median(secs);
+  auto priced = std::make_shared<OpRates>(rates);
+  priced->per_op = 0;
+  priced->scale = 1;
+  run.op_rates = priced;
+  r.priced = dry_run(run, 1).compute_seconds;
+  constexpr double kProbe = 1e-3;
+  auto probe = std::make_shared<OpRates>(*priced);
+  probe->per_op = kProbe;
+  run.op_rates = probe;
+  r.ops = (dry_run(run, 1).compute_seconds - r.priced) / kProbe;
+  return r;
+}
+
+// OpRates::scale and per_op, from real steps of gpt-tiny: one micro-batch of 1 sample (128
+// tokens: small ops, where the cost per op shows) and one of 8 (large ops, where the kernels'
+// speed inside a step does), in f32 and bf16. Per dtype, measured = scale x priced +
+// per_op x ops at both sizes, two equations in two unknowns; the result is the mean over the
+// dtypes, scale within [0.5, 4] and per_op within [0, 1 ms] (out of range, or the equations
+// degenerate: per_op 0 and scale from the larger step alone).
+void calibrate(OpRates& rates) {
+  double scale = 0, per_op = 0;
+  int n = 0;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const RealStep a = real_step(rates, dt, 1), b = real_step(rates, dt, 8);
+    if (!(a.priced > 0 && b.priced > 0 && a.ops >= 1 && b.ops >= 1)) continue;
+    const double det = a.priced * b.ops - b.priced * a.ops;
+    double s = det != 0 ? (a.measured * b.ops - b.measured * a.ops) / det : 0;
+    double c = s > 0 ? (a.measured - s * a.priced) / a.ops : -1;
+    if (!(s >= 0.5 && s <= 4 && c >= 0 && c <= 1e-3)) {
+      s = std::clamp(b.measured / b.priced, 0.5, 4.0);
+      c = 0;
+    }
+    scale += s;
+    per_op += c;
+    ++n;
+  }
+  if (n > 0) {
+    rates.scale = scale / n;
+    rates.per_op = per_op / n;
+  }
+}
 
 }  // namespace
 
@@ -398,7 +476,7 @@ CpuRates CpuRates::measure() {
       Bench::Timing t[2];
       for (int z = 0; z < 2; ++z) {
         const auto [idx_n, idx_range] = c.index(z);
-        t[z] = bench.time(c.specs(z, dt), idx_n, idx_range, c.call, z == 0 ? 30 : 2);
+        t[z] = bench.time(c.specs(z, dt), idx_n, idx_range, c.call, z == 0 ? 31 : 3);
       }
       r.ops.ops[static_cast<std::size_t>(c.op)][OpRates::dtype_index(dt)] = fit(t[0], t[1]);
     }
@@ -418,6 +496,7 @@ CpuRates CpuRates::measure() {
     r.ops.bandwidth = r.copy;
   }
   r.adamw = CostModel::cpu_adamw_rate();
+  calibrate(r.ops);
   r.measure_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double waited1 = seconds_waiting_to_run();
   if (waited0 >= 0 && waited1 >= waited0) {

@@ -6,7 +6,7 @@
 //   DeviceSpec d = r->apply(DeviceSpec::preset("cpu"));             // cpu_adamw, host_link, ...
 //
 // What is measured (CpuBackend on host memory, the OpenMP threads of this process, each op
-// timed as the best of a few calls after a warm-up; about 2 s in all):
+// timed as the median of a few calls after a warm-up; about 2 s in all):
 // - GEMM at four sizes (M = 16N, K = N for N = 32 ... 256: 1 MFLOP to 537 MFLOP a call) in the
 //   three forms a linear layer issues (x W^T, dy W, dy^T x), per dtype: OpRates' GEMM curve.
 // - The elementwise and row-wise ops a transformer step issues (layernorm, RMSNorm, GELU,
@@ -17,6 +17,8 @@
 //   norm, materialized softmax, head permutes, conv2d) take the copy bandwidth.
 // - memcpy bandwidth (bytes/s; "host_link" of the CPU device, where offload copies are
 //   memcpy) and the CPU AdamW's parameters/s (CostModel::cpu_adamw_rate).
+// - OpRates::scale and per_op, how a real step differs from its ops priced by the above: real
+//   steps of gpt-tiny at micro-batch 1 and 8, f32 and bf16 (cpu_rates.cpp, calibrate()).
 // The cache: one YAML file per key in $MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else
 // $HOME/.cache/memfit (cpu-rates-<hash of the key>.yaml). The key is the CPU model
 // (/proc/cpuinfo's "model name"), the OpenMP thread count, memfit's version and build, and

@@ -20,7 +20,7 @@ namespace memfit {
 namespace {
 
 constexpr const char* kVersion = "0.1.0";  // memfit --version
-constexpr int kFormat = 1;
+constexpr int kFormat = 2;  // 2: scale, per_op, contention
 
 const char* const kDTypeNames[OpRates::kDTypes] = {"f32", "f16", "bf16"};
 
@@ -191,6 +191,8 @@ std::string CpuRates::to_yaml() const {
   e << YAML::Key << "adamw" << YAML::Value << adamw;
   e << YAML::Key << "measure_seconds" << YAML::Value << measure_seconds;
   e << YAML::Key << "contention" << YAML::Value << contention;
+  e << YAML::Key << "scale" << YAML::Value << ops.scale;
+  e << YAML::Key << "per_op" << YAML::Value << ops.per_op;
   e << YAML::Key << "gemm" << YAML::Value << YAML::BeginMap;
   for (std::size_t d = 0; d < OpRates::kDTypes; ++d) {
     e << YAML::Key << kDTypeNames[d] << YAML::Value << YAML::Flow << YAML::BeginSeq;
@@ -249,6 +251,8 @@ CpuRates CpuRates::from_yaml(std::string_view text, std::string_view source) {
     const YAML::Node c = root["contention"];
     r.contention = c.IsScalar() && c.Scalar() == "-1" ? -1.0 : non_negative(source, c, "contention");
   }
+  if (root["scale"]) r.ops.scale = positive(source, root["scale"], "scale");
+  if (root["per_op"]) r.ops.per_op = non_negative(source, root["per_op"], "per_op");
   r.ops.bandwidth = r.copy;
   const YAML::Node gemm = root["gemm"];
   if (!gemm.IsMap()) bad(source, gemm, "gemm: expected a map of dtype -> [[flops, rate], ...]");

@@ -37,15 +37,15 @@ double OpRates::gemm_rate(DType dt, double flops) const {
 double OpRates::seconds(MetaOp op, DType dt, double matmul, double other, double bytes) const {
   if (op == MetaOp::kGemm) {
     const double r = gemm_rate(dt, matmul);
-    if (r > 0) return matmul / r;
+    if (r > 0) return per_op + scale * (matmul / r);
   } else {
     const Rate& r = ops[static_cast<std::size_t>(op)][dtype_index(dt)];
     if (r.rate > 0) {
       const double work = matmul + other > 0 ? matmul + other : bytes;
-      return r.per_call + work / r.rate;
+      return per_op + scale * (r.per_call + work / r.rate);
     }
   }
-  return bandwidth > 0 ? bytes / bandwidth : 0;
+  return per_op + (bandwidth > 0 ? scale * (bytes / bandwidth) : 0);
 }
 
 }  // namespace memfit

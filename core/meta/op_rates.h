@@ -13,7 +13,12 @@
 // takes  per_call + work / rate  seconds for its kind and dtype; GEMM (MetaOp::kGemm) instead
 // takes flops / gemm_rate(dtype, flops of the call), a rate read off a few measured call sizes
 // (log-linear between them, the end rates beyond), since small GEMMs run far below peak.
-// A kind or dtype never measured (rate 0) takes bytes / bandwidth.
+// A kind or dtype never measured (rate 0) takes bytes / bandwidth. Two corrections, measured on
+// real steps (policies/cpu_rates.h): those seconds are multiplied by `scale` (how much slower
+// kernels run inside a step than alone: cold caches, other shapes), and every call, GEMM
+// included, adds `per_op` (what the layer, executor and allocator code around a kernel and the
+// thread team's fork and join cost per call; it shows where ops are small, as at micro-batch
+// 1 with thousands of ops a step).
 #pragma once
 
 #include <array>
@@ -41,6 +46,8 @@ struct OpRates {
   std::array<std::vector<GemmPoint>, kDTypes> gemm;  // by increasing flops
   std::array<std::array<Rate, kDTypes>, static_cast<std::size_t>(MetaOp::kCount)> ops{};
   double bandwidth = 0;  // bytes/s for what was not measured
+  double scale = 1;      // real-step seconds per kernel second (see above)
+  double per_op = 0;     // seconds every call adds outside its kernel (see above)
 
   double gemm_rate(DType dt, double flops) const;  // 0 when no point was measured for dt
   // Seconds of one call: `matmul` and `other` flops as MetaBackend counts them, `bytes` read

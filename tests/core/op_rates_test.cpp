@@ -43,6 +43,18 @@ TEST(OpRates, SecondsPerOpKind) {
   EXPECT_DOUBLE_EQ(r.seconds(MetaOp::kGemm, DType::kF16, 1e9, 0, 2e10), 2.0);
   OpRates none;
   EXPECT_EQ(none.seconds(MetaOp::kCopy, DType::kF32, 0, 0, 1e9), 0);
+  // per_op comes on top of every call, whichever way it is priced.
+  OpRates p = sample();
+  p.per_op = 3e-6;
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kGemm, DType::kF32, 1e8, 0, 123), 3e-6 + 1e8 / 1e11);
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kGeluForward, DType::kF32, 0, 4e9, 8e9), 3e-6 + 1e-5 + 2.0);
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kRope, DType::kF32, 0, 1e6, 5e9), 3e-6 + 0.5);
+  // scale multiplies the kernel's seconds, not per_op.
+  p.scale = 1.25;
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kGemm, DType::kF32, 1e8, 0, 123), 3e-6 + 1.25 * 1e-3);
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kGeluForward, DType::kF32, 0, 4e9, 8e9),
+                   3e-6 + 1.25 * (1e-5 + 2.0));
+  EXPECT_DOUBLE_EQ(p.seconds(MetaOp::kRope, DType::kF32, 0, 1e6, 5e9), 3e-6 + 1.25 * 0.5);
 }
 
 TEST(OpRates, MetaBackendAddsUpTheCallsItCounts) {

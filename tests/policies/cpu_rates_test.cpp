@@ -137,9 +137,14 @@ TEST(CpuRatesFile, RoundTripsAndRefusesBadFiles) {
   EXPECT_DOUBLE_EQ(lr.rate, 3e9);
   EXPECT_DOUBLE_EQ(lr.per_call, 2e-6);
   EXPECT_EQ(b.contention, -1) << "unknown stays unknown";
+  EXPECT_EQ(b.ops.per_op, 0);
   CpuRates c = fake();
   c.contention = 0.125;
+  c.ops.per_op = 4.5e-6;
+  c.ops.scale = 1.125;
   EXPECT_DOUBLE_EQ(CpuRates::from_yaml(c.to_yaml(), "c").contention, 0.125);
+  EXPECT_DOUBLE_EQ(CpuRates::from_yaml(c.to_yaml(), "c").ops.per_op, 4.5e-6);
+  EXPECT_DOUBLE_EQ(CpuRates::from_yaml(c.to_yaml(), "c").ops.scale, 1.125);
   const auto refuses = [](const std::string& text, const std::string& what) {
     try {
       CpuRates::from_yaml(text, "rates.yaml");
@@ -152,7 +157,7 @@ TEST(CpuRatesFile, RoundTripsAndRefusesBadFiles) {
   std::string good = a.to_yaml();
   refuses("device: {}\n", "not a memfit CPU rates file");
   refuses("memfit_cpu_rates: 7\n", "format 7");
-  refuses("memfit_cpu_rates: 1\nkey: k\n", "missing key 'copy'");
+  refuses("memfit_cpu_rates: 2\nkey: k\n", "missing key 'copy'");
   refuses("{{{", "not valid YAML");
   const auto swap = [&](const std::string& from, const std::string& to) {
     std::string t = good;
@@ -163,6 +168,8 @@ TEST(CpuRatesFile, RoundTripsAndRefusesBadFiles) {
   refuses(swap("copy: 1e+10", "copy: -3"), "copy");
   refuses(swap("adamw: 1e+09", "adamw: lots"), "adamw: not a number");
   refuses(swap("contention: -1", "contention: -0.5"), "contention");
+  refuses(swap("per_op: 0", "per_op: -1e-06"), "per_op");
+  refuses(swap("scale: 1", "scale: 0"), "scale");
   refuses(swap("layernorm_forward:", "warp_drive:"), "unknown op 'warp_drive'");
   refuses(swap("f32: [[1e+06, 1e+09], [1e+08, 5e+10]]", "f32: [[1e+08, 1e+09], [1e+06, 5e+10]]"),
           "increasing flops");
@@ -212,6 +219,12 @@ TEST(CpuRates, MeasureRunsEveryOpAndGivesSaneRates) {
   // Linux reports each thread's run delay: the share is known, and a share of thread time.
   EXPECT_GE(r.contention, 0);
   EXPECT_LT(r.contention, 2);
+  // What a real step takes beyond its kernels, per op: not negative, and well under a
+  // millisecond (a whole gpt-tiny micro-batch of 128 tokens takes tens of milliseconds).
+  EXPECT_GE(r.ops.per_op, 0);
+  EXPECT_LE(r.ops.per_op, 1e-3);
+  EXPECT_GE(r.ops.scale, 0.5);  // within calibrate()'s bounds
+  EXPECT_LE(r.ops.scale, 4);
   for (std::size_t d = 0; d < OpRates::kDTypes; ++d) {
     ASSERT_EQ(r.ops.gemm[d].size(), 4u);
     for (const auto& p : r.ops.gemm[d]) EXPECT_GT(p.rate, 1e6) << d;
