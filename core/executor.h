@@ -71,8 +71,9 @@ struct ExecutorHooks {
 std::vector<int> weight_uses(const Schedule& schedule, int n);
 
 // The checkpoints (x indices) in the order run() reads them back after keeping them, one entry
-// per read: every:2 on 4 blocks gives {2, 0}; none gives {}. The distinct entries are the
-// slots an activation stash needs. The schedule must be valid for n.
+// per read: every:2 on 6 blocks gives {2, 0} (its last segment, blocks 4 and 5, keeps all),
+// all on 3 blocks {2, 1, 0}, none {}. The distinct entries are the slots an activation stash
+// needs. The schedule must be valid for n.
 std::vector<int> checkpoint_reads(const Schedule& schedule, int n);
 
 // What the last run() did; counters for tests and reports.

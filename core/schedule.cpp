@@ -55,8 +55,15 @@ Schedule Schedule::none(int n) {
 
 Schedule Schedule::all(int n) {
   check_n(n, "all");
-  Schedule s = every(n, 1);
-  return Schedule("all", s.ops());
+  std::vector<ScheduleOp> ops;
+  ops.reserve(3 * static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) ops.push_back(ScheduleOp::forward(i, Keep::kInput));
+  // The last block is recomputed too: checkpoint() wraps every block, the last included.
+  for (int i = n - 1; i >= 0; --i) {
+    ops.push_back(ScheduleOp::forward(i, Keep::kAll, true));
+    ops.push_back(ScheduleOp::backward(i));
+  }
+  return Schedule("all", std::move(ops));
 }
 
 Schedule Schedule::every(int n, int k) {
@@ -65,16 +72,20 @@ Schedule Schedule::every(int n, int k) {
     throw InvalidArgument("Schedule::every: k = " + std::to_string(k) + "; valid: k >= 1");
   }
   std::vector<ScheduleOp> ops;
-  // Forward phase: a segment's first block keeps its input (the checkpoint), the rest nothing.
-  for (int i = 0; i < n; ++i) {
-    ops.push_back(ScheduleOp::forward(i, i % k == 0 ? Keep::kInput : Keep::kNothing));
-  }
-  // Backward phase, last segment first: recompute the segment keeping all, then its backwards.
   const int last_start = ((n - 1) / k) * k;
-  for (int start = last_start; start >= 0; start -= k) {
-    const int end = std::min(n, start + k);
-    for (int i = start; i < end; ++i) ops.push_back(ScheduleOp::forward(i, Keep::kAll, true));
-    for (int i = end - 1; i >= start; --i) ops.push_back(ScheduleOp::backward(i));
+  // Forward phase: a checkpointed segment's first block keeps its input, the rest nothing; the
+  // last segment is not checkpointed (its backward follows the head at once, so recomputing it
+  // would buy nothing), its forwards keep all.
+  for (int i = 0; i < n; ++i) {
+    const Keep keep = i >= last_start ? Keep::kAll : i % k == 0 ? Keep::kInput : Keep::kNothing;
+    ops.push_back(ScheduleOp::forward(i, keep));
+  }
+  // Backward phase: the last segment's backwards, then each earlier segment, last first:
+  // recompute it keeping all, then its backwards.
+  for (int i = n - 1; i >= last_start; --i) ops.push_back(ScheduleOp::backward(i));
+  for (int start = last_start - k; start >= 0; start -= k) {
+    for (int i = start; i < start + k; ++i) ops.push_back(ScheduleOp::forward(i, Keep::kAll, true));
+    for (int i = start + k - 1; i >= start; --i) ops.push_back(ScheduleOp::backward(i));
   }
   return Schedule("every:" + std::to_string(k), std::move(ops));
 }

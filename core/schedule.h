@@ -1,9 +1,9 @@
 // Schedule: the order in which an Executor runs the forward and backward passes of a chain of
 // n blocks, and what each forward keeps: the unit every checkpointing policy produces.
 //
-//   Schedule s = Schedule::every(12, 3);     // keep the input of blocks 0, 3, 6, 9
+//   Schedule s = Schedule::every(12, 3);     // keep the input of blocks 0, 3, 6; 9-11 keep all
 //   s.validate(12);                          // InvalidArgument naming the first bad op
-//   std::cout << s.str();                    // "F0:input F1:nothing ... R9:all ... B11 ..."
+//   std::cout << s.str();                    // "F0:input F1:nothing ... F9:all ... B9 R6:all ..."
 //
 // The executor's state is which block inputs x[0..n] it holds (x[0] is the embedding's output,
 // x[n] the head's input) and which blocks hold their saved internals. The ops:
@@ -58,14 +58,21 @@ class Schedule {
 
   // No checkpointing: every forward keeps all.
   static Schedule none(int n);
-  // Every block checkpointed: forwards keep only their input; before Backward(i), Forward(i)
-  // is recomputed keeping all (torch.utils.checkpoint on each block).
+  // Every block checkpointed, the last included: forwards keep only their input; before
+  // Backward(i), Forward(i) is recomputed keeping all (torch.utils.checkpoint on each block, as
+  // Hugging Face gradient checkpointing does). n recomputed forwards.
   static Schedule all(int n);
-  // Segments of k blocks: the first block of each segment keeps its input, the others keep
-  // nothing; a segment's backward recomputes its forwards keeping all, then runs its backwards
-  // (torch.utils.checkpoint_sequential). every(n, 1) == all(n); k >= n keeps only x[0].
+  // Segments of k blocks from block 0 (the last one holds the n % k left over, if any), as
+  // torch.utils.checkpoint_sequential runs them: every segment but the last is checkpointed
+  // (its first block keeps its input, the others nothing; its backward recomputes its forwards
+  // keeping all, then runs its backwards); the last segment's forwards keep all and its
+  // backwards follow the head directly, with nothing recomputed. every(6, 2):
+  //   F0:input F1:nothing F2:input F3:nothing F4:all F5:all B5 B4 R2:all R3:all B3 B2 R0:all
+  //   R1:all B1 B0
+  // So every(n, 1) is not all(n) (its last block is not recomputed), and k >= n is a single
+  // segment: the ops of none(n), under the name "every:K".
   static Schedule every(int n, int k);
-  // every(n, round(sqrt(n))), at least 1.
+  // every(n, round(sqrt(n))), at least 1: about sqrt(n) segments, the last not recomputed.
   static Schedule sqrt_n(int n);
   // "none", "all", "sqrt", "every:K" (K >= 1), or an explicit op list in str()'s format
   // ("F0:input F1:all B1 R0:all B0", named "ops", validated for n: how a solver's schedule is

@@ -161,10 +161,11 @@ TEST(Executor, StatsHooksAndNothingLeft) {
   }
   EXPECT_EQ(finals.size(), m.parameters().size());
   for (const auto& [p, n] : finals) EXPECT_EQ(n, 1) << p->name;
-  EXPECT_EQ(ex.stats().forwards, 12);
-  EXPECT_EQ(ex.stats().recomputes, 6);
-  // x[0], x[2], x[4] (checkpoints) and x[5] + x[6] at the head.
-  EXPECT_EQ(ex.stats().max_held_inputs, 4);
+  // F0..F5, then R0..R3: the last segment (blocks 4, 5) keeps all and is not recomputed.
+  EXPECT_EQ(ex.stats().forwards, 10);
+  EXPECT_EQ(ex.stats().recomputes, 4);
+  // x[0], x[2] (checkpoints) and the latest output.
+  EXPECT_EQ(ex.stats().max_held_inputs, 3);
   EXPECT_FALSE(m.any_saved());
   // Only the returned losses are left.
   EXPECT_EQ(activation_bytes_now(*rig.alloc),
@@ -192,7 +193,7 @@ TEST(Executor, UseHooksFollowWeightUses) {
   EXPECT_EQ(weight_uses(Schedule::none(3), 3), (std::vector<int>{0, 1, 2, 3, 4, 3, 2, 1, 0}));
   // Each recompute merges with the backward right after it.
   EXPECT_EQ(weight_uses(Schedule::all(3), 3), (std::vector<int>{0, 1, 2, 3, 4, 3, 2, 1, 0}));
-  // every:2 on 3 blocks: F0:input F1:nothing F2:input, head, R2 B2, R0 R1 B1 B0.
+  // every:2 on 3 blocks: F0:input F1:nothing F2:all, head, B2, R0 R1 B1 B0.
   EXPECT_EQ(weight_uses(Schedule::every(3, 2), 3),
             (std::vector<int>{0, 1, 2, 3, 4, 3, 1, 2, 1, 0}));
 
@@ -250,7 +251,10 @@ TEST(Executor, UseHooksFollowWeightUses) {
 TEST(Executor, StashHooksFollowCheckpointReads) {
   EXPECT_TRUE(checkpoint_reads(Schedule::none(3), 3).empty());
   EXPECT_EQ(checkpoint_reads(Schedule::all(3), 3), (std::vector<int>{2, 1, 0}));
-  EXPECT_EQ(checkpoint_reads(Schedule::every(4, 2), 4), (std::vector<int>{2, 0}));
+  // every:2 on 4 blocks: the last segment (blocks 2, 3) keeps all, so x[0] is the checkpoint.
+  EXPECT_EQ(checkpoint_reads(Schedule::every(4, 2), 4), (std::vector<int>{0}));
+  EXPECT_EQ(checkpoint_reads(Schedule::every(6, 2), 6), (std::vector<int>{2, 0}));
+  EXPECT_TRUE(checkpoint_reads(Schedule::every(4, 4), 4).empty());
   // A nested schedule: the recomputation of block 0 keeps its input again for a later one.
   const Schedule nested = Schedule::parse("F0:input F1:input R1:all B1 R0:input R0:all B0", 2);
   EXPECT_EQ(checkpoint_reads(nested, 2), (std::vector<int>{1, 0, 0}));
@@ -448,8 +452,12 @@ TEST(Executor, OutOfMemoryMidRunLeavesNothing) {
     m.init(7, ctx);
     Batch batch(rig, 8, 384, 64, 8);
     Executor ex(m, ctx);
-    // A segment of 3 blocks recomputed keeping all needs ~17 MiB at once.
-    const Schedule s = Schedule::every(6, 3);
+    // Both segments of 3 blocks recomputed keeping all (~17 MiB at once each), so the peak is in
+    // the backward phase. (every:3 keeps blocks 3-5 in the forward instead: its peak is there.)
+    const Schedule s = Schedule::parse(
+        "F0:input F1:nothing F2:nothing F3:input F4:nothing F5:nothing "
+        "R3:all R4:all R5:all B5 B4 B3 R0:all R1:all R2:all B2 B1 B0",
+        6);
     const Result ref = run_once(ex, m, s, batch.mb, 0.25f);
     std::vector<std::vector<unsigned char>> weights;
     for (Parameter* p : m.parameters()) {

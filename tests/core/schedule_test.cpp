@@ -30,31 +30,46 @@ void expect_invalid(const Schedule& s, int n, std::initializer_list<const char*>
 TEST(Schedule, BuiltInOps) {
   EXPECT_EQ(Schedule::none(3).str(), "F0:all F1:all F2:all B2 B1 B0");
   EXPECT_EQ(Schedule::all(2).str(), "F0:input F1:input R1:all B1 R0:all B0");
+  // checkpoint_sequential: the last segment (here block 4) keeps all and is not recomputed.
   EXPECT_EQ(Schedule::every(5, 2).str(),
-            "F0:input F1:nothing F2:input F3:nothing F4:input "
-            "R4:all B4 R2:all R3:all B3 B2 R0:all R1:all B1 B0");
-  EXPECT_EQ(Schedule::every(3, 7).str(),
-            "F0:input F1:nothing F2:nothing R0:all R1:all R2:all B2 B1 B0");
+            "F0:input F1:nothing F2:input F3:nothing F4:all "
+            "B4 R2:all R3:all B3 B2 R0:all R1:all B1 B0");
+  EXPECT_EQ(Schedule::every(6, 2).str(),
+            "F0:input F1:nothing F2:input F3:nothing F4:all F5:all "
+            "B5 B4 R2:all R3:all B3 B2 R0:all R1:all B1 B0");
+  EXPECT_EQ(Schedule::all(6).str(),
+            "F0:input F1:input F2:input F3:input F4:input F5:input "
+            "R5:all B5 R4:all B4 R3:all B3 R2:all B2 R1:all B1 R0:all B0");
+  EXPECT_EQ(Schedule::every(7, 3).str(),
+            "F0:input F1:nothing F2:nothing F3:input F4:nothing F5:nothing F6:all "
+            "B6 R3:all R4:all R5:all B5 B4 B3 R0:all R1:all R2:all B2 B1 B0");
+  EXPECT_EQ(Schedule::every(3, 1).str(), "F0:input F1:input F2:all B2 R1:all B1 R0:all B0");
   EXPECT_EQ(Schedule::none(4).name(), "none");
   EXPECT_EQ(Schedule::every(4, 3).name(), "every:3");
   EXPECT_EQ(Schedule::sqrt_n(4).name(), "sqrt");
+  EXPECT_EQ(Schedule::all(4).name(), "all");
   for (int n = 1; n <= 12; ++n) {
-    EXPECT_EQ(Schedule::every(n, 1).ops(), Schedule::all(n).ops()) << n;
     EXPECT_EQ(Schedule::none(n).recomputed_forwards(), 0);
     EXPECT_EQ(Schedule::all(n).recomputed_forwards(), n);
-    EXPECT_EQ(Schedule::every(n, 3).recomputed_forwards(), n);
-    // k >= n keeps only x[0].
-    const Schedule one = Schedule::every(n, n);
-    int inputs = 0;
-    for (const Op& op : one.ops())
-      inputs += op.kind == Op::Kind::kForward && op.keep == Keep::kInput;
-    EXPECT_EQ(inputs, 1);
+    // Every block but the last segment's: n - (the last segment's size).
+    for (int k : {1, 2, 3}) {
+      const int last = n - ((n - 1) / k) * k;
+      EXPECT_EQ(Schedule::every(n, k).recomputed_forwards(), n - last) << n << " k=" << k;
+    }
+    // every:1 leaves the last block unrecomputed, unlike all.
+    EXPECT_NE(Schedule::every(n, 1).ops(), Schedule::all(n).ops()) << n;
+    // k >= n is one segment: none's ops, every:K's name.
+    for (int k : {n, n + 1, 100}) {
+      const Schedule one = Schedule::every(n, k);
+      EXPECT_EQ(one.ops(), Schedule::none(n).ops()) << n << " k=" << k;
+      EXPECT_EQ(one.name(), "every:" + std::to_string(k));
+    }
   }
   // sqrt: every(n, round(sqrt n)).
   EXPECT_EQ(Schedule::sqrt_n(12).ops(), Schedule::every(12, 3).ops());
   EXPECT_EQ(Schedule::sqrt_n(6).ops(), Schedule::every(6, 2).ops());
   EXPECT_EQ(Schedule::sqrt_n(30).ops(), Schedule::every(30, 5).ops());
-  EXPECT_EQ(Schedule::sqrt_n(1).ops(), Schedule::all(1).ops());
+  EXPECT_EQ(Schedule::sqrt_n(1).ops(), Schedule::none(1).ops());
 }
 
 TEST(Schedule, BuiltInsAreValid) {
@@ -78,6 +93,19 @@ TEST(Schedule, RandomSchedulesAreValid) {
 TEST(Schedule, Parse) {
   EXPECT_EQ(Schedule::parse("every:2", 6).ops(), Schedule::every(6, 2).ops());
   EXPECT_EQ(Schedule::parse("none", 6).ops(), Schedule::none(6).ops());
+  EXPECT_EQ(Schedule::parse("all", 6).ops(), Schedule::all(6).ops());
+  EXPECT_EQ(Schedule::parse("every:1", 6).ops(), Schedule::every(6, 1).ops());
+  EXPECT_EQ(Schedule::parse("every:6", 6).name(), "every:6");
+  // str() reads back as an op list with the same ops, for every built-in.
+  for (int n = 1; n <= 9; ++n) {
+    for (const char* spec : {"none", "all", "sqrt", "every:1", "every:2", "every:3", "every:50"}) {
+      const Schedule s = Schedule::parse(spec, n);
+      const Schedule back = Schedule::parse(s.str(), n);
+      EXPECT_EQ(back.ops(), s.ops()) << spec << " n=" << n;
+      EXPECT_EQ(back.name(), "ops");
+      EXPECT_EQ(back.str(), s.str());
+    }
+  }
   for (const char* bad : {"every:0", "every:", "every:x", "every:2x", "every:-1", "some", "",
                           "None", "every:99999999999"}) {
     try {
