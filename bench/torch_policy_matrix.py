@@ -5,7 +5,9 @@ The GPT of scripts/torch_gpt.py (memfit's definition; default {vocab 256, seq_le
 hidden 256, heads 8, mlp_ratio 4, tied}), batch 16, on the CPU, for each
 dtype (f32, bf16 = torch.autocast("cpu", torch.bfloat16); f16 is printed as n/a: CPU autocast
 in torch 1.13 supports bfloat16 only) x checkpoint (none, all = torch.utils.checkpoint on each
-block, every:K = on each segment of K blocks, use_reentrant=True as torch 1.13's default).
+block, the last included; every:K = on each segment of K blocks but the last, which runs
+uncheckpointed as in torch.utils.checkpoint_sequential; use_reentrant=True as torch 1.13's
+default).
 
 One training step: AdamW.zero_grad(set_to_none=True), forward, mean cross-entropy, backward,
 torch.optim.AdamW.step() (torch's default implementation for CPU tensors; lr 1e-3, wd 0.01).

@@ -17,10 +17,14 @@ nn.Linear's (out, in) layout, so a golden file or a weight comparison needs no r
     loss, logits = model(tokens, targets) # tokens, targets: int64 (B, T)
     model.params["h.0.attn.qkv.weight"]   # a leaf tensor with requires_grad
 
-Checkpointing: `checkpoint="none" | "all" | "every:K"` (memfit's Schedule names). "all" wraps each
-block in torch.utils.checkpoint; "every:K" wraps each segment of K consecutive blocks (the last
-segment included, as memfit's Schedule::every does; torch's checkpoint_sequential would run its
-last segment uncheckpointed, so we do not use it). `use_reentrant` is passed through.
+Checkpointing: `checkpoint="none" | "all" | "sqrt" | "every:K"` (memfit's Schedule names). "all"
+wraps each block in torch.utils.checkpoint, the last included (Hugging Face's gradient
+checkpointing; memfit's Schedule::all). "every:K" splits the blocks into segments of K from block
+0 (the last holds the remainder) and wraps each segment but the last, which runs
+uncheckpointed: torch.utils.checkpoint_sequential's behaviour, and memfit's Schedule::every.
+(checkpoint_sequential itself takes a segment count and gives the remainder to the last
+segment, so we do not call it: for 7 blocks, every:3 is segments {0-2}, {3-5}, {6}.) "sqrt" is
+every:round(sqrt(layers)). `use_reentrant` is passed through.
 
 Precision: `autocast="bf16"` runs the forward under torch.autocast("cpu", torch.bfloat16); the
 parameters stay f32 (they are the master weights) and the loss is computed in f32.
@@ -97,12 +101,16 @@ def init_parameters(cfg, generator=None):
 
 
 def parse_checkpoint(spec, layers):
-    """memfit's Schedule names -> list of segments (lists of block indices), or None for none."""
+    """memfit's Schedule names -> list of (blocks, checkpointed) segments, or None for none.
+
+    blocks: a list of consecutive block indices; checkpointed: whether the segment runs under
+    torch.utils.checkpoint (every segment under "all"; all but the last under every:K and sqrt).
+    """
     if spec in (None, "none"):
         return None
     if spec == "all":
-        k = 1
-    elif spec == "sqrt":
+        return [([i], True) for i in range(layers)]
+    if spec == "sqrt":
         k = max(1, round(math.sqrt(layers)))
     elif spec.startswith("every:"):
         k = int(spec.split(":", 1)[1])
@@ -110,7 +118,8 @@ def parse_checkpoint(spec, layers):
             raise ValueError(f"checkpoint '{spec}': K must be >= 1")
     else:
         raise ValueError(f"checkpoint '{spec}': valid are none, all, sqrt, every:K (K >= 1)")
-    return [list(range(s, min(s + k, layers))) for s in range(0, layers, k)]
+    segments = [list(range(s, min(s + k, layers))) for s in range(0, layers, k)]
+    return [(seg, j + 1 < len(segments)) for j, seg in enumerate(segments)]
 
 
 class TorchGpt:
@@ -182,8 +191,11 @@ class TorchGpt:
         if self.segments is None:
             x = self._run_blocks(x, range(cfg.layers))
         else:
-            for seg in self.segments:
-                x = tcp.checkpoint(self._segment_fn(seg), x, use_reentrant=self.use_reentrant)
+            for seg, checkpointed in self.segments:
+                if checkpointed:
+                    x = tcp.checkpoint(self._segment_fn(seg), x, use_reentrant=self.use_reentrant)
+                else:
+                    x = self._run_blocks(x, seg)
         x = self._ln(x, "lnf")
         w = p["wte"] if cfg.tied_head else p["head.weight"]
         return F.linear(x, w)
