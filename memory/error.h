@@ -42,6 +42,13 @@ class CudaError : public Error {
   using Error::Error;
 };
 
+// A collective among ranks failed (MPI, NCCL); the message names the call, the rank and the
+// transport's reason.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Reading or writing a file failed (cannot create, short write, rename); the message names
 // the file and the operating system's reason.
 class IoError : public Error {

@@ -20,7 +20,7 @@ jobs=${MEMFIT_FUZZ_JOBS:-2}
 start=$(date +%s)
 mkdir -p "$build"
 
-CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja -DMEMFIT_CUDA=OFF \
+CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S "$root" -B "$build" -G Ninja -DMEMFIT_CUDA=OFF -DMEMFIT_MPI=OFF \
   -DMEMFIT_FUZZ=ON -DMEMFIT_WERROR=ON -DMEMFIT_SHARED=OFF -DMEMFIT_BUILD_TESTS=OFF \
   -DMEMFIT_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" \

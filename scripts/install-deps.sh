@@ -8,6 +8,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config python3
       libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libomp-dev
       libopenblas-dev libopenblas-openmp-dev  # BLAS on the OpenMP team the rest uses
       libdnnl-dev                              # oneDNN: native 16-bit CPU matmul
+      libopenmpi-dev openmpi-bin               # multi-rank CPU runs (core/comm, mpirun)
       clang libclang-rt-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do

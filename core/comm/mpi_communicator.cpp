@@ -1,0 +1,151 @@
+#include "core/comm/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "memory/error.h"
+
+namespace memfit {
+namespace {
+
+// MPI's own message for a return code.
+std::string mpi_message(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "code " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void check(int code, const char* call, int rank) {
+  if (code != MPI_SUCCESS) {
+    throw CommError(std::string(call) + " failed on rank " + std::to_string(rank) + ": " +
+                    mpi_message(code));
+  }
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+// MPI counts are ints: a chunk of more than INT_MAX elements is refused, naming the sizes.
+int count_of(std::int64_t n, const char* what) {
+  if (n > INT_MAX) {
+    throw InvalidArgument(std::string("mpi ") + what + ": " + std::to_string(n) +
+                          " elements in one rank's chunk; valid: at most " +
+                          std::to_string(INT_MAX));
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(Backend& backend) : backend_(backend) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread",
+          -1);
+    std::atexit(finalize_at_exit);
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", -1);
+  check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size", rank_);
+}
+
+void MpiCommunicator::ready(StreamId stream, const Tensor& t) const {
+  if (t.device() == Device::kCuda) {
+    throw InvalidArgument("mpi communicator: a tensor in CUDA device memory on rank " +
+                          std::to_string(rank_) + "; valid: host memory (CUDA ranks use NCCL)");
+  }
+  backend_.synchronize(stream);
+}
+
+void MpiCommunicator::reduce_scatter(const float* in, std::int64_t n, float* shard) {
+  const Chunk mine = chunk(n, size_, rank_);
+  std::vector<int> send_counts(size_), send_offsets(size_), recv_counts(size_), recv_offsets(size_);
+  for (int r = 0; r < size_; ++r) {
+    const Chunk c = chunk(n, size_, r);
+    send_counts[r] = count_of(c.count, "reduce_scatter_sum");
+    send_offsets[r] = count_of(c.offset, "reduce_scatter_sum");
+    recv_counts[r] = count_of(mine.count, "reduce_scatter_sum");
+    recv_offsets[r] = count_of(r * mine.count, "reduce_scatter_sum");
+  }
+  recv_.resize(static_cast<std::size_t>(size_ * mine.count));
+  check(MPI_Alltoallv(in, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv_.data(),
+                      recv_counts.data(), recv_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD),
+        "MPI_Alltoallv (reduce_scatter_sum)", rank_);
+  // Rank order, one element at a time: ((x0 + x1) + x2) + ...
+  const std::size_t k = static_cast<std::size_t>(mine.count);
+  std::memcpy(shard, recv_.data(), k * sizeof(float));
+  for (int r = 1; r < size_; ++r) {
+    const float* src = recv_.data() + static_cast<std::size_t>(r) * k;
+    for (std::size_t i = 0; i < k; ++i) shard[i] += src[i];
+  }
+}
+
+void MpiCommunicator::gather_bytes(const void* shard, std::int64_t n, std::size_t elem, void* out) {
+  std::vector<int> counts(size_), offsets(size_);
+  for (int r = 0; r < size_; ++r) {
+    const Chunk c = chunk(n, size_, r);
+    counts[r] = count_of(c.count * static_cast<std::int64_t>(elem), "all_gather");
+    offsets[r] = count_of(c.offset * static_cast<std::int64_t>(elem), "all_gather");
+  }
+  // A shard that is this rank's chunk of `out` itself is gathered in place.
+  const void* send = shard == static_cast<const char*>(out) + offsets[rank_] ? MPI_IN_PLACE : shard;
+  check(MPI_Allgatherv(send, counts[rank_], MPI_BYTE, out, counts.data(), offsets.data(),
+                       MPI_BYTE, MPI_COMM_WORLD),
+        "MPI_Allgatherv (all_gather)", rank_);
+}
+
+void MpiCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
+  check_all_reduce(x);
+  if (x.device() == Device::kMeta) return;
+  ready(stream, x);
+  float* data = static_cast<float*>(x.raw());
+  const Chunk mine = chunk(x.numel(), size_, rank_);
+  std::vector<float> shard(static_cast<std::size_t>(mine.count));
+  reduce_scatter(data, x.numel(), shard.data());
+  gather_bytes(shard.data(), x.numel(), sizeof(float), data);
+}
+
+void MpiCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) {
+  check_reduce_scatter(in, shard);
+  if (in.device() == Device::kMeta) return;
+  ready(stream, in);
+  reduce_scatter(static_cast<const float*>(in.raw()), in.numel(), static_cast<float*>(shard.raw()));
+}
+
+void MpiCommunicator::all_gather(StreamId stream, const Tensor& shard, const Tensor& out) {
+  check_all_gather(shard, out);
+  if (out.device() == Device::kMeta) return;
+  ready(stream, out);
+  gather_bytes(shard.raw(), out.numel(), dtype_size(out.dtype()), out.raw());
+}
+
+void MpiCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
+  check_broadcast(root);
+  if (x.device() == Device::kMeta) return;
+  ready(stream, x);
+  char* p = static_cast<char*>(x.raw());
+  std::size_t left = x.nbytes();
+  while (left > 0) {  // MPI counts are ints
+    const int n = static_cast<int>(std::min<std::size_t>(left, INT_MAX));
+    check(MPI_Bcast(p, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast (broadcast)", rank_);
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+void MpiCommunicator::barrier() {
+  backend_.synchronize(kDefaultStream);
+  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+}
+
+}  // namespace memfit
