@@ -129,7 +129,9 @@ PlanResult plan(const PlannerOptions& o) {
     }
   }
   // f16 and bf16 allocate the same bytes: a twin searched second starts from the first's
-  // answer (two dry runs when it holds). Twins are adjacent, so each thread takes a pair.
+  // answer (two dry runs when it holds) and, for the optimal solver, tries the first's
+  // schedules before solving its own (planner_search.h's Hint). Twins are adjacent, so each
+  // thread takes a pair.
   std::vector<std::vector<std::size_t>> groups;
   for (std::size_t i = 0; i < combos.size(); ++i) {
     if (!groups.empty() && combos[i].dtype != DType::kF32) {
@@ -156,7 +158,7 @@ PlanResult plan(const PlannerOptions& o) {
   auto worker = [&] {
     for (std::size_t g; (g = next.fetch_add(1)) < groups.size();) {
       try {
-        std::int64_t hint = 0;
+        planner_detail::Hint hint;
         for (std::size_t i : groups[g]) {
           Combo& cb = combos[i];
           const auto host =
@@ -172,7 +174,7 @@ PlanResult plan(const PlannerOptions& o) {
           } else {
             search_max(c, combos[i], hint);
           }
-          hint = combos[i].max_micro;
+          hint = planner_detail::Hint::of(combos[i]);
         }
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
@@ -236,9 +238,9 @@ PlanResult plan(const PlannerOptions& o) {
     const Combo& base = combos[feasible.front()];
     Combo cb(base.dtype, base.ck, base.offload);
     if (throughput) {
-      search_throughput(cx, cb, base.max_micro);
+      search_throughput(cx, cb, planner_detail::Hint::of(base));
     } else {
-      search_max(cx, cb, base.max_micro);
+      search_max(cx, cb, planner_detail::Hint::of(base));
     }
     result.dry_runs += cb.dry_runs;
     const Plan fixed = result.candidates.front();

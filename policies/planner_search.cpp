@@ -44,10 +44,17 @@ namespace {
 // ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b near INT64_MAX.
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
+// The optimal solver's search for the largest micro-batch stops within lo / per of a failing
+// one: 1% in max-batch mode, where that micro-batch is the answer; 1/16 in throughput mode,
+// where it only bounds the candidates (ceil(per_rank / k) for a few k, which a larger micro-batch
+// with as many micro-batches seldom beats, and powers of two).
+constexpr int kOptimalTolerance = 100;
+constexpr int kOptimalThroughputTolerance = 16;
+
 class Searcher {
  public:
-  Searcher(const Context& c, Combo& combo)
-      : c_(c), combo_(combo), saving_(zero_saving(c, combo.dtype, combo.offload)) {}
+  Searcher(const Context& c, Combo& combo, Hint hint)
+      : c_(c), combo_(combo), hint_(hint), saving_(zero_saving(c, combo.dtype, combo.offload)) {}
 
   // A dry run of `micro` (accum micro-batches, an uneven last one) under the budget, with the
   // schedule this combination gives at that micro-batch; nullopt when no schedule fits.
@@ -105,20 +112,38 @@ class Searcher {
   }
 
   // Optimal solver: a micro-batch found largest may have been probed before the schedule of
-  // its predecessor was known; while that schedule fits one more sample, take it.
+  // its predecessor was known, and a schedule solved under a lowered limit often has room to
+  // spare: with the schedule of `lo` fixed, the largest micro-batch it fits, up to `cap`. One
+  // more sample first (usually the answer: it fails); then the peaks of the fixed schedule,
+  // nearly linear in the micro-batch, interpolated (bracket()). Near the budget fitting is not
+  // monotone (a block's rounding), so this finds a fit whose successor fails, not necessarily
+  // the first failure above `lo` (which a walk of one sample at a time found, at one dry run
+  // per sample: 68 for gpt2-xl f16 optimal with optimizer offload).
   std::int64_t extend_with_own_schedule(std::int64_t lo, std::int64_t cap) {
-    while (combo_.optimal() && lo < cap) {
-      const std::optional<Found>& f = at(lo);
-      if (!f) break;
-      RunSpec q = request(lo + 1, 1, 0);
-      q.alloc.budget = c_.budget + saving_;
-      q.trainer.policy.checkpoint = Checkpointing::solved(f->schedule);
-      const DryRunResult r = run(q);
-      if (!r.fits) break;
-      cache_[lo + 1] = Found{r, f->schedule};
-      ++lo;
-    }
-    return lo;
+    if (!combo_.optimal() || lo >= cap) return lo;
+    const std::optional<Found>& f = at(lo);
+    if (!f) return lo;
+    const Schedule own = f->schedule;  // with_own below may rehash the cache
+    const std::size_t p_lo = f->r.step.reserved;
+    auto with_own = [&](std::int64_t m, std::size_t* peak) {
+      const DryRunResult r = run_with(m, own);
+      if (!r.fits) return false;
+      std::optional<Found>& slot = cache_[m];
+      if (!slot) slot = Found{r, own};
+      *peak = r.step.reserved;
+      return true;
+    };
+    std::size_t p1 = 0;
+    if (!with_own(lo + 1, &p1)) return lo;
+    return bracket(lo + 1, p1, lo, p_lo, cap + 1, cap, with_own);
+  }
+
+  // One step's dry run of `micro` samples with a given schedule (optimal solver).
+  DryRunResult run_with(std::int64_t micro, const Schedule& schedule) {
+    RunSpec q = request(micro, 1, 0);
+    q.alloc.budget = c_.budget + saving_;
+    q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
+    return run(q);
   }
 
   struct Found {
@@ -129,13 +154,27 @@ class Searcher {
   const std::optional<Found>& at(std::int64_t micro) {
     auto it = cache_.find(micro);
     if (it == cache_.end()) {
-      Schedule s;
-      const std::optional<DryRunResult> r = probe(micro, 1, 0, &s);
       std::optional<Found> f;
-      if (r && r->fits) f = Found{*r, s};
+      if (const Schedule* twin = combo_.optimal() ? hint_.schedule_at(micro) : nullptr) {
+        const DryRunResult r = run_with(micro, *twin);
+        if (r.fits) f = Found{r, *twin};
+      }
+      if (!f) {
+        Schedule s;
+        const std::optional<DryRunResult> r = probe(micro, 1, 0, &s);
+        if (r && r->fits) f = Found{*r, s};
+      }
       it = cache_.emplace(micro, std::move(f)).first;
     }
     return it->second;
+  }
+
+  // Optimal solver: every schedule that fitted, for a twin (Combo::fitted).
+  void export_fitted() {
+    if (!combo_.optimal()) return;
+    for (const auto& [m, f] : cache_) {
+      if (f) combo_.fitted.emplace(m, f->schedule);
+    }
   }
 
   bool fits(std::int64_t micro, std::size_t* peak) {
@@ -145,27 +184,53 @@ class Searcher {
   }
 
   // The largest micro-batch whose dry run fits, up to `cap`: exponential steps from a hint,
-  // then interpolation on the measured peaks, falling back to bisection when it stalls.
-  std::int64_t max_micro(std::int64_t cap, std::int64_t hint) {
+  // then interpolation on the measured peaks, falling back to bisection when it stalls. A hint
+  // with a schedule (optimal solver: what fitted the twin at `hint`) is tried with that schedule
+  // first: a twin allocates the same bytes, so where it held, so does this one.
+  std::int64_t max_micro(std::int64_t cap, int optimal_tolerance = kOptimalTolerance) {
+    const std::int64_t hint = hint_.micro;
+    const Schedule* hint_schedule = combo_.optimal() ? hint_.schedule_at(hint) : nullptr;
     std::size_t p_lo = 0;
-    if (!fits(1, &p_lo)) return 0;
+    if (hint_schedule != nullptr && hint > 1 && hint <= cap) {
+      const DryRunResult r = run_with(hint, *hint_schedule);
+      if (r.fits) {
+        std::optional<Found>& slot = cache_[hint];
+        if (!slot) slot = Found{r, *hint_schedule};
+        return extend_with_own_schedule(hint, cap);
+      }
+    }
     std::int64_t lo = 1, hi = cap + 1;  // fits(lo), !fits(hi) (hi = cap + 1: unknown)
     std::int64_t lo_prev = 0;
     std::size_t p_prev = 0;
-    if (hint > 1 && hint <= cap) {
+    if (hint > 1 && hint <= cap && fits(hint, &p_lo)) {
+      // A twin's answer: one sample more decides (one micro-batch is then not probed at all).
       std::size_t p = 0;
-      if (fits(hint, &p)) {
-        lo_prev = lo, p_prev = p_lo, lo = hint, p_lo = p;
-        if (hint + 1 > cap || !fits(hint + 1, &p)) {
-          return extend_with_own_schedule(hint, cap);  // a twin's answer holds
-        }
-        lo_prev = lo, p_prev = p_lo, lo = hint + 1, p_lo = p;
-      } else {
-        hi = hint;
-      }
+      if (hint + 1 > cap || !fits(hint + 1, &p)) return extend_with_own_schedule(hint, cap);
+      lo_prev = hint, p_prev = p_lo, lo = hint + 1, p_lo = p;
+    } else {
+      if (hint > 1 && hint <= cap) hi = hint;
+      if (!fits(1, &p_lo)) return 0;
     }
+    auto probe_fits = [&](std::int64_t m, std::size_t* p) { return fits(m, p); };
+    // The optimal solver's probe near the boundary is the expensive one (a failing micro-batch
+    // tries four limits, each a solve and two dry runs, then two fallbacks): it stops near the
+    // boundary (kOptimalTolerance), and the extension with the schedule found carries on.
+    const int per = combo_.optimal() ? optimal_tolerance : 0;
+    lo = bracket(lo, p_lo, lo_prev, p_prev, hi, cap, probe_fits, per);
+    return extend_with_own_schedule(lo, cap);
+  }
+
+  // Given fits(lo) with peak p_lo (and an earlier fit lo_prev < lo with p_prev, 0: none) and
+  // !fits(hi) (hi = cap + 1: unknown), a micro-batch m in [lo, cap] that fits while m + 1 does
+  // not (or is past cap): interpolation on the peaks while they give a slope, geometric steps
+  // while they do not, bisection when interpolation shrank the interval by less than half.
+  // per > 0: stop once hi - lo <= lo / per (an m within that of a boundary).
+  template <class Fits>
+  std::int64_t bracket(std::int64_t lo, std::size_t p_lo, std::int64_t lo_prev, std::size_t p_prev,
+                       std::int64_t hi, std::int64_t cap, Fits&& fits_at, int per = 0) {
     bool bisect = false;
-    while (hi - lo > 1) {
+    // (hi > cap: no failure seen yet, so cap itself is still probed.)
+    while (hi - lo > (per > 0 && hi <= cap ? std::max<std::int64_t>(1, lo / per) : 1)) {
       std::int64_t next;
       if (bisect || lo_prev == 0 || p_lo <= p_prev) {
         // Without two points (or a slope) grow geometrically until something fails.
@@ -180,7 +245,7 @@ class Searcher {
       if (next <= lo) break;
       const std::int64_t width = hi - lo;
       std::size_t p = 0;
-      if (fits(next, &p)) {
+      if (fits_at(next, &p)) {
         lo_prev = lo, p_prev = p_lo, lo = next, p_lo = p;
       } else {
         hi = next;
@@ -188,7 +253,7 @@ class Searcher {
       // Interpolation that shrank the interval by less than half: bisect next time.
       bisect = hi <= cap && (hi - lo) * 2 > width;
     }
-    return extend_with_own_schedule(lo, cap);
+    return lo;
   }
 
   // The search probes the first step only; a plan's answer is confirmed over two (confirm()).
@@ -226,9 +291,22 @@ class Searcher {
   // fails over two steps also tries the schedule solved for one sample fewer (the solver's
   // schedules are not monotone in the micro-batch: measured, f32 on a small GPT at 40 MiB,
   // the schedule solved for 80 fails where 79's fits at 80).
+  // A micro-batch the search did not probe (below the one the extension reached) is confirmed
+  // with the schedule that fitted at the top, not solved for (as the extension walking one
+  // sample at a time left it).
   std::int64_t confirmed(std::int64_t m, DryRunResult* out, Schedule* schedule) {
+    std::optional<Schedule> top;
     for (; m >= 1; --m) {
+      if (top && cache_.find(m) == cache_.end()) {
+        if (std::optional<DryRunResult> r = confirm(m, 1, 0, *top)) {
+          *out = *r;
+          *schedule = *top;
+          return m;
+        }
+        continue;
+      }
       const std::optional<Found>& f = at(m);
+      if (f && combo_.optimal() && !top) top = f->schedule;
       if (!f) continue;
       if (std::optional<DryRunResult> r = confirm(m, 1, 0, f->schedule)) {
         *out = *r;
@@ -236,12 +314,15 @@ class Searcher {
         return m;
       }
       if (!combo_.optimal() || m == 1) continue;
-      const Schedule own = f->schedule;  // at() below may rehash the cache
-      const std::optional<Found>& below = at(m - 1);
-      if (!below || below->schedule.ops() == own.ops()) continue;
-      if (std::optional<DryRunResult> r = confirm(m, 1, 0, below->schedule)) {
+      const auto below = cache_.find(m - 1);  // (probed: solving for it here costs too much)
+      if (below == cache_.end() || !below->second ||
+          below->second->schedule.ops() == f->schedule.ops()) {
+        continue;
+      }
+      const Schedule other = below->second->schedule;
+      if (std::optional<DryRunResult> r = confirm(m, 1, 0, other)) {
         *out = *r;
-        *schedule = below->schedule;
+        *schedule = other;
         return m;
       }
     }
@@ -293,6 +374,7 @@ class Searcher {
  private:
   const Context& c_;
   Combo& combo_;
+  Hint hint_;
   std::size_t saving_;
   std::optional<Schedule> fixed_;
   std::map<std::int64_t, std::optional<Found>> cache_;
@@ -373,13 +455,15 @@ std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
 }  // namespace
 
 // Max-batch mode for one combination.
-void search_max(const Context& c, Combo& combo, std::int64_t hint) {
-  Searcher s(c, combo);
-  std::int64_t m = s.max_micro(c.o.max_micro_batch, hint);
+void search_max(const Context& c, Combo& combo, Hint hint) {
+  Searcher s(c, combo, hint);
+  std::int64_t m = s.max_micro(c.o.max_micro_batch);
   DryRunResult r;
   Schedule sched;
   if (m > 0) m = s.confirmed(m, &r, &sched);
   combo.max_micro = m;
+  s.export_fitted();
+  if (m > 0 && combo.optimal()) combo.fitted[m] = sched;  // the schedule confirmed at m
   if (m == 0) {
     combo.infeasible = infeasible_reason(c, combo, s);
     return;
@@ -387,12 +471,14 @@ void search_max(const Context& c, Combo& combo, std::int64_t hint) {
   combo.plan = make_plan(c, combo, sched, r, s.saving(), m, 1, m * c.o.ranks);
 }
 
+namespace {
+
 // Throughput mode for one combination: the micro-batch (up to the largest that fits) that
 // reaches the per-rank batch fastest, confirmed by a dry run with its accumulation.
-void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
-  Searcher s(c, combo);
+void throughput(const Context& c, Combo& combo, Searcher& s) {
   const std::int64_t per_rank = c.o.global_batch / c.o.ranks;
-  const std::int64_t m = s.max_micro(std::min(c.o.max_micro_batch, per_rank), hint);
+  const std::int64_t m =
+      s.max_micro(std::min(c.o.max_micro_batch, per_rank), kOptimalThroughputTolerance);
   combo.max_micro = m;
   if (m == 0) {
     combo.infeasible = infeasible_reason(c, combo, s);
@@ -468,6 +554,14 @@ void search_throughput(const Context& c, Combo& combo, std::int64_t hint) {
   }
   combo.infeasible =
       combo.name() + ": no micro-batch up to " + std::to_string(m) + " fits with its accumulation";
+}
+
+}  // namespace
+
+void search_throughput(const Context& c, Combo& combo, Hint hint) {
+  Searcher s(c, combo, hint);
+  throughput(c, combo, s);
+  s.export_fitted();
 }
 
 }  // namespace memfit::planner_detail

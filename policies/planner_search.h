@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,6 +27,9 @@ struct Combo {
   OffloadSwitches offload;
   // Results.
   std::int64_t max_micro = 0;  // 0: nothing fits
+  // Optimal solver: the schedule each micro-batch the search saw fit fitted with (max_micro's
+  // included), a twin's hint (below).
+  std::map<std::int64_t, Schedule> fitted;
   std::optional<Plan> plan;
   std::string infeasible;
   std::int64_t dry_runs = 0;
@@ -51,10 +55,24 @@ std::string gib(double bytes);
 // device optimizer state (stage >= 1) and of the gradients (stage 2).
 std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload);
 
-// Max-batch mode for one combination: combo.plan, or combo.infeasible saying why not. `hint`:
-// a micro-batch that fitted a twin combination (0: none).
-void search_max(const Context& c, Combo& combo, std::int64_t hint);
+// A twin combination's answer (f16 and bf16 allocate the same bytes): the micro-batch that
+// fitted it (0: none) and, for the optimal solver, the schedules it fitted with. The search
+// tries a twin's schedule first (one dry run) where it would solve and probe (a solve and one
+// to ten dry runs); whatever it reports is its own dry runs'.
+struct Hint {
+  std::int64_t micro = 0;
+  const std::map<std::int64_t, Schedule>* fitted = nullptr;
+  static Hint of(const Combo& twin) { return {twin.max_micro, &twin.fitted}; }
+  const Schedule* schedule_at(std::int64_t m) const {
+    if (fitted == nullptr) return nullptr;
+    const auto it = fitted->find(m);
+    return it == fitted->end() ? nullptr : &it->second;
+  }
+};
+
+// Max-batch mode for one combination: combo.plan, or combo.infeasible saying why not.
+void search_max(const Context& c, Combo& combo, Hint hint);
 // Throughput mode for one combination (PlannerOptions::global_batch).
-void search_throughput(const Context& c, Combo& combo, std::int64_t hint);
+void search_throughput(const Context& c, Combo& combo, Hint hint);
 
 }  // namespace memfit::planner_detail
