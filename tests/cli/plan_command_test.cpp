@@ -455,9 +455,10 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_TRUE(contains(missing.output, "none.yaml")) << missing.output;
   // An explicit schedule is written as its op list; training runs exactly that schedule and
-  // reproduces the plan's prediction.
+  // reproduces the plan's prediction. every:1 on the 2 blocks recomputes block 0 (every:2 would
+  // be one segment, recomputing nothing).
   memfit::Plan ops = p;
-  ops.policy.checkpoint = memfit::Checkpointing::solved(memfit::Schedule::every(2, 2));
+  ops.policy.checkpoint = memfit::Checkpointing::solved(memfit::Schedule::every(2, 1));
   const std::string ops_plan = tmp("ops.json");
   ops.save(ops_plan);
   const ProgramRun o = run_memfit("train --plan " + ops_plan + " --data " + kCorpus +
@@ -466,7 +467,7 @@ TEST(TrainPlanning, PlanFileFixesModelPoliciesAndBatch) {
   const nlohmann::json oj = nlohmann::json::parse(read_file(js));
   EXPECT_EQ(oj.at("checkpoint").get<std::string>(), "optimal");
   EXPECT_EQ(oj.at("schedule").get<std::string>(), "ops");  // the Schedule's own name: parsed
-  EXPECT_EQ(oj.at("plan").at("schedule").get<std::string>(), memfit::Schedule::every(2, 2).str());
+  EXPECT_EQ(oj.at("plan").at("schedule").get<std::string>(), memfit::Schedule::every(2, 1).str());
   for (const auto& f : {plan, js, ops_plan}) std::remove(f.c_str());
 }
 

@@ -199,8 +199,9 @@ std::vector<Case> unbudgeted_cases() {
       v.push_back({gpt, dt, ck, true, 0, 3, 7, 0, true, true, true});
     }
   }
+  // gpt-micro has 2 blocks: every:1 checkpoints x[0] (every:2 would be one segment, none's ops).
   v.push_back(
-      {micro, DType::kBF16, Checkpointing::every(2), false, 0, 0, 3, 0, false, false, true});
+      {micro, DType::kBF16, Checkpointing::every(1), false, 0, 0, 3, 0, false, false, true});
   v.push_back({mlp, DType::kBF16, Checkpointing::all(), true, 3, 0, 8, 16, false, false, true});
   v.push_back({gpt, DType::kBF16, Checkpointing::ops(Schedule::every(3, 2)), true, 4, 0, 9, 0, true,
                false, true});
@@ -261,7 +262,7 @@ TEST(DryRun, TwoStepsPredictEveryLaterStep) {
   std::vector<Case> cases = unbudgeted_cases();
   cases.resize(12);
   cases.push_back({ModelSpec::preset("gpt-micro"), DType::kBF16,
-                   Checkpointing::ops(Schedule::every(2, 2)), true, 3, 0, 7, 0, true, true});
+                   Checkpointing::ops(Schedule::every(2, 1)), true, 3, 0, 7, 0, true, true});
   for (const Case& c : cases) {
     const DryRunResult d = dry_run(c.run(0));
     expect_same_peaks(c, d, real_step(c, 0, /*steps=*/4));
@@ -313,7 +314,7 @@ TEST_P(DryRunProofs, AtTheLargestFittingMicroBatchARealStepFitsAndOneMoreDoesNot
       {{micro, DType::kF32, Checkpointing::none(), true, 0, 0, 1, 0, false, true}, 1, 24},
       {{gpt, DType::kF16, Checkpointing::sqrt(), true, 0, 0, 1, 0, true, true}, 2, 6},
       {{gpt, DType::kBF16, Checkpointing::all(), false, 0, 0, 1, 0, false, false, true}, 3, 12},
-      {{micro, DType::kF32, Checkpointing::every(2), false, 0, 0, 1, 0, false, false, true}, 1, 24},
+      {{micro, DType::kF32, Checkpointing::every(1), false, 0, 0, 1, 0, false, false, true}, 1, 24},
       {{gpt, DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true, true, true}, 2, 12},
       {{small_llama(), DType::kF32, Checkpointing::none(), false}, 2, 6},
       {{small_llama(), DType::kBF16, Checkpointing::all(), true, 0, 0, 1, 0, true}, 3, 12},
