@@ -22,6 +22,46 @@ namespace memfit {
 
 namespace {
 
+// Every rank's `v`, in rank order, the same on every rank (each double gathered as two
+// float32 slots' bits).
+std::vector<double> gather_over_ranks(Communicator& comm, double v) {
+  const int n = comm.size();
+  std::vector<double> all(static_cast<std::size_t>(n));
+  all[static_cast<std::size_t>(comm.rank())] = v;
+  const Tensor whole(all.data(), Shape{2 * static_cast<std::int64_t>(n)}, DType::kF32,
+                     Device::kCpu);
+  comm.all_gather(kDefaultStream, whole.slice0(2 * comm.rank(), 2 * comm.rank() + 2), whole);
+  return all;
+}
+
+// The sum over ranks of `v`, in rank order, in double: the same on every rank.
+double sum_over_ranks(Communicator& comm, double v) {
+  double sum = 0;
+  for (double x : gather_over_ranks(comm, v)) sum += x;
+  return sum;
+}
+
+// The global batch's B*T under data parallel: InvalidArgument naming the ranks when the
+// shards differ (every rank must hold the same number of samples of the same length).
+std::int64_t global_rows(Communicator& comm, const Batch& batch) {
+  const std::int64_t mine = batch.batch * batch.seq_len;
+  const std::vector<double> all = gather_over_ranks(comm, static_cast<double>(mine));
+  std::string shards;
+  bool equal = true;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    equal = equal && all[r] == all[0];
+    shards += (r ? ", " : "") + std::to_string(static_cast<std::int64_t>(all[r]));
+  }
+  if (!equal) {  // every rank sees the same figures, so every rank refuses
+    throw InvalidArgument("data parallel step on rank " + std::to_string(comm.rank()) + " of " +
+                          std::to_string(comm.size()) + ": the ranks' shards differ (B*T by "
+                          "rank: " + shards + "); valid: the same samples and seq_len on every "
+                          "rank (a global batch divisible by the ranks)");
+  }
+  return mine * comm.size();
+}
+
+
 // The data Rng must not replay the numbers Model::init drew from the same seed.
 constexpr std::uint64_t kDataSeedSalt = 0xD6E8FEB86659FD93ull;
 
@@ -224,7 +264,9 @@ StepResult Trainer::step(const Batch& batch) {
   const ScopedRange step_range(RangeKind::kStep, step_name());
   check_batch(batch, model_.spec());
   const std::vector<std::int64_t> sizes = options_.policy.micro_batches(batch.batch);
-  const std::int64_t rows = batch.batch * batch.seq_len;
+  Communicator* const dp = options_.comm != nullptr && options_.comm->size() > 1 ? options_.comm
+                                                                                  : nullptr;
+  const std::int64_t rows = dp ? global_rows(*dp, batch) : batch.batch * batch.seq_len;
   const double scale = scaler_.scale();
   // Every micro-batch's loss gradient is scale / (B*T): the mean over the global batch, so an
   // uneven last micro-batch is weighted by its row count (policies/accumulation.h).
@@ -276,6 +318,11 @@ StepResult Trainer::step(const Batch& batch) {
         hooks.unstash = [&](int i, int next) { return stash_->take(ctx_, i, next); };
       }
       hooks.after_stage = [&](int s) {
+        if (dp != nullptr && mi + 1 == count) {  // the stage's gradients are final: sum them
+          for (Parameter* p : stages[static_cast<std::size_t>(s)].final) {
+            dp->all_reduce_sum(ctx_.stream, p->grad);
+          }
+        }
         optimizer_->after_stage(ctx_, s, mi, count);
         // The last micro-batch: each stage's gradients are final once its backward ran.
         if (mi + 1 == count) {
@@ -339,6 +386,7 @@ StepResult Trainer::step(const Batch& batch) {
 
   StepResult r;
   r.step = attempted_;
+  if (dp != nullptr) loss_sum = sum_over_ranks(*dp, loss_sum);
   r.loss = loss_sum / static_cast<double>(rows);
   r.loss_scale = scale;
   r.skipped = skip;

@@ -64,6 +64,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/executor.h"
 #include "core/optimizer.h"
 #include "core/rng.h"
@@ -89,17 +90,26 @@ struct TrainerOptions {
   std::size_t host_budget = 0;                 // pinned host bytes offload may take (0: no limit)
   bool init_model = true;           // false: keep the model's current weights
   double max_grad_norm = 0;         // gradient clipping's L2 bound (0: off; finite, >= 0)
+  // Data parallel over comm's ranks (ZeRO-0: every rank holds the whole model and optimizer).
+  // Each rank's step() gets its own shard of the global batch, the same number of samples on
+  // every rank; the loss gradient is scale / (global B * T), each stage's final gradients are
+  // summed over ranks (Communicator::all_reduce_sum, in rank order) in the last micro-batch as
+  // its backward completes, before the optimizer sees them, and StepResult::loss and tokens
+  // are the global batch's. Every rank initializes from the same seed and applies the same
+  // update, so the weights stay identical. nullptr or one rank: a single-rank run. Must
+  // outlive the trainer; not in dry runs.
+  Communicator* comm = nullptr;
 };
 
 struct StepResult {
   std::int64_t step = 0;       // 1-based number of this step
-  double loss = 0;             // mean over the batch's B*T rows (0 on the meta backend)
+  double loss = 0;             // mean over the (global) batch's B*T rows (0 on the meta backend)
   double loss_scale = 1;       // the scale this step's gradients carried
   bool skipped = false;        // inf/NaN gradients: no update
   double grad_norm = 0;        // global L2 norm of the unscaled gradients (0: not computed)
   bool clipped = false;        // grad_norm was above max_grad_norm: the update was scaled
   double seconds = 0;          // wall time of step()
-  std::int64_t tokens = 0;     // B*T
+  std::int64_t tokens = 0;     // B*T (of the global batch under data parallel)
   std::int64_t micro_batches = 0;
   PeakFigures peaks;           // the allocator's during the step; host_pinned: offload's bytes
 };
