@@ -161,7 +161,7 @@ struct OpCase {
 };
 
 // A real step of gpt-tiny (no policy) at `batch` samples in dtype `dt`: its wall time (the
-// mean of 2 after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
+// median of 3 after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
 // scale 1, and its number of ops (the dry run priced again with per_op = 1 ms).
 struct RealStep {
   double measured = 0, priced = 0, ops = 0;
@@ -180,7 +180,7 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
   std::vector<double> secs;
   {
     RunSetup setup(run);
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < 4; ++k) {
       const double s = setup.step(b).seconds;
       if (k > 0) secs.push_back(s);
     }
@@ -201,8 +201,9 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
 }
 
 // OpRates::scale and per_op, from real steps of gpt-tiny: one micro-batch of 1 sample (128
-// tokens: small ops, where the cost per op shows) and one of 4 (512 tokens: large ops, where
-// the kernels' speed inside a step does), in f32 and bf16. Per dtype, measured = scale x priced +
+// tokens: small ops, where the cost per op shows) and one of 8 (1024 tokens: large ops, where
+// the kernels' speed inside a step does; the same ops, so the two differ by kernel time alone
+// and the wider the sizes, the less a step's noise moves the answer), in f32 and bf16. Per dtype, measured = scale x priced +
 // per_op x ops at both sizes, two equations in two unknowns; the result is the mean over the
 // dtypes, scale within [0.5, 4] and per_op within [0, 1 ms] (out of range, or the equations
 // degenerate: per_op 0 and scale from the larger step alone).
@@ -210,7 +211,7 @@ void calibrate(OpRates& rates) {
   double scale = 0, per_op = 0;
   int n = 0;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    const RealStep a = real_step(rates, dt, 1), b = real_step(rates, dt, 4);
+    const RealStep a = real_step(rates, dt, 1), b = real_step(rates, dt, 8);
     if (!(a.priced > 0 && b.priced > 0 && a.ops >= 1 && b.ops >= 1)) continue;
     const double det = a.priced * b.ops - b.priced * a.ops;
     double s = det != 0 ? (a.measured * b.ops - b.measured * a.ops) / det : 0;

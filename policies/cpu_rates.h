@@ -18,7 +18,7 @@
 // - memcpy bandwidth (bytes/s; "host_link" of the CPU device, where offload copies are
 //   memcpy) and the CPU AdamW's parameters/s (CostModel::cpu_adamw_rate).
 // - OpRates::scale and per_op, how a real step differs from its ops priced by the above: real
-//   steps of gpt-tiny at micro-batch 1 and 4, f32 and bf16 (cpu_rates.cpp, calibrate()).
+//   steps of gpt-tiny at micro-batch 1 and 8, f32 and bf16 (cpu_rates.cpp, calibrate()).
 // The cache: one YAML file per key in $MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else
 // $HOME/.cache/memfit (cpu-rates-<hash of the key>.yaml). The key is the CPU model
 // (/proc/cpuinfo's "model name"), the OpenMP thread count, memfit's version and build, and
