@@ -17,6 +17,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "core/meta/meta_backend.h"
 #include "memory/caching_allocator.h"
+#include "memory/error.h"
 #include "memory/host_provider.h"
 #include "memory/null_provider.h"
 #include "policies/cost_model.h"
@@ -206,12 +207,19 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
 // and the wider the sizes, the less a step's noise moves the answer), in f32 and bf16. Per dtype, measured = scale x priced +
 // per_op x ops at both sizes, two equations in two unknowns; the result is the mean over the
 // dtypes, scale within [0.5, 4] and per_op within [0, 1 ms] (out of range, or the equations
-// degenerate: per_op 0 and scale from the larger step alone).
+// degenerate: per_op 0 and scale from the larger step alone; a dtype whose steps fail, say
+// for memory, is left out, and with none left scale stays 1 and per_op 0).
 void calibrate(OpRates& rates) {
   double scale = 0, per_op = 0;
   int n = 0;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    const RealStep a = real_step(rates, dt, 1), b = real_step(rates, dt, 8);
+    RealStep a, b;
+    try {
+      a = real_step(rates, dt, 1);
+      b = real_step(rates, dt, 8);
+    } catch (const Error&) {  // no real step here (memory, say): the kernels' rates alone
+      continue;
+    }
     if (!(a.priced > 0 && b.priced > 0 && a.ops >= 1 && b.ops >= 1)) continue;
     const double det = a.priced * b.ops - b.priced * a.ops;
     double s = det != 0 ? (a.measured * b.ops - b.measured * a.ops) / det : 0;

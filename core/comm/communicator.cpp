@@ -1,5 +1,6 @@
 #include "core/comm/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
