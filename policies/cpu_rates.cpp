@@ -162,12 +162,12 @@ struct OpCase {
 };
 
 // A real step of gpt-tiny (no policy) at `batch` samples in dtype `dt`: its wall time (the
-// median of 3 after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
+// median of `timed` after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
 // scale 1, and its number of ops (the dry run priced again with per_op = 1 ms).
 struct RealStep {
   double measured = 0, priced = 0, ops = 0;
 };
-RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
+RealStep real_step(const OpRates& rates, DType dt, i64 batch, int timed) {
   RunSpec run;
   run.model = ModelSpec::preset("gpt-tiny");
   run.batch = batch;
@@ -181,7 +181,7 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
   std::vector<double> secs;
   {
     RunSetup setup(run);
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k <= timed; ++k) {
       const double s = setup.step(b).seconds;
       if (k > 0) secs.push_back(s);
     }
@@ -201,33 +201,28 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch) {
   return r;
 }
 
-// OpRates::scale and per_op, from real steps of gpt-tiny: one micro-batch of 1 sample (128
-// tokens: small ops, where the cost per op shows) and one of 8 (1024 tokens: large ops, where
-// the kernels' speed inside a step does; the same ops, so the two differ by kernel time alone
-// and the wider the sizes, the less a step's noise moves the answer), in f32 and bf16. Per dtype, measured = scale x priced +
-// per_op x ops at both sizes, two equations in two unknowns; the result is the mean over the
-// dtypes, scale within [0.5, 4] and per_op within [0, 1 ms] (out of range, or the equations
-// degenerate: per_op 0 and scale from the larger step alone; a dtype whose steps fail, say
-// for memory, is left out, and with none left scale stays 1 and per_op 0).
+// OpRates::scale and per_op, from real steps of gpt-tiny: one micro-batch of 8 samples (1024
+// tokens: large ops, where the kernels' speed inside a step shows) and one of 1 (128 tokens:
+// small ops, where the cost per op does), in f32 and bf16. Per dtype, scale = measured / priced
+// at 8 samples (the per-op cost there is a few percent), then per_op = what the 1-sample step
+// takes beyond its ops at that scale, per op. (Solving both from the two steps at once swung
+// with each step's noise: scale 0.82-1.15 over quiet measurements.) The mean over the dtypes,
+// scale within [0.5, 4], per_op within [0, 1 ms]; a dtype whose steps fail, say for memory, is
+// left out, and with none left scale stays 1 and per_op 0.
 void calibrate(OpRates& rates) {
   double scale = 0, per_op = 0;
   int n = 0;
   for (DType dt : {DType::kF32, DType::kBF16}) {
     RealStep a, b;
     try {
-      a = real_step(rates, dt, 1);
-      b = real_step(rates, dt, 8);
+      a = real_step(rates, dt, 1, 9);  // short steps: more of them (per_op is a small difference)
+      b = real_step(rates, dt, 8, 3);
     } catch (const Error&) {  // no real step here (memory, say): the kernels' rates alone
       continue;
     }
     if (!(a.priced > 0 && b.priced > 0 && a.ops >= 1 && b.ops >= 1)) continue;
-    const double det = a.priced * b.ops - b.priced * a.ops;
-    double s = det != 0 ? (a.measured * b.ops - b.measured * a.ops) / det : 0;
-    double c = s > 0 ? (a.measured - s * a.priced) / a.ops : -1;
-    if (!(s >= 0.5 && s <= 4 && c >= 0 && c <= 1e-3)) {
-      s = std::clamp(b.measured / b.priced, 0.5, 4.0);
-      c = 0;
-    }
+    const double s = std::clamp(b.measured / b.priced, 0.5, 4.0);
+    const double c = std::clamp((a.measured - s * a.priced) / a.ops, 0.0, 1e-3);
     scale += s;
     per_op += c;
     ++n;
