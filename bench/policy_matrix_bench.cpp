@@ -21,7 +21,9 @@
 //  1. equal settings (no offload; f32 and bf16, PyTorch has no CPU f16 autocast): memfit's
 //     step time <= PyTorch's and memfit's sum4 <= PyTorch's;
 //  2. checkpointing (all, every:2) against none at the same dtype and offload: the activation
-//     peak down >= 60% for <= 1.25x step time (the usual quote is -60% memory for +25% time);
+//     peak down >= 60%, for <= 1.25x step time with every:2 (the usual quote is -60% memory for
+//     +25% time) and <= 1.35x with all, which recomputes every block (the CPU speed issue's
+//     targets);
 //  3. all policies together (bf16 + checkpoint all + optimizer, gradient and weight offload +
 //     micro-batch 1, accumulation 16; the rows with the optimizer's offload alone and with the
 //     gradients' are printed too) at global batch 16: peak >= 20x below plain f32 (checkpoint
@@ -499,7 +501,8 @@ int main(int argc, char** argv) {
   } else {
     std::printf("1. equal settings: no PyTorch rows to compare\n");
   }
-  std::printf("2. checkpointing vs none: activation peak -60%% or more for <= 1.25x step time\n");
+  std::printf("2. checkpointing vs none: activation peak -60%% or more, step time <= 1.25x "
+              "(every:K) or <= 1.35x (all)\n");
   for (const Config& c : configs) {
     if (c.checkpoint == "none") continue;
     const Config base{c.dtype, "none", c.offload, 0};
@@ -508,9 +511,10 @@ int main(int argc, char** argv) {
     if (b == res.end() || !b->second.ok || !m.ok) continue;
     const double cut = 1.0 - static_cast<double>(m.act()) / static_cast<double>(b->second.act());
     const double slow = m.seconds / b->second.seconds;
+    const double bound = c.checkpoint == "all" ? 1.35 : 1.25;
     std::printf("   %-5s %-8s offload %-3s: activation -%4.1f%% %s, time %.2fx %s", c.dtype.c_str(),
                 c.checkpoint.c_str(), c.offload ? "on" : "off", 100 * cut, verdict(cut >= 0.6),
-                slow, verdict(slow <= 1.25));
+                slow, verdict(slow <= bound));
     const auto tc = torch.find(c.dtype + "/" + c.checkpoint);
     const auto tb = torch.find(c.dtype + "/none");
     if (!c.offload && tc != torch.end() && tb != torch.end() && tc->second.ok && tb->second.ok) {
