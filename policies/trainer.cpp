@@ -61,7 +61,6 @@ std::int64_t global_rows(Communicator& comm, const Batch& batch) {
   return mine * comm.size();
 }
 
-
 // The data Rng must not replay the numbers Model::init drew from the same seed.
 constexpr std::uint64_t kDataSeedSalt = 0xD6E8FEB86659FD93ull;
 
