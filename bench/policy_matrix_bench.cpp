@@ -225,12 +225,6 @@ std::string find_script(const char* given) {
   return "";
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 // Where PyTorch comes from; "" (after printing why) when the anchor is skipped.
 std::string torch_script(const Args& a) {
   if (!a.torch) return "";
