@@ -162,8 +162,8 @@ struct OpCase {
 };
 
 // A real step of gpt-tiny (no policy) at `batch` samples in dtype `dt`: its wall time (the
-// median of `timed` after a warm-up), the seconds its ops are priced at by `rates` with per_op 0 and
-// scale 1, and its number of ops (the dry run priced again with per_op = 1 ms).
+// median of `timed` after a warm-up), and from its dry run the seconds its ops are priced at by
+// `rates` with per_op 0 and scale 1, and their number.
 struct RealStep {
   double measured = 0, priced = 0, ops = 0;
 };
@@ -192,12 +192,9 @@ RealStep real_step(const OpRates& rates, DType dt, i64 batch, int timed) {
   priced->per_op = 0;
   priced->scale = 1;
   run.op_rates = priced;
-  r.priced = dry_run(run, 1).compute_seconds;
-  constexpr double kProbe = 1e-3;
-  auto probe = std::make_shared<OpRates>(*priced);
-  probe->per_op = kProbe;
-  run.op_rates = probe;
-  r.ops = (dry_run(run, 1).compute_seconds - r.priced) / kProbe;
+  const DryRunResult dry = dry_run(run, 1);
+  r.priced = dry.compute_seconds;
+  r.ops = dry.op_calls;
   return r;
 }
 

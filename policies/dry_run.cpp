@@ -31,9 +31,10 @@ struct Work {
   double bytes = 0;
   double seconds = 0;  // with RunSpec::op_rates
   std::array<double, kMetaOps> op_seconds{};
+  double calls = 0;
 
   Work minus(const Work& o) const {
-    Work d{gemm_flops - o.gemm_flops, bytes - o.bytes, seconds - o.seconds, {}};
+    Work d{gemm_flops - o.gemm_flops, bytes - o.bytes, seconds - o.seconds, {}, calls - o.calls};
     for (std::size_t i = 0; i < kMetaOps; ++i) d.op_seconds[i] = op_seconds[i] - o.op_seconds[i];
     return d;
   }
@@ -41,7 +42,7 @@ struct Work {
 
 Work work_of(const MetaStats& s) {
   return {static_cast<double>(s.gemm_flops), static_cast<double>(s.bytes_moved()), s.seconds,
-          s.op_seconds};
+          s.op_seconds, static_cast<double>(s.total_calls())};
 }
 
 // Watches the allocator between micro-batches: once the full ones take no segment from the
@@ -182,6 +183,7 @@ DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
     r.gemm_flops = total.gemm_flops + repeat.gemm_flops * static_cast<double>(skipped);
     r.bytes_moved = total.bytes + repeat.bytes * static_cast<double>(skipped);
     r.compute_seconds = total.seconds + repeat.seconds * static_cast<double>(skipped);
+    r.op_calls = total.calls + repeat.calls * static_cast<double>(skipped);
     for (std::size_t i = 0; i < kMetaOps; ++i) {
       r.op_seconds[i] = total.op_seconds[i] + repeat.op_seconds[i] * static_cast<double>(skipped);
     }

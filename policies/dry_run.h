@@ -66,6 +66,7 @@ struct DryRunResult {
   // and the host's AdamW are not in it (CostModel::step_seconds models those). 0 without rates.
   double compute_seconds = 0;
   std::array<double, kMetaOps> op_seconds{};  // compute_seconds by op (MetaOp), where it goes
+  double op_calls = 0;                  // backend calls in the step (skipped micro-batches too)
   std::int64_t micro_batches_run = 0;  // how many the dry run ran (the rest repeat them)
 
   // The most the run reserves on the device: the step's peak or construction's.

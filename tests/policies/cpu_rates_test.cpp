@@ -202,6 +202,16 @@ TEST(CpuRates, StepSecondsIsTheDryRunsOpsPlusHostAdamW) {
   EXPECT_LT(t40.micro_batches_run, 40);
   EXPECT_NEAR(t40.compute_seconds, timed.compute_seconds + 38 * per_micro,
               1e-9 * t40.compute_seconds);
+  // The step's op count, skipped micro-batches included: what per_op adds up over.
+  const double calls_per_micro = (t2.op_calls - timed.op_calls) / 2;
+  EXPECT_GT(calls_per_micro, 0);
+  EXPECT_EQ(t40.op_calls, timed.op_calls + 38 * calls_per_micro);
+  auto per_op = std::make_shared<OpRates>(r.ops);
+  per_op->per_op = 1e-3;
+  RunSpec priced = many;
+  priced.op_rates = per_op;
+  EXPECT_NEAR(dry_run(priced, 1).compute_seconds - t40.compute_seconds, 1e-3 * t40.op_calls,
+              1e-9 * t40.compute_seconds);
   // Optimizer offload: the host's AdamW over every parameter comes on top.
   RunSpec off = run;
   off.trainer.policy.offload.optimizer = true;
