@@ -113,14 +113,6 @@ LaunchInfo launch_info() {
   return l;
 }
 
-bool have_mpi() {
-#ifdef MEMFIT_HAVE_MPI
-  return true;
-#else
-  return false;
-#endif
-}
-
 std::unique_ptr<Communicator> make_communicator(Backend& backend) {
   const LaunchInfo l = launch_info();
   if (l.world_size <= 1) return std::make_unique<LocalCommunicator>(backend);

@@ -99,9 +99,6 @@ struct LaunchInfo {
 };
 LaunchInfo launch_info();
 
-// Whether this build has the MPI communicator.
-bool have_mpi();
-
 // The communicator for this process on `backend`: MPI when launched by mpirun with more than
 // one rank (InvalidArgument when this build has no MPI, saying how to get it), else local.
 std::unique_ptr<Communicator> make_communicator(Backend& backend);
