@@ -110,9 +110,9 @@ void MpiCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
   ready(stream, x);
   float* data = static_cast<float*>(x.raw());
   const Chunk mine = chunk(x.numel(), size_, rank_);
-  std::vector<float> shard(static_cast<std::size_t>(mine.count));
-  reduce_scatter(data, x.numel(), shard.data());
-  gather_bytes(shard.data(), x.numel(), sizeof(float), data);
+  shard_.resize(static_cast<std::size_t>(mine.count));
+  reduce_scatter(data, x.numel(), shard_.data());
+  gather_bytes(shard_.data(), x.numel(), sizeof(float), data);
 }
 
 void MpiCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) {

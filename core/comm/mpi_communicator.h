@@ -10,7 +10,8 @@
 // Each collective waits for `stream`, then runs on the calling thread. Sums are deterministic
 // (communicator.h): reduce_scatter_sum exchanges chunks with one MPI_Alltoallv and each rank
 // adds the N copies of its chunk in rank order; all_reduce_sum is that then an all_gather. The
-// exchange's receive buffer (the tensor's size, on the heap) is kept between calls.
+// exchange's receive buffer (the tensor's size) and all_reduce_sum's shard, on the heap, are
+// kept between calls.
 // Meta tensors (dry runs) are checked and not sent.
 #pragma once
 
@@ -41,6 +42,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<float> recv_;
+  std::vector<float> shard_;
 };
 
 }  // namespace memfit
