@@ -60,8 +60,10 @@ std::vector<double>& thread_table() {
 // best[i] = min(best[i], cost + in[i] + left[i]) for i < count, in and left optional: the
 // solver's whole cost. Compiled for AVX-512 and AVX2 besides the baseline and chosen at load
 // time (the same additions and minimum in the same order, so the same bits on every path);
-// omp simd because -O2 does not vectorize these loops on its own.
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+// omp simd because -O2 does not vectorize these loops on its own. Not under ThreadSanitizer:
+// the clones' resolver (an IFUNC) runs while the dynamic loader relocates the library, before
+// TSan's runtime is up, and its instrumented entry crashes every test binary at load.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void relax_span(double* best, const double* in, const double* left, double cost, int count) {
