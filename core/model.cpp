@@ -194,6 +194,7 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
   for (Parameter* p : parameters()) {
     const bool on_host = !p->master_on_device() && p->host_master.defined();
     const bool weight_on_host = !p->weight_on_device() && p->host_weight.defined();
+    const bool sharded = !p->master_on_device() && !on_host && p->shard_master.defined();
     if (!p->weight_on_device() && !(weight_on_host && on_host)) {
       throw InvalidArgument("Model::init: parameter '" + p->name +
                             "' has no working weight on the device, and no host weight and "
@@ -202,10 +203,33 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
     }
     // The working weight's dtype, wherever it lives.
     const DType wt = weight_on_host ? p->host_weight.dtype() : p->weight.view().dtype();
-    if (!p->master_on_device() && !on_host && wt != DType::kF32) {
+    if (!p->master_on_device() && !on_host && !sharded && wt != DType::kF32) {
       throw InvalidArgument("Model::init: parameter '" + p->name + "' (" + dtype_name(wt) +
                             ") has no f32 master on the device or the host; valid: build the "
-                            "model with masters, or bind host masters (an offloading optimizer)");
+                            "model with masters, or bind host masters (an offloading optimizer) "
+                            "or master shards (a ZeRO one)");
+    }
+    if (sharded) {
+      // This rank's chunk of the FP32 values into its master shard; the whole working weight
+      // is their rounding, made on the host and copied up, as on every other rank.
+      const Tensor shard = p->shard_master;
+      if (meta) {
+        be.fill(ctx.stream, shard, 0.0f);
+        be.fill(ctx.stream, p->weight.view(), 0.0f);
+        continue;
+      }
+      const auto n = static_cast<std::size_t>(p->numel());
+      host.resize(n);
+      fill_init(*p, rng, host.data());
+      be.copy(ctx.stream,
+              Tensor(host.data() + p->shard_offset, Shape{shard.numel()}, DType::kF32,
+                     Device::kCpu),
+              shard.reshape(Shape{shard.numel()}));
+      rounded.resize(n * dtype_size(wt));
+      convert(host.data(), DType::kF32, rounded.data(), wt, n);
+      be.copy(ctx.stream, Tensor(rounded.data(), p->shape, wt, Device::kCpu), p->weight.view());
+      be.synchronize(ctx.stream);  // `host` and `rounded` are reused for the next parameter
+      continue;
     }
     // Where the FP32 values go: the device master, the f32 weight, or a host master.
     const Tensor master = p->master_on_device() || !on_host ? p->master_view() : p->host_master;

@@ -19,6 +19,8 @@
 //   writes it (OwnedTensor::borrow) and takes it back after copying it to the host.
 // - host_master: a view of the FP32 master in an offloading optimizer's pinned host memory,
 //   bound by that optimizer (Model::init writes a fresh model's values there directly).
+// - shard_master: under ZeRO-1/2 with a 16-bit compute dtype, this rank's chunk of the FP32
+//   master (the rest live on the other ranks); the model then has no device master.
 // - host_weight: under weight offload, the working copy in the compute dtype on the host (the
 //   optimizer's weight staging, or the master itself for f32), bound by that optimizer; the
 //   device then has no weight of its own: a WeightRing lends `weight` a slice of a device buffer
@@ -58,6 +60,11 @@ struct Parameter {
   OwnedTensor grad;    // f32, kGradient; lent for one stage's backward under gradient offload
   Tensor host_master;  // f32 on the host, when an offloading optimizer holds the master
   Tensor host_weight;  // compute dtype on the host, when an offloading optimizer holds it
+  // ZeRO-1/2 (policies/zero_adamw.h): this rank's chunk of the f32 master on the device,
+  // elements [shard_offset, shard_offset + shard_master.numel()) of the flattened parameter,
+  // bound by the sharding optimizer (Model::init writes that chunk of a fresh model there).
+  Tensor shard_master;
+  std::int64_t shard_offset = 0;
   bool placed = false;  // allocate_parameter ran (a tied parameter is allocated once)
 
   std::int64_t numel() const { return shape.numel(); }

@@ -5,6 +5,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
 #include "memory/caching_allocator.h"
@@ -116,9 +117,9 @@ class RepeatWatch {
 // and the allocator did not settle in them.
 DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
   const std::int64_t seq_len = run.resolved_seq_len();
-  const Split split = run.trainer.policy.split(run.batch);
+  const Split split = run.trainer.policy.split(run.rank_batch());
   TrainerOptions options = run.trainer;
-  std::int64_t samples = run.batch;
+  std::int64_t samples = run.rank_batch();
   if (split.count > cap) {
     options.policy.accum = 0;
     options.policy.micro_batch = split.size;
@@ -139,11 +140,15 @@ DryRunResult dry_run_capped(const RunSpec& run, int steps, std::int64_t cap) {
   if (run.device == DeviceKind::kCuda) meta.set_gemm_workspace_bytes(run.gpu_gemm_workspace);
   meta.set_rates(run.op_rates.get());
   LayerContext ctx{meta, alloc, kDefaultStream, run.trainer.policy.dtype};
+  // One rank of a data-parallel run: its collectives touch nothing and allocate nothing, as
+  // the MPI communicator allocates nothing from the caching allocator.
+  SimulatedCommunicator comm(meta, run.ranks, run.rank);
+  options.comm = run.ranks > 1 || run.trainer.zero_stage > 0 ? &comm : nullptr;
 
   DryRunResult r;
   bool in_step = false;
   try {
-    Model model(run.model, ctx, Trainer::placement(run.trainer.policy));
+    Model model(run.model, ctx, Trainer::placement(run.trainer.policy, run.trainer.zero_stage));
     Trainer trainer(model, ctx, options, &host);
     r.setup_peak_reserved = static_cast<std::size_t>(alloc.stats().reserved_bytes[kStatAll].peak);
     r.host_pinned = trainer.host_bytes();
@@ -227,7 +232,7 @@ DryRunResult dry_run(const RunSpec& run, int steps) {
   try {
     return dry_run_capped(run, steps, kMaxDryMicroBatches);
   } catch (const NotSettled&) {
-    const std::int64_t count = run.trainer.policy.split(run.batch).count;
+    const std::int64_t count = run.trainer.policy.split(run.rank_batch()).count;
     if (count <= kMaxWholeDryMicroBatches) return dry_run_capped(run, steps, count);  // exact
     throw DryRunUnsettled("dry run of " + run.describe() + ": the allocator did not settle into a "
                           "repeating state within " + std::to_string(kMaxDryMicroBatches) +

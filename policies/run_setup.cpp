@@ -133,11 +133,27 @@ RunSetup::RunSetup(const RunSpec& spec, RunSetupOptions options) : spec_(spec) {
   }
   ctx_ = std::make_unique<LayerContext>(
       LayerContext{*env_.backend, *env_.alloc, kDefaultStream, p.dtype});
+  if (spec_.ranks > 1 && spec_.trainer.comm == nullptr) {
+    if (options.simulate_ranks) {
+      comm_ = std::make_unique<SimulatedCommunicator>(*env_.backend, spec_.ranks, spec_.rank);
+    } else {
+      comm_ = make_communicator(*env_.backend);  // MPI under mpirun
+    }
+    spec_.trainer.comm = comm_.get();
+  }
+  if (const Communicator* c = spec_.trainer.comm;
+      spec_.ranks > 1 && (c->size() != spec_.ranks || c->rank() != spec_.rank)) {
+    throw InvalidArgument(spec_.describe() + ": this process is rank " + std::to_string(c->rank()) +
+                          " of " + std::to_string(c->size()) + " (" + c->name() +
+                          "); valid: a spec of as many ranks as the launch has (mpirun -np " +
+                          std::to_string(spec_.ranks) + "), for this process's rank");
+  }
   try {
     // What the model and optimizer allocate is the "setup" phase in a recording; the steps'
     // own peak (what a dry run predicts) is told apart from it (profiler/recorder.h).
     const ScopedRange setup(RangeKind::kSetup);
-    model_ = std::make_unique<Model>(spec_.model, *ctx_, Trainer::placement(spec_.trainer.policy));
+    model_ = std::make_unique<Model>(spec_.model, *ctx_, Trainer::placement(spec_.trainer.policy,
+                                                                   spec_.trainer.zero_stage));
     trainer_ = std::make_unique<Trainer>(*model_, *ctx_, spec_.trainer);
   } catch (const OutOfMemory& e) {
     trainer_.reset();

@@ -94,12 +94,18 @@ class HostBudgetError : public InvalidArgument {
 
 struct RunSetupOptions {
   bool record = false;  // a Recorder (and on cuda the CUPTI tracer, when it starts)
+  // spec.rank of spec.ranks in this one process, its collectives simulated
+  // (SimulatedCommunicator: as if every other rank held what this one holds): the rank's
+  // memory is a real rank's, to the byte; its values are not a real run's.
+  bool simulate_ranks = false;
 };
 
 class RunSetup {
  public:
   // Validates `spec` (RunSpec::validate), builds everything above. BudgetError when the model
-  // and trainer do not fit the budget.
+  // and trainer do not fit the budget. spec.ranks > 1: the ranks' communicator is
+  // spec.trainer.comm, else make_communicator() (MPI under mpirun); InvalidArgument when its
+  // size and rank are not spec.ranks and spec.rank. step() then takes this rank's samples.
   explicit RunSetup(const RunSpec& spec, RunSetupOptions options = {});
   ~RunSetup();
   RunSetup(const RunSetup&) = delete;
@@ -129,6 +135,7 @@ class RunSetup {
 
   RunSpec spec_;
   RuntimeEnv env_;
+  std::unique_ptr<Communicator> comm_;  // ranks > 1 without spec.trainer.comm: make_communicator
   std::unique_ptr<Recorder> recorder_;
   std::unique_ptr<Tracer> tracer_;
   std::unique_ptr<LayerContext> ctx_;

@@ -35,7 +35,7 @@ inline constexpr std::size_t kGpuGemmWorkspaceBytes = std::size_t{32} << 20;
 struct RunSpec {
   ModelSpec model;
   TrainerOptions trainer;                // trainer.policy: the memory policy
-  std::int64_t batch = 1;                // the global batch: samples per step
+  std::int64_t batch = 1;                // the global batch: samples per step (all ranks)
   std::int64_t seq_len = 0;              // 0: the model's
   AllocatorConfig alloc;                 // alloc.budget: the device budget (0: none)
   DeviceKind device = DeviceKind::kCpu;  // the backend the step runs on
@@ -46,11 +46,19 @@ struct RunSpec {
   // Rates to price the dry run's ops at (DryRunResult::compute_seconds); none: no time. For the
   // CPU: policies/cpu_rates.h's measured ones. Decides nothing about memory.
   std::shared_ptr<const OpRates> op_rates;
+  // Data parallel: this process is rank `rank` of `ranks`, each rank stepping on rank_batch()
+  // samples of every global batch; the ZeRO stage is trainer.zero_stage. RunSetup checks them
+  // against the launch (trainer.comm); a dry run simulates this rank (SimulatedCommunicator).
+  int ranks = 1;
+  int rank = 0;
 
   // The model, the policy, batch >= 1, the sequence length (ModelSpec::resolve_seq_len), and
-  // batch x seq_len tokens addressable; the micro-batch split of the batch.
+  // batch x seq_len tokens addressable; ranks >= 1, 0 <= rank < ranks, batch a multiple of
+  // ranks, zero_stage 0-2 (1 and 2 without optimizer, gradient or weight offload); the
+  // micro-batch split of rank_batch().
   void validate() const;
   std::int64_t resolved_seq_len() const { return model.resolve_seq_len(seq_len); }
+  std::int64_t rank_batch() const { return batch / ranks; }  // samples per step on each rank
   // "gpt-tiny, bf16, checkpoint all, offload optimizer, micro-batch 4, batch 16 x 128":
   // MemoryPolicy::describe between the model and the batch.
   std::string describe() const;

@@ -16,28 +16,17 @@
 #include "policies/accumulation.h"
 #include "policies/offload_activation_stash.h"
 #include "policies/offload_optimizer.h"
+#include "policies/zero_adamw.h"
 #include "profiler/scoped_range.h"
 
 namespace memfit {
 
 namespace {
 
-// Every rank's `v`, in rank order, the same on every rank (each double gathered as two
-// float32 slots' bits).
-std::vector<double> gather_over_ranks(Communicator& comm, double v) {
-  const int n = comm.size();
-  std::vector<double> all(static_cast<std::size_t>(n));
-  all[static_cast<std::size_t>(comm.rank())] = v;
-  const Tensor whole(all.data(), Shape{2 * static_cast<std::int64_t>(n)}, DType::kF32,
-                     Device::kCpu);
-  comm.all_gather(kDefaultStream, whole.slice0(2 * comm.rank(), 2 * comm.rank() + 2), whole);
-  return all;
-}
-
 // The sum over ranks of `v`, in rank order, in double: the same on every rank.
 double sum_over_ranks(Communicator& comm, double v) {
   double sum = 0;
-  for (double x : gather_over_ranks(comm, v)) sum += x;
+  for (double x : gather_values(comm, v)) sum += x;
   return sum;
 }
 
@@ -45,7 +34,7 @@ double sum_over_ranks(Communicator& comm, double v) {
 // shards differ (every rank must hold the same number of samples of the same length).
 std::int64_t global_rows(Communicator& comm, const Batch& batch) {
   const std::int64_t mine = batch.batch * batch.seq_len;
-  const std::vector<double> all = gather_over_ranks(comm, static_cast<double>(mine));
+  const std::vector<double> all = gather_values(comm, static_cast<double>(mine));
   std::string shards;
   bool equal = true;
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -109,8 +98,11 @@ DeviceBatch upload(LayerContext& ctx, const Batch& b, std::int64_t row0, std::in
   return d;
 }
 
-std::string options_json(const TrainerOptions& o, const Schedule& s) {
+std::string options_json(const TrainerOptions& o, const Schedule& s, const Trainer::Sharding& sh) {
   nlohmann::json j;
+  j["ranks"] = sh.ranks;
+  j["rank"] = sh.rank;
+  j["zero_stage"] = sh.zero_stage;
   j["checkpoint"] = o.policy.checkpoint.name();
   j["schedule"] = s.name();
   j["micro_batch"] = o.policy.micro_batch;
@@ -168,7 +160,29 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
     offload_ = std::make_unique<Offload>(ctx_.device());
     host = &offload_->pinned;
   }
-  if (off.optimizer) {
+  if (options_.zero_stage != 0) {
+    if (options_.zero_stage < 0 || options_.zero_stage > 2) {
+      throw InvalidArgument("trainer zero_stage " + std::to_string(options_.zero_stage) +
+                            "; valid: 0 (data parallel), 1 (optimizer state sharded) or 2 "
+                            "(gradients too)");
+    }
+    if (off.optimizer || off.gradients || off.weights) {
+      throw InvalidArgument("ZeRO-" + std::to_string(options_.zero_stage) + " with " +
+                            "offload " + options_.policy.offload.describe() +
+                            ": sharded offload is not built yet; valid: ZeRO-1/2 without "
+                            "optimizer, gradient or weight offload, or offload with ZeRO-0");
+    }
+    Communicator* comm = options_.comm;
+    if (comm == nullptr) {
+      own_comm_ = std::make_unique<LocalCommunicator>(ctx_.backend);
+      comm = own_comm_.get();
+    }
+    auto opt = std::make_unique<ZeroAdamW>(model_.parameters(), options_.adamw,
+                                           options_.zero_stage, model_.backward_stages(), *comm,
+                                           ctx_);
+    zero_opt_ = opt.get();
+    optimizer_ = std::move(opt);
+  } else if (off.optimizer) {
     OffloadOptions o;
     o.adamw = options_.adamw;
     o.delayed_update = off.delayed_update;
@@ -192,10 +206,10 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
   if (options_.init_model) model_.init(options_.seed, ctx_);
 }
 
-ParamPlacement Trainer::placement(const MemoryPolicy& policy) {
+ParamPlacement Trainer::placement(const MemoryPolicy& policy, int zero_stage) {
   return ParamPlacement{.weight = !policy.offload.weights,
-                        .master = !policy.offload.optimizer,
-                        .grad = !policy.offload.gradients};
+                        .master = !policy.offload.optimizer && zero_stage < 1,
+                        .grad = !policy.offload.gradients && zero_stage < 2};
 }
 
 Trainer::~Trainer() {
@@ -208,6 +222,11 @@ Trainer::~Trainer() {
 }
 
 std::int64_t Trainer::steps() const { return optimizer_->steps(); }
+
+Trainer::Sharding Trainer::sharding() const {
+  const Communicator* c = zero_opt_ != nullptr ? &zero_opt_->comm() : options_.comm;
+  return {c != nullptr ? c->size() : 1, c != nullptr ? c->rank() : 0, options_.zero_stage};
+}
 
 CategoryBytes Trainer::host_by_category() const {
   CategoryBytes b = optimizer_->host_by_category();
@@ -317,7 +336,8 @@ StepResult Trainer::step(const Batch& batch) {
         hooks.unstash = [&](int i, int next) { return stash_->take(ctx_, i, next); };
       }
       hooks.after_stage = [&](int s) {
-        if (dp != nullptr && mi + 1 == count) {  // the stage's gradients are final: sum them
+        // ZeRO-0: the stage's gradients are final: sum them (ZeRO-1/2's optimizer scatters).
+        if (dp != nullptr && zero_opt_ == nullptr && mi + 1 == count) {
           for (Parameter* p : stages[static_cast<std::size_t>(s)].final) {
             dp->all_reduce_sum(ctx_.stream, p->grad);
           }
@@ -340,8 +360,9 @@ StepResult Trainer::step(const Batch& batch) {
       }
     }
     if (scaler_.enabled() || clip) {
-      const SumSqResult g = options_.policy.offload.gradients ? offload_opt_->grads_sumsq(ctx_)
-                                                              : grads_sumsq(ctx_, params);
+      const SumSqResult g = zero_opt_ != nullptr ? zero_opt_->grads_sumsq(ctx_)
+                            : options_.policy.offload.gradients ? offload_opt_->grads_sumsq(ctx_)
+                                                                : grads_sumsq(ctx_, params);
       grad_norm = std::sqrt(g.sum_sq) / scale;  // +inf when the f32 sum overflowed
       found_inf = g.nonfinite || (clip && !std::isfinite(grad_norm));
       if (g.nonfinite) grad_norm = std::numeric_limits<double>::infinity();
@@ -357,8 +378,8 @@ StepResult Trainer::step(const Batch& batch) {
     try {
       if (offload_opt_ != nullptr) {
         if (reported || lent) offload_opt_->abandon_step(ctx_);
-      } else if (reported) {
-        optimizer_->skip(ctx_);
+      } else if (reported || (lent && zero_opt_ != nullptr)) {
+        optimizer_->skip(ctx_);  // ZeRO-2's skip() also takes back the gradients it lent
       }
     } catch (...) {  // the original error is the one to report
     }
@@ -442,7 +463,7 @@ void Trainer::save(const std::string& path, const SaveOptions& o) {
   meta.model_spec = model_.spec().to_yaml();
   meta.dtype = dtype_name(ctx_.dtype);
   meta.optimizer = optimizer_->name();
-  meta.options_json = options_json(options_, schedule_);
+  meta.options_json = options_json(options_, schedule_, sharding());
   meta.steps = optimizer_->steps();
   meta.attempted = attempted_;
   meta.scaler_enabled = scaler_.enabled();
@@ -476,6 +497,30 @@ void Trainer::load(const std::string& path) {
   if (m.dtype != dtype_name(ctx_.dtype)) {
     refuse("saved with compute dtype " + m.dtype + "; this trainer uses " + dtype_name(ctx_.dtype) +
            " (resume with the dtype the state was saved with)");
+  }
+  {
+    // Files saved before ranks existed read as one rank, ZeRO-0. Under ZeRO-0 every rank holds
+    // the same state, so any rank count resumes it; ZeRO-1/2 files hold one rank's chunks.
+    Sharding saved_sh;
+    const nlohmann::json j = nlohmann::json::parse(m.options_json, nullptr, false);
+    if (j.is_object()) {
+      saved_sh.ranks = j.value("ranks", 1);
+      saved_sh.rank = j.value("rank", 0);
+      saved_sh.zero_stage = j.value("zero_stage", 0);
+    }
+    const Sharding mine = sharding();
+    if (saved_sh.zero_stage != mine.zero_stage ||
+        (mine.zero_stage > 0 && (saved_sh.ranks != mine.ranks || saved_sh.rank != mine.rank))) {
+      auto text = [](const Sharding& x) {
+        return "ZeRO-" + std::to_string(x.zero_stage) +
+               (x.zero_stage > 0 ? " rank " + std::to_string(x.rank) + " of " +
+                                       std::to_string(x.ranks)
+                                 : std::string(" (any rank count)"));
+      };
+      refuse("saved by " + text(saved_sh) + "; this trainer is " + text(mine) +
+             " (resume with the ranks and ZeRO stage the state was saved with, each rank "
+             "its own file)");
+    }
   }
   if (m.optimizer != optimizer_->name()) {
     refuse("saved with optimizer " + m.optimizer + "; this trainer uses " + optimizer_->name() +

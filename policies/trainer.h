@@ -45,8 +45,8 @@
 // (policies/offload_activation_stash.h) whose host room for the step's checkpoints is reserved
 // at the step's start, within options.host_budget beside the optimizer's slab; the room stays
 // for later steps (host_bytes() and StepResult::peaks.host_pinned count it once reserved).
-// placement(policy) is the ParamPlacement a model for the policy is built with
-// (no device weights, masters or gradients that the policy offloads). options.host_budget
+// placement(policy, zero_stage) is the ParamPlacement a model for the policy is built with
+// (no device weights, masters or gradients that the policy offloads or ZeRO shards). options.host_budget
 // limits the pinned bytes (an OutOfMemory with OomInfo::host before anything is pinned).
 // Offload's pinned host memory comes from `host` when given (it must outlive the trainer; a
 // NullProvider in dry runs), else from a PinnedHostProvider the trainer owns (page-locked
@@ -97,8 +97,16 @@ struct TrainerOptions {
   // its backward completes, before the optimizer sees them, and StepResult::loss and tokens
   // are the global batch's. Every rank initializes from the same seed and applies the same
   // update, so the weights stay identical. nullptr or one rank: a single-rank run. Must
-  // outlive the trainer; not in dry runs.
+  // outlive the trainer. A dry run simulates one rank with a SimulatedCommunicator.
   Communicator* comm = nullptr;
+  // ZeRO stage over comm's ranks (policies/zero_adamw.h): 0 (above), 1 (FP32 masters and Adam
+  // moments sharded by rank: each rank updates its chunk of every parameter, then the ranks
+  // all-gather the working weights; the last micro-batch's gradients are reduce-scattered
+  // instead of all-reduced) or 2 (gradients sharded too: reduce-scattered per backward stage in
+  // every micro-batch). 1 and 2 work at one rank too (comm nullptr: the trainer's own local
+  // communicator). Not with optimizer offload (its own sharded form is not built yet); build
+  // the model with placement(policy, zero_stage).
+  int zero_stage = 0;
 };
 
 struct StepResult {
@@ -116,6 +124,7 @@ struct StepResult {
 
 class ActivationStash;
 class OffloadOptimizer;
+class ZeroAdamW;
 
 class Trainer {
  public:
@@ -148,7 +157,15 @@ class Trainer {
   // What a model trained under `policy` needs on the device: no masters with optimizer
   // offload, no gradients with gradient offload. Build the model with it (RunSetup and dry
   // runs do) and nothing is ever allocated on the device only to move to the host at setup.
-  static ParamPlacement placement(const MemoryPolicy& policy);
+  static ParamPlacement placement(const MemoryPolicy& policy, int zero_stage = 0);
+
+  // The ranks this trainer runs over, its rank and ZeRO stage (one rank, rank 0 without a
+  // communicator). Saved with the state; load() refuses a file saved under another ZeRO stage,
+  // and under ZeRO-1/2 one saved by another rank or rank count.
+  struct Sharding {
+    int ranks = 1, rank = 0, zero_stage = 0;
+  };
+  Sharding sharding() const;
 
   // Dry runs (meta backend only: InvalidArgument otherwise). Called after each full
   // micro-batch but the last with its index; true skips the full micro-batches that follow
@@ -168,6 +185,8 @@ class Trainer {
   std::unique_ptr<Offload> offload_;  // the owned pinned provider, when offloading without `host`
   std::unique_ptr<Optimizer> optimizer_;
   OffloadOptimizer* offload_opt_ = nullptr;  // optimizer_, when it offloads
+  ZeroAdamW* zero_opt_ = nullptr;            // optimizer_, under ZeRO-1/2
+  std::unique_ptr<Communicator> own_comm_;   // ZeRO at one rank without options.comm
   std::unique_ptr<ActivationStash> stash_;   // activation offload under a checkpoint schedule
   std::int64_t attempted_ = 0;
   RepeatCheck repeat_check_;

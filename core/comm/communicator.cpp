@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "memory/error.h"
@@ -39,6 +40,11 @@ Chunk chunk(std::int64_t n, int ranks, int r) {
   }
   const std::int64_t base = n / ranks, extra = n % ranks;
   return {r * base + std::min<std::int64_t>(r, extra), base + (r < extra ? 1 : 0)};
+}
+
+Tensor chunk_view(const Tensor& t, int ranks, int r) {
+  const Chunk c = chunk(t.numel(), ranks, r);
+  return flat(t).slice0(c.offset, c.offset + c.count);
 }
 
 Communicator::~Communicator() = default;
@@ -94,6 +100,74 @@ void LocalCommunicator::all_gather(StreamId stream, const Tensor& shard, const T
 void LocalCommunicator::broadcast(StreamId, const Tensor&, int root) { check_broadcast(root); }
 
 void LocalCommunicator::barrier() { backend_.synchronize(kDefaultStream); }
+
+SimulatedCommunicator::SimulatedCommunicator(Backend& backend, int size, int rank)
+    : backend_(backend), size_(size), rank_(rank) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw InvalidArgument("simulated communicator: rank " + std::to_string(rank) + " of " +
+                          std::to_string(size) + "; valid: size >= 1 and 0 <= rank < size");
+  }
+}
+
+namespace {
+
+// x *= n on the host (the sum of n equal copies, as float32 adds them in rank order).
+void times_ranks(const Tensor& x, int n) {
+  float* v = static_cast<float*>(x.raw());
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    float sum = v[i];
+    for (int r = 1; r < n; ++r) sum += v[i];
+    v[i] = sum;
+  }
+}
+
+}  // namespace
+
+// Host tensors only get values (memcpy after the stream's work); the meta device none.
+void SimulatedCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
+  check_all_reduce(x);
+  if (x.device() != Device::kCpu) return;
+  backend_.synchronize(stream);
+  times_ranks(x, size_);
+}
+
+void SimulatedCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in,
+                                               const Tensor& shard) {
+  check_reduce_scatter(in, shard);
+  if (in.device() != Device::kCpu || shard.device() != Device::kCpu) return;
+  backend_.synchronize(stream);
+  const Tensor mine = chunk_view(in, size_, rank_);
+  if (mine.raw() != shard.raw() && mine.numel() > 0) {
+    std::memmove(shard.raw(), mine.raw(), static_cast<std::size_t>(mine.numel()) * sizeof(float));
+  }
+  times_ranks(shard, size_);
+}
+
+void SimulatedCommunicator::all_gather(StreamId stream, const Tensor& shard, const Tensor& out) {
+  check_all_gather(shard, out);
+  if (shard.device() != Device::kCpu || out.device() != Device::kCpu) return;
+  backend_.synchronize(stream);
+  const Tensor mine = chunk_view(out, size_, rank_);
+  if (mine.raw() != shard.raw() && mine.numel() > 0) {
+    std::memmove(mine.raw(), shard.raw(), mine.nbytes());
+  }
+}
+
+void SimulatedCommunicator::broadcast(StreamId, const Tensor&, int root) { check_broadcast(root); }
+
+void SimulatedCommunicator::barrier() { backend_.synchronize(kDefaultStream); }
+
+std::vector<double> gather_values(Communicator& comm, double v) {
+  const int n = comm.size();
+  // Every slot starts as v: a real gather overwrites each; a simulated one (which leaves the
+  // other ranks' chunks as they are) then reads as every rank holding this one's value.
+  std::vector<double> all(static_cast<std::size_t>(n), v);
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  const Tensor whole(all.data(), Shape{2 * static_cast<std::int64_t>(n)}, DType::kF32,
+                     Device::kCpu);
+  comm.all_gather(kDefaultStream, whole.slice0(2 * comm.rank(), 2 * comm.rank() + 2), whole);
+  return all;
+}
 
 LaunchInfo launch_info() {
   LaunchInfo l;

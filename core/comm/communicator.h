@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/tensor.h"
@@ -42,6 +43,8 @@ struct Chunk {
   std::int64_t count = 0;
 };
 Chunk chunk(std::int64_t n, int ranks, int r);
+// Chunk r of `t` over `ranks`, as a flat view (Shape{count}) of its elements.
+Tensor chunk_view(const Tensor& t, int ranks, int r);
 
 class Communicator {
  public:
@@ -88,6 +91,36 @@ class LocalCommunicator final : public Communicator {
  private:
   Backend& backend_;
 };
+
+// A dry run's stand-in for rank `rank` of `size` (policies/dry_run.h), and a test's: every
+// collective checks its shapes as a real one would, then acts as if every other rank held
+// what this one holds: all_reduce_sum and reduce_scatter_sum give size() times this rank's
+// values (added in rank order, as the real sums), all_gather writes this rank's chunk and
+// leaves the other chunks as they were. Tensors on the meta device are not touched; tensors
+// in host memory (the CPU backend's, the trainer's figures) get those values. It allocates
+// nothing, as the MPI communicator allocates nothing from the caching allocator, so a dry run
+// with it reserves what that rank of a real run reserves.
+class SimulatedCommunicator final : public Communicator {
+ public:
+  // InvalidArgument unless size >= 1 and 0 <= rank < size.
+  SimulatedCommunicator(Backend& backend, int size, int rank);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "simulated"; }
+  void all_reduce_sum(StreamId stream, const Tensor& x) override;
+  void reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) override;
+  void all_gather(StreamId stream, const Tensor& shard, const Tensor& out) override;
+  void broadcast(StreamId stream, const Tensor& x, int root) override;
+  void barrier() override;
+
+ private:
+  Backend& backend_;
+  int size_, rank_;
+};
+
+// Every rank's `v`, in rank order, the same on every rank (each double travels as the bits of
+// two float32 slots of one all_gather on the host). For the few figures ranks must agree on.
+std::vector<double> gather_values(Communicator& comm, double v);
 
 // What launched this process: the world size and this rank as mpirun (OpenMPI's
 // OMPI_COMM_WORLD_SIZE/RANK, or PMI_SIZE/PMI_RANK, PMIX_RANK) says, {1, 0} when nothing did.

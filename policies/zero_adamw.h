@@ -1,0 +1,87 @@
+// ZeroAdamW: AdamW on the device with its state sharded over data-parallel ranks, ZeRO stage 1
+// or 2 (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", 2020). Each parameter is cut into Communicator chunks (core/comm/communicator.h:
+// chunk r of its flattened elements belongs to rank r); each rank updates its own chunk of
+// every parameter and the ranks all-gather the working weights.
+//
+//   ZeroAdamW opt(model.parameters(), adamw, /*stage=*/2, model.backward_stages(), comm, ctx);
+//   ... Trainer::step drives before_stage/after_stage and step()/skip() ...
+//
+// Stage 1: the FP32 masters (16-bit compute; with f32 the weight is its own master) and both
+// Adam moments exist for this rank's chunks only: K = 12 bytes per parameter becomes 12 / N.
+// The gradients are whole on every rank (ParamPlacement::grad); in the last micro-batch, as
+// each backward stage's gradients become final, they are reduce-scattered in place (the sum of
+// chunk r over ranks lands in chunk r of rank r's gradient; the other chunks are stale).
+// Stage 2: the gradients are sharded too. The model has none of its own (ParamPlacement::grad
+// false); before each backward stage the parameters it writes get a whole gradient from the
+// caching allocator, zeroed (a tied wte keeps its one from the first stage writing it to the
+// last); after the stage the final ones are reduce-scattered into this rank's FP32 gradient
+// shard (the first micro-batch writes it, later ones add to it) and handed back. No rank holds
+// more than its shards plus the gradients of the stages in flight.
+// Memory, from ctx.alloc, tagged with the parameter's name: master shards
+// ("master/<name>", Category::kOptimizerState), moments ("exp_avg/<name>", "exp_avg_sq/<name>",
+// kOptimizerState), stage 2's gradient shards ("grad_shard/<name>", kGradient), all made at
+// construction; the lent whole gradients (kGradient) and a later micro-batch's received sums
+// (kTemporary) during the backward.
+// step(): Backend::adamw on each chunk (the same arithmetic as DeviceAdamW, so at one rank the
+// same bits), the rounded working chunk written beside its master, then one all_gather per
+// parameter rebuilds every rank's whole working weights.
+// Reduction order: the communicator's (rank order, float32); across micro-batches under stage 2
+// each micro-batch's sum over ranks is added to the shard in micro-batch order.
+// grads_sumsq(): the sum of squares of this rank's gradient chunks, summed over ranks in rank
+// order (in double), and whether any rank saw inf/NaN: the same figures on every rank.
+// state(): this rank's chunks ("master/<name>" or "weight/<name>" for f32, the moments): a
+// state file of one rank. Contract: core/optimizer.h. Not thread-safe.
+#pragma once
+
+#include <vector>
+
+#include "core/backend.h"  // SumSqResult
+#include "core/comm/communicator.h"
+#include "core/model.h"
+#include "core/optimizer.h"
+
+namespace memfit {
+
+class ZeroAdamW final : public Optimizer {
+ public:
+  // stage 1 or 2. `stages`: Model::backward_stages() (stage 2 lends and collects the gradients
+  // by them; stage 1 reduce-scatters each stage's final gradients). Parameters as Model
+  // allocates them for Trainer::placement(policy, stage): no device masters; stage 2 no device
+  // gradients, stage 1 whole ones. InvalidArgument otherwise.
+  ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int stage,
+            std::vector<Model::BackwardStage> stages, Communicator& comm, LayerContext& ctx);
+  ~ZeroAdamW() override;
+
+  const char* name() const override { return stage_ == 1 ? "zero1-adamw" : "zero2-adamw"; }
+  void before_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
+  void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
+  void step(LayerContext& ctx, double grad_scale) override;
+  void skip(LayerContext& ctx) override;  // also hands back gradients lent to an aborted step
+  std::int64_t steps() const override { return steps_; }
+  void set_steps(std::int64_t steps) override;
+  std::vector<StateTensor> state() override;
+  void state_loaded(LayerContext& ctx) override;
+  const AdamWOptions& options() const override { return options_; }
+  void set_lr(double lr) override;
+
+  // The step's gradients over every rank (see above). Zero and false on the meta backend.
+  SumSqResult grads_sumsq(LayerContext& ctx);
+  int stage() const { return stage_; }
+  Communicator& comm() { return comm_; }
+
+ private:
+  Tensor grad_chunk(std::size_t i) const;  // this rank's reduced gradient of params_[i]
+  void release_lent();
+
+  std::vector<Parameter*> params_;
+  AdamWOptions options_;
+  int stage_;
+  std::vector<std::vector<std::size_t>> opens_;   // per stage: params_ first written there
+  std::vector<std::vector<std::size_t>> finals_;  // per stage: params_ final after it
+  Communicator& comm_;
+  std::vector<OwnedTensor> master_, exp_avg_, exp_avg_sq_, grad_shard_;  // per parameter
+  std::int64_t steps_ = 0;
+};
+
+}  // namespace memfit
