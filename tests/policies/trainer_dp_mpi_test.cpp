@@ -1,8 +1,9 @@
-// Data-parallel training (TrainerOptions::comm, ZeRO-0) under mpirun (tests/CMakeLists.txt
-// runs it with 2 and 3 ranks): each rank trains on its shard of every global batch, and the
-// losses of 10 steps match a one-rank run of the same global batches (computed here, in each
-// process) within 1e-6 relative, under several policies; every rank ends with the same
-// weights, bit for bit; a run repeats its bits; unequal shards are refused on every rank.
+// Data-parallel training (TrainerOptions::comm, ZeRO-0, 1 and 2) under mpirun
+// (tests/CMakeLists.txt runs it with 2 and 3 ranks): each rank trains on its shard of every
+// global batch, and the losses of 10 steps match a one-rank run of the same global batches
+// (computed here, in each process) within 1e-6 relative, under several policies; every rank
+// ends with the same weights, bit for bit; a run repeats its bits; each rank's peak is its
+// dry run's to the byte; unequal shards are refused on every rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,8 @@
 #include "memory/caching_allocator.h"
 #include "memory/error.h"
 #include "memory/host_provider.h"
+#include "policies/dry_run.h"
+#include "policies/run_setup.h"
 #include "policies/trainer.h"
 #include "tests/core/exec_testutil.h"
 
@@ -31,7 +34,7 @@ struct Rig {
       : be(CpuBackendOptions{.worker_streams = workers}),
         alloc(host, {}, &be.stream_sync()),
         ctx{be, alloc, kDefaultStream, dt},
-        model(testing::tiny_gpt_spec(3), ctx),
+        model(testing::tiny_gpt_spec(3), ctx, Trainer::placement(o.policy, o.zero_stage)),
         trainer(model, ctx, with_dtype(o, dt)) {}
   static TrainerOptions with_dtype(TrainerOptions o, DType dt) {
     o.policy.dtype = dt;
@@ -88,6 +91,7 @@ struct Case {
   double tolerance;
   std::int64_t micro_batch;  // 0: the whole shard at once
   bool offload;              // optimizer + gradient offload, worker streams
+  int zero = 0;              // TrainerOptions::zero_stage
 };
 
 class DataParallel : public ::testing::TestWithParam<Case> {
@@ -101,6 +105,7 @@ class DataParallel : public ::testing::TestWithParam<Case> {
     o.policy.micro_batch = GetParam().micro_batch;
     o.policy.offload.optimizer = GetParam().offload;
     o.policy.offload.gradients = GetParam().offload;
+    o.zero_stage = GetParam().zero;
     return o;
   }
   CpuBackend be_;
@@ -113,7 +118,9 @@ TEST_P(DataParallel, LossesMatchOneRankAndEveryRankEndsWithTheSameWeights) {
   ASSERT_EQ(kGlobalBatch % n, 0) << "run with 2 or 3 ranks";
   const std::vector<Batch> batches = global_batches(testing::tiny_gpt_spec(3).seq_len);
 
-  Rig one(c.dtype, c.offload, options());  // the one-rank reference, in this process
+  TrainerOptions ref = options();
+  ref.zero_stage = 0;
+  Rig one(c.dtype, c.offload, ref);  // the one-rank reference, in this process
   std::vector<double> want;
   for (const Batch& b : batches) want.push_back(one.trainer.step(b).loss);
 
@@ -142,8 +149,46 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"f32", DType::kF32, 1e-6, 0, false},
                       Case{"bf16", DType::kBF16, 1e-4, 0, false},
                       Case{"f32_accumulated", DType::kF32, 1e-6, 1, false},
-                      Case{"f32_offload", DType::kF32, 1e-6, 0, true}),
+                      Case{"f32_offload", DType::kF32, 1e-6, 0, true},
+                      Case{"zero1_f32", DType::kF32, 1e-6, 0, false, 1},
+                      Case{"zero1_bf16", DType::kBF16, 1e-4, 0, false, 1},
+                      Case{"zero2_f32", DType::kF32, 1e-6, 0, false, 2},
+                      Case{"zero2_f32_accumulated", DType::kF32, 1e-6, 1, false, 2},
+                      Case{"zero2_bf16", DType::kBF16, 1e-4, 0, false, 2}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Each rank of a real run (RunSetup: MPI under mpirun) reserves what the dry run of that rank
+// predicts (SimulatedCommunicator on the meta backend), to the byte, under every ZeRO stage.
+TEST(DataParallelPeaks, EveryRanksPeakIsItsDryRunsToTheByte) {
+  CpuBackend be;
+  const std::unique_ptr<Communicator> probe = make_communicator(be);
+  const int n = probe->size(), me = probe->rank();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int zero : {0, 1, 2}) {
+      for (std::int64_t micro : {0, 1}) {
+        RunSpec r;
+        r.model = testing::tiny_gpt_spec(3);
+        r.trainer.policy.dtype = dt;
+        r.trainer.policy.micro_batch = micro;
+        r.trainer.zero_stage = zero;
+        r.batch = kGlobalBatch;
+        r.ranks = n;
+        r.rank = me;
+        SCOPED_TRACE(r.describe());
+        const DryRunResult d = dry_run(r);
+        ASSERT_TRUE(d.fits) << d.failure;
+        RunSetup run(r);
+        ASSERT_EQ(run.trainer().sharding().ranks, n);
+        const std::vector<Batch> batches = global_batches(r.resolved_seq_len());
+        PeakFigures m = run.step(shard(batches[0], me, n)).peaks;
+        m.take_max(run.step(shard(batches[1], me, n)).peaks);
+        EXPECT_EQ(m.reserved, d.step.reserved) << "rank " << me;
+        EXPECT_EQ(m.allocated, d.step.allocated) << "rank " << me;
+        EXPECT_EQ(m.category_peaks, d.step.category_peaks) << "rank " << me;
+      }
+    }
+  }
+}
 
 TEST(DataParallelShards, UnequalShardsAreRefusedOnEveryRank) {
   CpuBackend be;
