@@ -32,6 +32,12 @@ TextDataset synthetic_data(std::int64_t seq_len) {
 int run_profile(const TrainArgs& a) {
   if (a.report.empty()) throw InvalidArgument("--out DIR is required");
   Prepared prep = prepare(a);
+  if (prep.run.ranks > 1) {
+    throw InvalidArgument("memfit profile records one process; for " +
+                          std::to_string(prep.run.ranks) + " ranks use mpirun -np " +
+                          std::to_string(prep.run.ranks) +
+                          " memfit train ... --report DIR (rank 0 records)");
+  }
   const RunSpec& p = prep.run;
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data = a.data.empty() ? synthetic_data(seq_len) : TextDataset(a.data);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cli/terminal_text.h"
+#include "core/comm/communicator.h"
 #include "core/text_dataset.h"
 #include "memory/size.h"
 #include "policies/device_spec.h"
@@ -130,6 +131,16 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
   cmd->add_option("--formats", a.formats,
                   "report files, comma-separated: summary, csv, trace, pickle, html, or all")
       ->capture_default_str();
+  cmd->add_option("--ranks", a.ranks,
+                  "data-parallel ranks, launched by mpirun (mpirun -np N memfit train ... "
+                  "--ranks N); each rank steps on its share of every global --batch; default: "
+                  "the launch's")
+      ->check(exact_int32());
+  cmd->add_option("--zero", a.zero,
+                  "ZeRO stage over the ranks: 0 (each rank holds everything), 1 (FP32 masters "
+                  "and Adam moments sharded by rank), 2 (gradients too)")
+      ->capture_default_str()
+      ->check(exact_int32());
 }
 
 void collect_given(CLI::App* cmd, TrainArgs& a) {
@@ -404,6 +415,46 @@ std::string budget_text(const BudgetError& e, const TrainArgs& a, const RunSpec&
                         });
 }
 
+// The ranks of this launch (core/comm: mpirun's environment) as the run's: --ranks must agree
+// with them (or a plan's ranks must), --zero (or the plan's stage) sets the ZeRO stage.
+void set_ranks(Prepared& out, const TrainArgs& a) {
+  const LaunchInfo l = launch_info();
+  const Plan* plan = out.src.kind == "file" ? &*out.src.plan : nullptr;
+  if (given(a, "--zero") && plan != nullptr) {
+    throw InvalidArgument("--zero with --plan " + a.plan_file +
+                          ": the plan fixes the ZeRO stage (zero_stage); drop --zero or edit "
+                          "the plan");
+  }
+  if (given(a, "--zero") && (a.zero < 0 || a.zero > 2)) {
+    throw InvalidArgument("--zero " + std::to_string(a.zero) +
+                          ": valid: 0 (data parallel), 1 (optimizer state sharded) or 2 "
+                          "(gradients too)");
+  }
+  if (given(a, "--ranks") && a.ranks < 1) {
+    throw InvalidArgument("--ranks " + std::to_string(a.ranks) + ": valid: 1 or more");
+  }
+  int ranks = l.world_size;
+  std::string from = "the launch";
+  if (plan != nullptr && plan->ranks > 1) ranks = plan->ranks, from = "--plan " + a.plan_file;
+  if (given(a, "--ranks")) ranks = a.ranks, from = "--ranks";
+  if (ranks != l.world_size) {
+    const std::string launch =
+        l.launcher.empty() ? std::string("one process, not launched by mpirun")
+                           : std::to_string(l.world_size) + " processes by " + l.launcher;
+    throw InvalidArgument(from + " says " + std::to_string(ranks) + " ranks, but this run is " +
+                          launch + "; valid: mpirun -np " + std::to_string(ranks) +
+                          " memfit train ... (as many processes as ranks)");
+  }
+  out.run.ranks = ranks;
+  out.run.rank = l.rank;
+  if (given(a, "--zero")) out.run.trainer.zero_stage = a.zero;
+  if (ranks > 1 && out.run.batch % ranks != 0) {
+    throw InvalidArgument("--batch " + std::to_string(out.run.batch) + " over " +
+                          std::to_string(ranks) + " ranks: valid: a multiple of " +
+                          std::to_string(ranks) + " (each rank steps on batch / ranks samples)");
+  }
+}
+
 }  // namespace
 
 Prepared prepare(const TrainArgs& a) {
@@ -420,6 +471,7 @@ Prepared prepare(const TrainArgs& a) {
   out.run.trainer.seed = a.seed;
   out.run.device = backend_kind(a);
   out.run.trainer.host_budget = host_budget_of(a, out.run.alloc.budget);
+  set_ranks(out, a);
   out.run.validate();
   return out;
 }
@@ -428,7 +480,9 @@ void predict(Prepared& p, const TrainArgs& a, bool want) {
   if (p.src.plan && p.src.plan->predicted.peaks.reserved > 0) {
     p.predicted = p.src.plan->predicted.peaks;
   }
-  if ((a.predict || want) && !p.predicted) {
+  // Each rank of a multi-rank run predicts its own peak (its chunks), by its own dry run.
+  const bool own = p.run.ranks > 1 && (a.predict || want || p.predicted);
+  if (own || ((a.predict || want) && !p.predicted)) {
     RunSpec unbudgeted = p.run;
     unbudgeted.alloc.budget = 0;
     p.predicted = dry_run(unbudgeted).step;

@@ -60,6 +60,8 @@ struct TrainArgs {
   std::string backend = "cpu";
   std::string report;  // a directory; "" for none
   std::string formats = "all";
+  int ranks = 0;  // --ranks: data-parallel ranks (0: the launch's, 1 without mpirun)
+  int zero = 0;   // --zero: ZeRO stage 0, 1 or 2
   std::vector<std::string> given;  // the options given on the command line
 };
 

@@ -82,7 +82,15 @@ std::string shown(std::string_view text) {
   return out;
 }
 
+namespace {
+bool g_muted = false;  // one process, one command: set once before the command prints
+}  // namespace
+
+void set_say_muted(bool muted) { g_muted = muted; }
+bool say_muted() { return g_muted; }
+
 void say(const char* format, ...) {
+  if (g_muted) return;
   std::va_list args;
   va_start(args, format);
   vsay(stdout, format, args);

@@ -19,7 +19,11 @@ namespace memfit::cli {
 
 std::string shown(std::string_view text);
 
+// say() prints to stdout unless muted: the ranks of a multi-rank run other than rank 0 are
+// (set_say_muted(true)), so a run prints one report. say_to() always prints (errors).
 void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
+void set_say_muted(bool muted);
+bool say_muted();
 void say_to(std::FILE* out, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 }  // namespace memfit::cli

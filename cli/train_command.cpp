@@ -16,6 +16,7 @@
 #include "cli/run_args.h"
 #include "cli/step_series.h"
 #include "cli/terminal_text.h"
+#include "core/comm/communicator.h"
 #include "core/text_dataset.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -37,6 +38,28 @@ void put_peaks(nlohmann::json& j, const std::string& prefix, const PeakFigures& 
   for (const auto& [key, value] : peaks.items()) j[prefix + key] = value;
 }
 
+// A multi-rank run's state file for this rank: under ZeRO-1/2 each rank saves and resumes
+// its own chunks, `<path>.rank<r>of<N>`; under ZeRO-0 every rank holds the same state and
+// rank 0 alone writes `<path>` (and every rank resumes from it).
+std::string rank_state_path(const std::string& path, const RunSpec& p) {
+  if (path.empty() || p.ranks == 1 || p.trainer.zero_stage == 0) return path;
+  return path + ".rank" + std::to_string(p.rank) + "of" + std::to_string(p.ranks);
+}
+
+// Rank r's rows of a global batch: [r * B / N, (r + 1) * B / N).
+Batch rank_rows(const Batch& g, int r, int n) {
+  if (n == 1) return g;
+  const std::int64_t per = g.batch / n;
+  const auto first = static_cast<std::ptrdiff_t>(r * per * g.seq_len);
+  const auto last = static_cast<std::ptrdiff_t>((r + 1) * per * g.seq_len);
+  Batch b;
+  b.batch = per;
+  b.seq_len = g.seq_len;
+  b.tokens.assign(g.tokens.begin() + first, g.tokens.begin() + last);
+  b.targets.assign(g.targets.begin() + first, g.targets.begin() + last);
+  return b;
+}
+
 int run_train(const TrainArgs& a, const TrainOnly& t) {
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--save", &t.save},
                                     {"--resume", &t.resume},
@@ -50,23 +73,30 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   }
   Prepared prep = prepare(a);
   const RunSpec& p = prep.run;
+  // One report for a multi-rank run: rank 0's, with every rank's peak gathered into it.
+  const bool lead = p.rank == 0;
+  if (!lead) set_say_muted(true);
+  const std::string save_path = lead || p.trainer.zero_stage > 0
+                                    ? rank_state_path(t.save, p) : std::string();
+  const std::string resume_path = rank_state_path(t.resume, p);
   const std::int64_t seq_len = p.resolved_seq_len();
   const TextDataset data(a.data);
   data.require_seq_len(seq_len);
   check_fits_machine(prep, a);  // before anything is allocated
   // The input is good: every target writable and no other run writing it, before step 1
   // (a bad run creates nothing, not even the report directory).
-  const std::vector<OutputLock> held = claim_outputs({{"--save", t.save},
-                                                      {"--summary-json", t.summary_json},
-                                                      {"--report", a.report, /*dir=*/true}});
+  const std::vector<OutputLock> held =
+      claim_outputs({{"--save", save_path},
+                     {"--summary-json", lead ? t.summary_json : std::string()},
+                     {"--report", lead ? a.report : std::string(), /*dir=*/true}});
   print_plan_source("train", a, prep);
   predict(prep, a);
   const std::optional<PeakFigures>& predicted = prep.predicted;
-  const bool report = !a.report.empty();
+  const bool report = lead && !a.report.empty();
 
   const std::unique_ptr<RunSetup> run = open_run(prep, a, report);
   Trainer& trainer = run->trainer();
-  if (!t.resume.empty()) trainer.load(t.resume);
+  if (!resume_path.empty()) trainer.load(resume_path);
   const std::int64_t start = trainer.steps_attempted();
 
   say("memfit train: %s (%lld parameters) on %s (%lld bytes), backend %s\n", p.describe().c_str(),
@@ -76,6 +106,11 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
       trainer.optimizer().name(), trainer.scaler().enabled() ? "on" : "off",
       p.alloc.budget ? (", budget " + format_bytes(p.alloc.budget)).c_str() : "",
       t.resume.empty() ? "" : (", resumed at step " + std::to_string(start)).c_str());
+  if (p.ranks > 1) {
+    say("  %d ranks (mpirun), ZeRO-%d: each rank steps on %lld of every %lld samples\n", p.ranks,
+        p.trainer.zero_stage, static_cast<long long>(p.rank_batch()),
+        static_cast<long long>(p.batch));
+  }
   std::fflush(stdout);
 
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
@@ -85,7 +120,8 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
   std::int64_t skipped = 0, tokens = 0, micro_batches = 0;
   double seconds = 0, last_scale = 1;
   for (std::int64_t i = 1; i <= a.steps; ++i) {
-    const Batch b = data.sample(p.batch, seq_len, trainer.rng());
+    // Every rank draws the same global batch (the same seed) and steps on its rows of it.
+    const Batch b = rank_rows(data.sample(p.batch, seq_len, trainer.rng()), p.rank, p.ranks);
     const StepResult r = train_step(*run, a, b);
     measured.take_max(r.peaks);
     losses.add(r.loss);
@@ -100,17 +136,19 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const std::string line =
         progress_line(r, start + i, start + a.steps, static_cast<double>(r.tokens) / r.seconds,
                       trainer.scaler().enabled(), tty);
-    std::printf(tty ? "\r%s\033[K" : "%s\n", shown(line).c_str());  // raw: our own escapes
-    std::fflush(stdout);
+    if (lead) {
+      std::printf(tty ? "\r%s\033[K" : "%s\n", shown(line).c_str());  // raw: our own escapes
+      std::fflush(stdout);
+    }
   }
   if (tty) say("\n");
   // Each output on its own: one that fails (a full disk) is written to the temp directory
   // instead, and the others are still written (cli/outputs.h).
   std::vector<std::string> failed;
-  std::string saved_to = t.save;
-  if (!t.save.empty()) {
+  std::string saved_to = save_path;
+  if (!save_path.empty()) {
     write_or_rescue(
-        "--save", t.save, false,
+        "--save", save_path, false,
         [&](const std::string& path) {
           trainer.save(path);
           saved_to = path;
@@ -142,7 +180,23 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
         format_bytes(predicted->reserved).c_str(), format_bytes(predicted->allocated).c_str(),
         predicted->reserved ? double(measured.reserved) / double(predicted->reserved) : 0.0);
   }
-  say("\n  at the peak, by category:%s\n", predicted ? "    measured    predicted" : "");
+  if (p.ranks > 1) {
+    // Every rank's peak beside its own dry run's (its chunks differ by an element at most).
+    Communicator& comm = *run->trainer().options().comm;
+    const std::vector<double> m = gather_values(comm, static_cast<double>(measured.reserved));
+    const std::vector<double> q =
+        gather_values(comm, predicted ? static_cast<double>(predicted->reserved) : 0.0);
+    say("\n  peak reserved by rank:%s\n", predicted ? "    measured    predicted" : "");
+    for (int r = 0; r < p.ranks; ++r) {
+      const auto mr = static_cast<std::size_t>(m[static_cast<std::size_t>(r)]);
+      const auto qr = static_cast<std::size_t>(q[static_cast<std::size_t>(r)]);
+      say("    rank %-17d %12s", r, format_bytes(mr).c_str());
+      if (predicted) say(" %12s  %s", format_bytes(qr).c_str(), mr == qr ? "exact" : "differs");
+      say("\n");
+    }
+  }
+  say("\n  at the peak, by category%s:%s\n", p.ranks > 1 ? " (rank 0)" : "",
+      predicted ? "    measured    predicted" : "");
   auto row = [&](const char* name, std::size_t m, std::size_t q) {
     if (m == 0 && (!predicted || q == 0)) return;
     say("    %-22s %12s", name, format_bytes(m).c_str());
@@ -159,7 +213,11 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
     const std::string name = std::string("  host ") + category_name(static_cast<Category>(c));
     row(name.c_str(), measured.host_at_peak[c], predicted ? predicted->host_at_peak[c] : 0);
   }
-  if (!t.save.empty()) say("  state: %s\n", saved_to.c_str());
+  if (p.ranks > 1) run->trainer().options().comm->barrier();  // every rank's state is written
+  if (!save_path.empty()) {
+    say("  state: %s%s\n", saved_to.c_str(),
+        p.ranks > 1 && p.trainer.zero_stage > 0 ? " (and the other ranks' beside it)" : "");
+  }
   std::string report_dir = a.report;
   if (report) {
     const ProfileReport r = finish_report(*run, prep, a.steps, "train");
@@ -172,8 +230,10 @@ int run_train(const TrainArgs& a, const TrainOnly& t) {
         failed);
   }
 
-  if (!t.summary_json.empty()) {
+  if (lead && !t.summary_json.empty()) {
     nlohmann::json j;
+    j["ranks"] = p.ranks;
+    j["zero_stage"] = p.trainer.zero_stage;
     const MemoryPolicy& pol = p.trainer.policy;
     j["model"] = p.model.name;
     j["backend"] = run->runtime().name();

@@ -492,11 +492,10 @@ bool is_json_path(const std::string& path) {
 std::string peaks_json(const PeakFigures& p) { return peaks_value(p).dump(); }
 
 RunSpec Plan::run_spec() const {
-  if (ranks > 1) {
-    throw InvalidArgument("a per-rank plan for " + std::to_string(ranks) +
-                          " data-parallel ranks: memfit trains one process (plan with ranks 1)");
-  }
   RunSpec r;
+  r.ranks = ranks;
+  r.rank = 0;  // each process of a multi-rank run sets its own
+  r.trainer.zero_stage = ranks > 1 ? zero_stage : 0;
   r.model = model;
   // micro_batch_split(global_batch, micro_batch) gives accum_steps micro-batches, the last one
   // taking what is left: exactly this plan.

@@ -60,9 +60,9 @@ struct Plan {
   Prediction predicted;
   std::string why;
 
-  // What RunSetup / dry_run take: model, policy, per-rank global batch, seq_len, budget and
-  // device kind; adamw, scaler and seed at their defaults. InvalidArgument for ranks > 1
-  // (one process trains one rank's plan only with the multi-rank runtime).
+  // What RunSetup / dry_run take: model, policy, global batch, seq_len, budget, device kind,
+  // ranks and zero_stage (rank 0: each process of a multi-rank run sets its own rank); adamw,
+  // scaler and seed at their defaults.
   RunSpec run_spec() const;
   // One line: "bf16, checkpoint optimal, offload optimizer, micro-batch 8 x 4 accumulated
   // (global batch 32)"; the one description every table, report and message uses.
