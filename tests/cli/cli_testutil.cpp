@@ -15,10 +15,9 @@ std::string memfit_binary() {
   return std::string(dir ? dir : MEMFIT_TEST_BINARY_DIR) + "/memfit";
 }
 
-ProgramRun run_memfit(const std::string& args, bool stderr_too) {
-  // One CPU rates file for every run (tests/CMakeLists.txt measures it first, as cli_cpu_rates).
-  const std::string cmd = "MEMFIT_CACHE_DIR='" + std::string(MEMFIT_TEST_CACHE_DIR) + "' " +
-                          memfit_binary() + " " + args + (stderr_too ? " 2>&1" : " 2>/dev/null");
+namespace {
+
+ProgramRun run_shell(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -26,6 +25,38 @@ ProgramRun run_memfit(const std::string& args, bool stderr_too) {
   while (std::fgets(buf.data(), buf.size(), p) != nullptr) out += buf.data();
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// One CPU rates file for every run (tests/CMakeLists.txt measures it first, as cli_cpu_rates).
+std::string cache_env() { return "MEMFIT_CACHE_DIR='" + std::string(MEMFIT_TEST_CACHE_DIR) + "' "; }
+
+}  // namespace
+
+ProgramRun run_memfit(const std::string& args, bool stderr_too) {
+  return run_shell(cache_env() + memfit_binary() + " " + args +
+                   (stderr_too ? " 2>&1" : " 2>/dev/null"));
+}
+
+bool mpi_available() {
+#ifdef MEMFIT_TEST_MPIEXEC
+  return true;
+#else
+  return false;
+#endif
+}
+
+ProgramRun run_memfit_ranks(int ranks, const std::string& args) {
+#ifdef MEMFIT_TEST_MPIEXEC
+  // As tests/CMakeLists.txt runs the *_mpi_test binaries: ranks share the cores, and shared
+  // memory transfers need no cross-memory attach (containers that deny ptrace refuse it).
+  return run_shell(cache_env() +
+                   "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " +
+                   MEMFIT_TEST_MPIEXEC + " --allow-run-as-root --oversubscribe -np " +
+                   std::to_string(ranks) + " " + memfit_binary() + " " + args + " 2>&1");
+#else
+  (void)ranks, (void)args;
+  return {-2, "this build has no MPI"};
+#endif
 }
 
 std::string read_file(const std::string& path) {

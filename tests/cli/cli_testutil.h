@@ -14,6 +14,10 @@ struct ProgramRun {
 std::string memfit_binary();
 // `memfit <args>` through the shell; stderr_too = false keeps stdout alone (JSON must parse).
 ProgramRun run_memfit(const std::string& args, bool stderr_too = true);
+// `mpirun -np <ranks> memfit <args>` (one OpenMP thread per rank, as root too), with stderr;
+// {-2, why} when this build has no MPI (mpi_available() false).
+ProgramRun run_memfit_ranks(int ranks, const std::string& args);
+bool mpi_available();
 std::string read_file(const std::string& path);  // "" when it cannot be read
 bool contains(const std::string& haystack, const std::string& needle);
 
