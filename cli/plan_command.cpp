@@ -140,7 +140,21 @@ void print_table(const PlanResult& r, std::int64_t top) {
     say("(%lld more; --top 0 shows all)\n",
         static_cast<long long>(r.candidates.size()) - static_cast<long long>(rows));
   }
-  for (const std::string& s : r.infeasible) say("does not fit: %s\n", s.c_str());
+  // ZeRO-1/2 with optimizer, gradient or weight offload (not built yet): one line, not one a
+  // combination; --format json lists each.
+  std::size_t not_offered = 0;
+  for (const std::string& s : r.infeasible) {
+    if (s.find(kNotOfferedWithZero) != std::string::npos) {
+      ++not_offered;
+      continue;
+    }
+    say("does not fit: %s\n", s.c_str());
+  }
+  if (not_offered > 0) {
+    say("not offered: %zu combinations with optimizer, gradient or weight offload (%s; "
+        "--format json lists them)\n",
+        not_offered, kNotOfferedWithZero);
+  }
 }
 
 void validate(const PlanArgs& a) {
@@ -288,7 +302,11 @@ int run_plan(const PlanArgs& a) {
           format_bytes(context_was).c_str());
     }
     if (o.ranks > 1) {
-      say("  per rank of %d data-parallel ranks, ZeRO stage %d\n", o.ranks, o.zero_stage);
+      // The planner dry-runs rank 0 (the largest ZeRO shards): no rank reserves more.
+      say("  per rank: rank 0 of %d data-parallel ranks, ZeRO stage %d, each stepping on "
+          "micro x accum samples of the global batch; time is one rank's compute, without "
+          "communication\n",
+          o.ranks, o.zero_stage);
     }
     say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
         o.calibrate    ? "calibrated on this machine"
@@ -368,10 +386,14 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--global-batch", a->global_batch,
                   "throughput mode: the fastest plan for this many sequences per step")
       ->check(exact_int64());
-  cmd->add_option("--ranks", a->ranks, "data-parallel ranks (per-rank bytes)")
+  cmd->add_option("--ranks", a->ranks,
+                  "data-parallel ranks: each plan is rank 0's dry run (per-rank bytes and "
+                  "micro-batch; --global-batch is all ranks')")
       ->capture_default_str()
       ->check(exact_int32());
-  cmd->add_option("--zero", a->zero, "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads)")
+  cmd->add_option("--zero", a->zero,
+                  "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads); 1 and 2 "
+                  "without optimizer, gradient or weight offload")
       ->capture_default_str()
       ->check(exact_int32());
   cmd->add_flag("--calibrate", a->calibrate,

@@ -1,6 +1,7 @@
 #include "policies/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <typeinfo>
 
@@ -26,7 +28,7 @@ using planner_detail::Context;
 using planner_detail::gib;
 using planner_detail::search_max;
 using planner_detail::search_throughput;
-using planner_detail::zero_saving;
+using planner_detail::unsupported;
 
 namespace {
 
@@ -62,23 +64,42 @@ void validate(const PlannerOptions& o) {
 }
 
 // The least the parameters, gradients and optimizer state need on one rank with every policy
-// the options allow, and for what; nullopt when the budget covers it.
+// the options allow, and for what; nullopt when the budget covers it. One rank holding them
+// whole: the cost model's static bytes. ZeRO-1/2: what rank 0 reserves building the model and
+// its sharded optimizer, by a dry run of one sample per dtype and (runnable) offload setting.
 std::optional<std::string> weights_shortfall(const Context& c) {
   std::optional<std::pair<std::size_t, std::string>> best;
+  const bool zero = planner_detail::zero_stage(c.o) > 0;
   for (DType dt : c.o.dtypes) {
     for (const OffloadSwitches& off : c.o.offloads) {
-      const StaticBytes s = c.cm.static_bytes(dt, off);
-      const std::size_t need = static_cast<std::size_t>(s.device_total()) -
-                               std::min<std::size_t>(s.device_total(), zero_saving(c, dt, off));
+      if (!unsupported(c.o, off).empty()) continue;  // not offered (planner_search.h)
+      std::array<std::int64_t, kCategoryCount> by{};
+      std::size_t need = 0;
+      if (zero) {
+        const Combo cb(dt, Checkpointing::all(), off);
+        RunSpec q = planner_detail::request(c, cb, 1, 1, 0);
+        const DryRunResult u = dry_run(q, /*steps=*/1);
+        need = u.setup_peak_reserved;
+        for (std::size_t k = 0; k < kCategoryCount; ++k) {
+          by[k] = static_cast<std::int64_t>(u.step.category_peaks[k]);
+        }
+      } else {
+        const StaticBytes s = c.cm.static_bytes(dt, off);
+        need = static_cast<std::size_t>(s.device_total());
+        by = s.device;
+      }
       if (best && best->first <= need) continue;
-      auto b = [&](Category k) { return gib(double(s.device[category_index(k)])); };
+      auto b = [&](Category k) { return gib(double(by[category_index(k)])); };
       best = {need, std::string(dtype_name(dt)) + " weights " + b(Category::kParameter) +
                         ", f32 gradients " + b(Category::kGradient) + ", optimizer state " +
                         b(Category::kOptimizerState) +
                         (off.weights     ? " (weights: the buffer ring; the rest on the host)"
                          : off.gradients ? " (gradients: the bucket ring; optimizer on the host)"
                          : off.optimizer ? " (offloaded: on the host)"
-                                         : "")};
+                                         : "") +
+                        (zero ? " on rank 0 of " + std::to_string(c.o.ranks) + " with ZeRO-" +
+                                    std::to_string(c.o.zero_stage)
+                              : "")};
     }
   }
   if (!best || best->first <= c.budget) return std::nullopt;
@@ -161,6 +182,10 @@ PlanResult plan(const PlannerOptions& o) {
         planner_detail::Hint hint;
         for (std::size_t i : groups[g]) {
           Combo& cb = combos[i];
+          if (const std::string why = unsupported(o, cb.offload); !why.empty()) {
+            cb.infeasible = cb.name() + ": " + why;
+            continue;
+          }
           const auto host =
               static_cast<std::size_t>(cm.static_bytes(cb.dtype, cb.offload).host_pinned);
           if (o.host_budget > 0 && host > o.host_budget) {
@@ -207,7 +232,10 @@ PlanResult plan(const PlannerOptions& o) {
                       " at seq_len " + std::to_string(seq_len) + ":";
     for (const std::string& s : result.infeasible) msg += "\n  " + s;
     msg += std::string("\nvalid: a larger budget") + (o.host_budget > 0 ? " or host budget" : "") +
-           ", a shorter seq_len, or a smaller model";
+           ", a shorter seq_len, or a smaller model" +
+           (planner_detail::zero_stage(o) > 0
+                ? " (ZeRO-1/2 plans take no optimizer, gradient or weight offload; ZeRO-0 does)"
+                : "");
     throw InvalidArgument(msg);
   }
   const bool throughput = o.global_batch > 0;

@@ -17,9 +17,14 @@
 // Throughput mode: for each combination, every micro-batch that fits and reaches global_batch
 // (accum = ceil(N / micro), an uneven last micro-batch allowed), ranked by predicted seconds
 // per global batch (CostModel::step_seconds); the fastest is recommended.
-// ranks > 1: per-rank bytes with ZeRO sharding (zero_stage 1: optimizer state / N; 2: also
-// gradients / N) applied to the static bytes of the dry run's peak (the runtime for several
-// ranks comes later; this is the arithmetic).
+// ranks > 1: every dry run is rank 0's of `ranks` data-parallel ranks with ZeRO stage
+// zero_stage (RunSpec ranks/rank, TrainerOptions::zero_stage; its batch the global one, each
+// rank stepping on micro_batch x accum): the real sharded step, simulated for one rank, so a
+// plan's peaks are what that rank reserves (rank 0 holds the largest ZeRO chunks, so no rank
+// reserves more) and `micro_batch` is per rank, `global_batch` all ranks'. ZeRO-1/2 with
+// optimizer, gradient or weight offload is not built yet: those combinations are not searched
+// (each in `infeasible`, saying so). The predicted time is one rank's compute; communication
+// is not in it.
 // host_budget > 0: a combination whose offload pins more host memory than that does not fit
 // (its reason says how much); every plan says what it pins (Prediction's host_pinned).
 // Every candidate is a RunSpec (policies/run_spec.h) dry-run by the one dry_run(): the real
@@ -56,8 +61,8 @@ struct PlannerOptions {
   std::size_t host_budget = 0;     // pinned host bytes a plan may take; 0: no limit
   std::int64_t seq_len = 0;        // 0: spec.seq_len
   std::int64_t global_batch = 0;   // 0: max-batch mode
-  int ranks = 1;
-  int zero_stage = 0;
+  int ranks = 1;                   // data-parallel ranks (plans are per rank: rank 0's)
+  int zero_stage = 0;              // 0, 1 (optimizer state sharded), 2 (+ gradients); ranks > 1
   std::vector<DType> dtypes{DType::kF32, DType::kF16, DType::kBF16};
   std::vector<Checkpointing> checkpoints{Checkpointing::none(), Checkpointing::all(),
                                          Checkpointing::sqrt(), Checkpointing::optimal()};
@@ -101,6 +106,11 @@ struct PlanResult {
 };
 
 inline constexpr double kNearLargest = 0.05;  // 5% fewer samples per micro-batch
+
+// In PlanResult::infeasible, the reason of each combination not searched because ZeRO-1/2
+// does not run with optimizer, gradient or weight offload yet.
+inline constexpr const char* kNotOfferedWithZero =
+    "ZeRO-1/2 with optimizer, gradient or weight offload is not built yet";
 
 PlanResult plan(const PlannerOptions& options);
 

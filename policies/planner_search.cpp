@@ -25,18 +25,42 @@ std::string gib(double bytes) {
   return format_bytes(static_cast<std::size_t>(std::max(0.0, bytes)));
 }
 
-// Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
-// device optimizer state (stage >= 1) and of the gradients (stage 2). The dry run simulates one
-// rank holding everything; this is subtracted from its peak (and added to its budget).
-std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload) {
-  if (c.o.ranks <= 1 || c.o.zero_stage == 0) return 0;
-  const StaticBytes s = c.cm.static_bytes(dt, offload);
-  const double keep_out = double(c.o.ranks - 1) / double(c.o.ranks);
-  double saved = double(s.device[category_index(Category::kOptimizerState)]) * keep_out;
-  // (Offloaded gradients leave only the bucket ring, which no rank shares out.)
-  if (c.o.zero_stage >= 2 && !offload.gradients)
-    saved += double(s.device[category_index(Category::kGradient)]) * keep_out;
-  return static_cast<std::size_t>(saved);
+int zero_stage(const PlannerOptions& o) { return o.ranks > 1 ? o.zero_stage : 0; }
+
+std::string unsupported(const PlannerOptions& o, const OffloadSwitches& offload) {
+  const int z = zero_stage(o);
+  if (z == 0 || !(offload.optimizer || offload.gradients || offload.weights)) return "";
+  return "not offered with ZeRO-" + std::to_string(z) + " (offload " + offload.describe() +
+         "): " + kNotOfferedWithZero + "; activation offload is fine";
+}
+
+RunSpec request(const Context& c, const Combo& combo, std::int64_t micro, std::int64_t accum,
+                std::int64_t last) {
+  RunSpec q;
+  q.model = c.o.spec;
+  MemoryPolicy& p = q.trainer.policy;
+  p.dtype = combo.dtype;
+  p.checkpoint = combo.optimal() ? Checkpointing::solved(Schedule::all(c.n)) : combo.ck;
+  p.offload = combo.offload;
+  p.loss = c.o.loss;
+  p.micro_batch = micro;
+  // RunSpec::batch is the global batch: every rank steps on rank_batch() = batch / ranks.
+  q.ranks = c.o.ranks;
+  q.rank = 0;
+  q.trainer.zero_stage = zero_stage(c.o);
+  q.batch = ((accum - 1) * micro + (last > 0 ? last : micro)) * c.o.ranks;
+  q.seq_len = c.seq_len;
+  q.alloc = c.o.alloc_conf;
+  q.alloc.budget = 0;
+  // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
+  // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
+  q.device = c.o.device.kind;
+  q.gpu_gemm_workspace = c.o.gemm_workspace_bytes;
+  // Activation offload's room grows with the micro-batch: the dry run holds it to the budget.
+  q.trainer.host_budget = c.o.host_budget;
+  // This CPU's measured rates price each dry run's ops: the plan's step time (make_plan).
+  if (c.o.cpu_rates) q.op_rates = c.o.cpu_rates->op_rates();
+  return q;
 }
 
 namespace {
@@ -54,14 +78,14 @@ constexpr int kOptimalThroughputTolerance = 16;
 class Searcher {
  public:
   Searcher(const Context& c, Combo& combo, Hint hint)
-      : c_(c), combo_(combo), hint_(hint), saving_(zero_saving(c, combo.dtype, combo.offload)) {}
+      : c_(c), combo_(combo), hint_(hint) {}
 
   // A dry run of `micro` (accum micro-batches, an uneven last one) under the budget, with the
   // schedule this combination gives at that micro-batch; nullopt when no schedule fits.
   std::optional<DryRunResult> probe(std::int64_t micro, std::int64_t accum, std::int64_t last,
                                     Schedule* schedule_out) {
     RunSpec q = request(micro, accum, last);
-    q.alloc.budget = c_.budget + saving_;
+    q.alloc.budget = c_.budget;
     if (!combo_.optimal()) {
       const DryRunResult r = run(q);
       if (schedule_out) *schedule_out = fixed_schedule();
@@ -70,9 +94,8 @@ class Searcher {
     // Optimal: the DP's limit is what the chain may use: the budget less the static bytes and
     // the micro-batch's inputs; the dry run confirms with every other byte (rounding,
     // fragmentation, the head's transients) and lowers the limit by what it overshot.
-    const StaticBytes st = c_.cm.static_bytes(combo_.dtype, combo_.offload);
     const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
-    std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - st.device_total() - inputs;
+    std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - static_device() - inputs;
     const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
     for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
       const SolverResult& s = solve(micro, chain, limit);
@@ -141,7 +164,7 @@ class Searcher {
   // One step's dry run of `micro` samples with a given schedule (optimal solver).
   DryRunResult run_with(std::int64_t micro, const Schedule& schedule) {
     RunSpec q = request(micro, 1, 0);
-    q.alloc.budget = c_.budget + saving_;
+    q.alloc.budget = c_.budget;
     q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
     return run(q);
   }
@@ -238,7 +261,7 @@ class Searcher {
         if (hi <= cap) bisect = false;
       } else {
         const double slope = double(p_lo - p_prev) / double(lo - lo_prev);
-        const double room = double(c_.budget + saving_) - double(p_lo);
+        const double room = double(c_.budget) - double(p_lo);
         next = lo + static_cast<std::int64_t>(std::floor(std::max(0.0, room) / slope));
         next = std::clamp<std::int64_t>(next, lo + 1, std::min(hi - 1, cap));
       }
@@ -280,7 +303,7 @@ class Searcher {
   std::optional<DryRunResult> confirm(std::int64_t micro, std::int64_t accum, std::int64_t last,
                                       const Schedule& schedule) {
     RunSpec q = request(micro, accum, last);
-    q.alloc.budget = c_.budget + saving_;
+    q.alloc.budget = c_.budget;
     if (combo_.optimal()) q.trainer.policy.checkpoint = Checkpointing::solved(schedule);
     DryRunResult r = run(q, /*steps=*/2);
     if (!r.fits) return std::nullopt;
@@ -329,36 +352,32 @@ class Searcher {
     return 0;
   }
 
-  // `accum` micro-batches of `micro` samples, the last one `last` (0: micro) samples.
+  // `accum` micro-batches of `micro` samples on each rank, the last one `last` (0: micro).
   RunSpec request(std::int64_t micro, std::int64_t accum, std::int64_t last) const {
-    RunSpec q;
-    q.model = c_.o.spec;
-    MemoryPolicy& p = q.trainer.policy;
-    p.dtype = combo_.dtype;
-    p.checkpoint = combo_.optimal() ? Checkpointing::solved(Schedule::all(c_.n)) : combo_.ck;
-    p.offload = combo_.offload;
-    p.loss = c_.o.loss;
-    p.micro_batch = micro;
-    q.batch = (accum - 1) * micro + (last > 0 ? last : micro);
-    q.seq_len = c_.seq_len;
-    q.alloc = c_.o.alloc_conf;
-    // The CPU backend widens f16/bf16 GEMM operands in budgeted scratch; a GPU's tensor cores
-    // need none, but cuBLASLt takes a fixed workspace per GEMM from the same allocator.
-    q.device = c_.o.device.kind;
-    q.gpu_gemm_workspace = c_.o.gemm_workspace_bytes;
-    // Activation offload's room grows with the micro-batch: the dry run holds it to the budget.
-    q.trainer.host_budget = c_.o.host_budget;
-    // This CPU's measured rates price each dry run's ops: the plan's step time (make_plan).
-    if (c_.o.cpu_rates) q.op_rates = c_.o.cpu_rates->op_rates();
-    return q;
+    return planner_detail::request(c_, combo_, micro, accum, last);
+  }
+
+  // The bytes the optimal solver's limit leaves out besides the chain's: parameters,
+  // gradients and optimizer state on this rank. One rank holding everything: the cost model's
+  // static bytes. ZeRO-1/2: what rank 0 reserved building the model and its sharded optimizer
+  // (an unbudgeted dry run of one sample, the one infeasible_reason makes).
+  std::int64_t static_device() {
+    if (!static_device_) {
+      if (zero_stage(c_.o) == 0) {
+        static_device_ = c_.cm.static_bytes(combo_.dtype, combo_.offload).device_total();
+      } else {
+        RunSpec q = request(1, 1, 0);
+        q.alloc.budget = 0;
+        static_device_ = static_cast<std::int64_t>(run(q).setup_peak_reserved);
+      }
+    }
+    return *static_device_;
   }
 
   const Schedule& fixed_schedule() {
     if (!fixed_) fixed_ = combo_.ck.schedule(c_.n);
     return *fixed_;
   }
-
-  std::size_t saving() const { return saving_; }
 
   // The optimal solver's answer for `micro` samples (its chain) under `limit`, remembered: a
   // probe with accumulation starts from the limit of the probe without.
@@ -375,7 +394,7 @@ class Searcher {
   const Context& c_;
   Combo& combo_;
   Hint hint_;
-  std::size_t saving_;
+  std::optional<std::int64_t> static_device_;
   std::optional<Schedule> fixed_;
   std::map<std::int64_t, std::optional<Found>> cache_;
   // Every dry run this search made, by (micro-batch, batch, budget, steps), with its policy
@@ -388,8 +407,10 @@ class Searcher {
   std::map<std::pair<std::int64_t, std::int64_t>, SolverResult> solved_;  // by (micro, limit)
 };
 
+// `r`: the confirming dry run of rank 0 (ZeRO: its shards are the largest), the plan's
+// per-rank figures as they are. `global`: every rank's samples per step.
 Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const DryRunResult& r,
-               std::size_t saving, std::int64_t micro, std::int64_t accum, std::int64_t global) {
+               std::int64_t micro, std::int64_t accum, std::int64_t global) {
   Plan p;
   p.model = c.o.spec;
   p.device = c.o.device.name;
@@ -404,31 +425,13 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
   p.policy.micro_batch = micro;
   p.policy.loss = c.o.loss;
   p.ranks = c.o.ranks;
-  p.zero_stage = c.o.ranks > 1 ? c.o.zero_stage : 0;
+  p.zero_stage = zero_stage(c.o);
   p.alloc = c.o.alloc_conf;
   p.alloc.budget = 0;
-  PeakFigures& pk = p.predicted.peaks;
-  pk = r.step;
-  pk.reserved -= std::min(pk.reserved, saving);
-  pk.allocated -= std::min(pk.allocated, saving);
-  if (saving > 0) {
-    // Per rank: the sharded categories hold 1/N (ZeRO); the dry run held them whole. The
-    // breakdown at the peak shrinks by what the reserved peak did, so it still adds up.
-    const double keep = 1.0 / double(c.o.ranks);
-    std::size_t cut = 0;
-    for (Category cat : {Category::kOptimizerState, Category::kGradient}) {
-      if (cat == Category::kGradient && c.o.zero_stage < 2) continue;
-      const std::size_t k = category_index(cat);
-      pk.category_peaks[k] = static_cast<std::size_t>(double(pk.category_peaks[k]) * keep);
-      const std::size_t was = pk.at_peak[k];
-      pk.at_peak[k] = static_cast<std::size_t>(double(was) * keep);
-      cut += was - pk.at_peak[k];
-    }
-    pk.allocated_at_peak -= std::min(pk.allocated_at_peak, cut);
-    pk.reserved = std::max(pk.reserved, pk.allocated_at_peak);
-  }
+  p.predicted.peaks = r.step;
   // Measured CPU rates: the confirming dry run's ops at those rates (r ran with them), plus
-  // the host AdamW of optimizer offload; otherwise the cost model's analytic time.
+  // the host AdamW of optimizer offload; otherwise the cost model's analytic time. Either is
+  // one rank's compute: ranks > 1 add no communication time (yet).
   p.predicted.step_seconds = c.o.cpu_rates
                                  ? c.o.cpu_rates->step_seconds(p.run_spec(), r)
                                  : c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
@@ -442,8 +445,8 @@ std::string infeasible_reason(const Context& c, Combo& combo, Searcher& s) {
   RunSpec q = s.request(1, 1, 0);  // optimal: all(n), the least memory a per-block rule reaches
   q.alloc.budget = 0;
   const DryRunResult u = s.run(q);
-  const std::size_t need = u.step.reserved - std::min(u.step.reserved, s.saving());
-  const std::size_t setup = u.setup_peak_reserved - std::min(u.setup_peak_reserved, s.saving());
+  const std::size_t need = u.step.reserved;
+  const std::size_t setup = u.setup_peak_reserved;
   if (setup > c.budget) {
     return combo.name() + ": the weights, gradients and optimizer state alone need " +
            gib(double(setup)) + " (budget " + gib(double(c.budget)) + ")";
@@ -468,7 +471,7 @@ void search_max(const Context& c, Combo& combo, Hint hint) {
     combo.infeasible = infeasible_reason(c, combo, s);
     return;
   }
-  combo.plan = make_plan(c, combo, sched, r, s.saving(), m, 1, m * c.o.ranks);
+  combo.plan = make_plan(c, combo, sched, r, m, 1, m * c.o.ranks);
 }
 
 namespace {
@@ -543,7 +546,7 @@ void throughput(const Context& c, Combo& combo, Searcher& s) {
     }
     const std::optional<DryRunResult> r = s.confirm(b, accum, uneven, sched);
     if (!r) continue;
-    combo.plan = make_plan(c, combo, sched, *r, s.saving(), b, accum, c.o.global_batch);
+    combo.plan = make_plan(c, combo, sched, *r, b, accum, c.o.global_batch);
     return;
   }
   if (ceil_div(per_rank, m) > kMaxMicroBatches) {

@@ -16,6 +16,7 @@
 #include "policies/plan.h"
 #include "policies/planner.h"
 #include "policies/policy.h"
+#include "policies/run_spec.h"
 
 namespace memfit::planner_detail {
 
@@ -51,9 +52,19 @@ struct Context {
 // "64.00 MiB", "1.00 GiB": the unit that reads best (small budgets were "0.06 GiB").
 std::string gib(double bytes);
 
-// Bytes one rank does not hold under ZeRO with `ranks` data-parallel ranks: (N-1)/N of the
-// device optimizer state (stage >= 1) and of the gradients (stage 2).
-std::size_t zero_saving(const Context& c, DType dt, const OffloadSwitches& offload);
+// The ZeRO stage the plans run with: PlannerOptions::zero_stage with ranks > 1, else 0 (as
+// Plan::run_spec has it).
+int zero_stage(const PlannerOptions& o);
+// Why a combination is not offered at all, or "" when it is: ZeRO-1/2 runs without optimizer,
+// gradient or weight offload (RunSpec::validate refuses the rest).
+std::string unsupported(const PlannerOptions& o, const OffloadSwitches& offload);
+
+// The RunSpec the planner dry-runs for a combination: `accum` micro-batches of `micro` samples
+// on each rank, the last one `last` (0: micro) samples; its batch is the global one (that per
+// rank x ranks), its rank 0 (the largest ZeRO chunks: its peak is the highest of the ranks').
+// No budget (alloc.budget 0); the optimal solver's schedule is all(n) until solved.
+RunSpec request(const Context& c, const Combo& combo, std::int64_t micro, std::int64_t accum,
+                std::int64_t last);
 
 // A twin combination's answer (f16 and bf16 allocate the same bytes): the micro-batch that
 // fitted it (0: none) and, for the optimal solver, the schedules it fitted with. The search

@@ -211,6 +211,9 @@ TEST(PlanCommand, ThroughputModeReachesTheGlobalBatchAndRecommendsTheFastest) {
   EXPECT_EQ(j.at("recommended").at("predicted").at("step_seconds").get<double>(), fastest);
 }
 
+// --ranks N --zero Z: each plan is rank 0's dry run of the sharded step, so its optimizer
+// state is its chunk (about 1/N), every micro-batch is per rank with the global batch N times
+// that, and ZeRO-1/2 offers no optimizer, gradient or weight offload (not built yet), saying so.
 TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
   const auto one = plan_json("--model gpt2 --device a100-40g");
   const auto sharded = plan_json("--model gpt2 --device a100-40g --ranks 8 --zero 1");
@@ -221,15 +224,38 @@ TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
   }
   std::size_t compared = 0;
   for (const auto& p : sharded.at("candidates")) {
-    const auto it = optim.find(combo(p));
-    if (it == optim.end() || it->second == 0) continue;  // offload: nothing on the device
-    EXPECT_LT(p.at("predicted").at("category_peaks").at("optimizer_state").get<std::size_t>(),
-              it->second)
-        << p.dump();
     EXPECT_EQ(p.at("ranks").get<int>(), 8);
+    EXPECT_EQ(p.at("zero_stage").get<int>(), 1);
+    const auto& off = p.at("offload");
+    EXPECT_FALSE(off.at("optimizer").get<bool>() || off.at("gradients").get<bool>() ||
+                 off.at("weights").get<bool>())
+        << p.dump();
+    EXPECT_EQ(p.at("global_batch").get<std::int64_t>(),
+              p.at("micro_batch").get<std::int64_t>() * p.at("accum_steps").get<std::int64_t>() *
+                  8);
+    const auto it = optim.find(combo(p));
+    if (it == optim.end() || it->second == 0) continue;
+    const auto own =
+        p.at("predicted").at("category_peaks").at("optimizer_state").get<std::size_t>();
+    EXPECT_LT(own, it->second) << p.dump();
+    EXPECT_LT(own, it->second / 4) << "not about 1/8: " << p.dump();
     ++compared;
   }
   EXPECT_GT(compared, 0u);
+  std::size_t not_offered = 0;
+  for (const auto& why : sharded.at("infeasible")) {
+    if (contains(why.get<std::string>(), "is not built yet")) ++not_offered;
+  }
+  EXPECT_GT(not_offered, 0u) << sharded.at("infeasible").dump(2);
+  // The table says the same: per rank, no communication in the time, one line for what is not
+  // offered.
+  const ProgramRun t = run_memfit("plan --model gpt2 --device a100-40g --ranks 2 --zero 2");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  for (const char* e : {"rank 0 of 2 data-parallel ranks, ZeRO stage 2", "without communication",
+                        "not offered: ", "2 ranks ZeRO-2"}) {
+    EXPECT_TRUE(contains(t.output, e)) << "no '" << e << "' in\n" << t.output;
+  }
+  EXPECT_FALSE(contains(t.output, "does not fit: ")) << t.output;
 }
 
 TEST(PlanCommand, OutWritesTheRecommendedPlanInTheFormatOfItsExtension) {

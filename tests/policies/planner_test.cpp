@@ -1,7 +1,8 @@
 // Planner: the max micro-batch of every candidate is exact (its dry run fits, one more does
 // not), the recommended plan trains for real on the CPU backend at the predicted peak under the
-// budget, throughput mode reaches the global batch and ranks by predicted time, ZeRO lowers the
-// per-rank bytes, and bad requests are clear errors.
+// budget, throughput mode reaches the global batch and ranks by predicted time, a multi-rank
+// plan is rank 0's sharded dry run to the byte (ZeRO lowers the per-rank bytes; offload is not
+// offered with it yet), and bad requests are clear errors.
 #include "policies/planner.h"
 
 #include <gtest/gtest.h>
@@ -212,6 +213,93 @@ TEST(Planner, ZeroShardingLowersPerRankBytes) {
   EXPECT_LT(four.predicted.peaks.at_peak[opt], one.predicted.peaks.at_peak[opt]);
   EXPECT_LT(four.predicted.peaks.category_peaks[opt], one.predicted.peaks.category_peaks[opt]);
   EXPECT_LE(four.predicted.peaks.reserved, kBudget);
+}
+
+// ranks > 1: every plan is rank 0's real sharded step, dry-run (RunSpec ranks/rank,
+// TrainerOptions::zero_stage), not a one-rank peak less arithmetic: the recommended plan's
+// peaks are its run_spec's dry run to the byte, under the budget, and ZeRO-1/2 offers no
+// optimizer, gradient or weight offload (the runtime refuses it), saying why.
+TEST(Planner, MultiRankPlansAreRankZerosDryRun) {
+  for (int ranks : {2, 4}) {
+    for (int zero : {0, 1, 2}) {
+      SCOPED_TRACE("ranks " + std::to_string(ranks) + " ZeRO-" + std::to_string(zero));
+      PlannerOptions o = options(kBudget);
+      o.dtypes = {DType::kBF16};
+      o.checkpoints = {Checkpointing::all(), Checkpointing::optimal()};
+      o.ranks = ranks;
+      o.zero_stage = zero;
+      const PlanResult r = plan(o);
+      const Plan& p = r.recommended;
+      EXPECT_EQ(p.ranks, ranks);
+      EXPECT_EQ(p.zero_stage, zero);
+      EXPECT_EQ(p.global_batch, p.policy.micro_batch * p.accum_steps * ranks);
+      RunSpec q = p.run_spec();
+      EXPECT_EQ(q.rank, 0);
+      EXPECT_EQ(q.trainer.zero_stage, zero);
+      EXPECT_EQ(q.rank_batch(), p.policy.micro_batch);
+      q.alloc.budget = kBudget;
+      const DryRunResult d = dry_run(q);
+      EXPECT_TRUE(d.fits) << d.failure;
+      EXPECT_EQ(d.step.reserved, p.predicted.peaks.reserved);
+      EXPECT_EQ(d.step, p.predicted.peaks);
+      EXPECT_LE(p.predicted.peaks.reserved, kBudget);
+      EXPECT_LE(d.need_reserved(), kBudget);
+      // Rank 0 holds the largest ZeRO chunks: no other rank reserves more.
+      for (int rank = 1; rank < ranks; ++rank) {
+        RunSpec other = q;
+        other.rank = rank;
+        const DryRunResult e = dry_run(other);
+        EXPECT_TRUE(e.fits) << "rank " << rank << ": " << e.failure;
+        EXPECT_LE(e.step.reserved, d.step.reserved) << "rank " << rank;
+      }
+      std::size_t not_offered = 0;
+      for (const std::string& why : r.infeasible) {
+        if (why.find(kNotOfferedWithZero) != std::string::npos) ++not_offered;
+      }
+      for (const Plan& c : r.candidates) {
+        const OffloadSwitches& off = c.policy.offload;
+        EXPECT_FALSE(zero > 0 && (off.optimizer || off.gradients || off.weights)) << c.describe();
+        EXPECT_LE(c.predicted.peaks.reserved, kBudget) << c.describe();
+      }
+      // Every default offload but `off` shards something the runtime cannot shard yet.
+      EXPECT_EQ(not_offered, zero > 0 ? (o.offloads.size() - 1) * o.checkpoints.size() : 0u);
+      if (zero > 0) {
+        ASSERT_FALSE(r.infeasible.empty());
+        EXPECT_NE(r.infeasible.front().find("ZeRO-" + std::to_string(zero)), std::string::npos)
+            << r.infeasible.front();
+      }
+    }
+  }
+}
+
+// ZeRO-1: rank 0's optimizer state at its peak shrinks with the ranks (its chunks of the
+// masters and moments), and its micro-batch does not.
+TEST(Planner, ZeroOneOptimizerStatePerRankShrinksWithRanks) {
+  PlannerOptions o = options(kBudget);
+  o.dtypes = {DType::kBF16};
+  o.checkpoints = {Checkpointing::all()};
+  o.offloads = {OffloadSwitches{}};
+  o.zero_stage = 1;
+  const auto opt = category_index(Category::kOptimizerState);
+  std::size_t prev_at_peak = 0, prev_own = 0;
+  std::int64_t prev_micro = 0;
+  for (int ranks : {1, 2, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(ranks));
+    o.ranks = ranks;
+    const Plan p = plan(o).recommended;
+    const PeakFigures& pk = p.predicted.peaks;
+    EXPECT_GT(pk.at_peak[opt], 0u);
+    if (ranks > 1) {
+      EXPECT_LT(pk.at_peak[opt], prev_at_peak);
+      EXPECT_LT(pk.category_peaks[opt], prev_own);
+      // About half of half as many ranks' (chunks round up; rank 0 holds the largest).
+      EXPECT_LE(pk.category_peaks[opt], prev_own * 3 / 4);
+      EXPECT_GE(p.policy.micro_batch, prev_micro);
+    }
+    prev_at_peak = pk.at_peak[opt];
+    prev_own = pk.category_peaks[opt];
+    prev_micro = p.policy.micro_batch;
+  }
 }
 
 void expect_error(const PlannerOptions& o, const std::string& needle) {
