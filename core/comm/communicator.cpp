@@ -10,6 +10,9 @@
 #ifdef MEMFIT_HAVE_MPI
 #include "core/comm/mpi_communicator.h"
 #endif
+#ifdef MEMFIT_HAVE_NCCL
+#include "core/comm/nccl_communicator.h"
+#endif
 
 namespace memfit {
 namespace {
@@ -190,6 +193,24 @@ LaunchInfo launch_info() {
 std::unique_ptr<Communicator> make_communicator(Backend& backend) {
   const LaunchInfo l = launch_info();
   if (l.world_size <= 1) return std::make_unique<LocalCommunicator>(backend);
+  if (backend.device() == Device::kCuda) {  // CUDA ranks: NCCL (tensors in device memory)
+#ifdef MEMFIT_HAVE_NCCL
+    auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+    if (cuda == nullptr) {
+      throw InvalidArgument(std::string("make_communicator: backend '") + backend.name() +
+                            "' says its device is cuda but is not a CudaBackend; valid: "
+                            "CudaBackend for NCCL ranks");
+    }
+    return std::make_unique<NcclCommunicator>(*cuda);
+#else
+    throw InvalidArgument("launched by " + l.launcher + " as rank " + std::to_string(l.rank) +
+                          " of " + std::to_string(l.world_size) + " on the " + backend.name() +
+                          " backend, but this memfit was built without NCCL; valid: a build "
+                          "with the CUDA backend, MPI and NCCL (nccl.h and libnccl in the CUDA "
+                          "toolkit or under NCCL_ROOT, found by CMake: see its \"memfit: NCCL "
+                          "communicator\" line), or the CPU backend (MPI), or one rank");
+#endif
+  }
 #ifdef MEMFIT_HAVE_MPI
   return std::make_unique<MpiCommunicator>(backend);
 #else

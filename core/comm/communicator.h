@@ -134,6 +134,8 @@ LaunchInfo launch_info();
 
 // The communicator for this process on `backend`: MPI when launched by mpirun with more than
 // one rank (InvalidArgument when this build has no MPI, saying how to get it), else local.
+// A CUDA backend's ranks get NCCL instead (core/comm/nccl_communicator.h; InvalidArgument when
+// this build has no NCCL, saying how to get it).
 std::unique_ptr<Communicator> make_communicator(Backend& backend);
 
 }  // namespace memfit

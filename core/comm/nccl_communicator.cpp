@@ -1,0 +1,172 @@
+#include "core/comm/nccl_communicator.h"
+
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "memory/cuda/cuda_check.h"
+#include "memory/error.h"
+
+static_assert(std::is_same_v<ncclComm_t, ncclComm*>, "nccl_communicator.h's forward declaration");
+
+namespace memfit {
+namespace {
+
+std::string mpi_message(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "code " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+void mpi_check(int code, const char* call, int rank) {
+  if (code != MPI_SUCCESS) {
+    throw CommError(std::string("nccl communicator: ") + call + " failed on rank " +
+                    std::to_string(rank) + ": " + mpi_message(code));
+  }
+}
+
+// NCCL's message for `code`, and its last error's detail when it says more (for example
+// "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device ...").
+void nccl_check(ncclResult_t code, const std::string& call, int rank, ncclComm_t comm) {
+  if (code == ncclSuccess) return;
+  std::string msg =
+      "nccl " + call + " failed on rank " + std::to_string(rank) + ": " + ncclGetErrorString(code);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') msg += " (" + std::string(last) + ")";
+  throw CommError(msg);
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string describe(const Tensor& t) {
+  return t.shape().str() + " " + dtype_name(t.dtype()) + " on " + device_name(t.device());
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(CudaBackend& backend)
+    : backend_(backend), device_(backend.options().device) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  mpi_ = initialized != 0 || launch_info().world_size > 1;
+  if (mpi_) {
+    if (!initialized) {
+      int provided = 0;
+      mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+                "MPI_Init_thread", -1);
+      std::atexit(finalize_at_exit);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", -1);
+    mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size", rank_);
+  }
+  ncclUniqueId id{};
+  if (rank_ == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, nullptr);
+  if (size_ > 1) {
+    mpi_check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD),
+              "MPI_Bcast (ncclUniqueId)", rank_);
+  }
+  // NCCL binds the communicator to the current device: the backend's, whose streams it uses.
+  cuda::DeviceGuard guard(device_);
+  ncclComm_t comm = nullptr;
+  nccl_check(ncclCommInitRank(&comm, size_, id, rank_),
+             "ncclCommInitRank (" + std::to_string(size_) + " ranks, CUDA device " +
+                 std::to_string(device_) + ")",
+             rank_, comm);
+  comm_ = comm;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // Errors are ignored: at exit the runtime may be unloading, and a broken communicator was
+  // reported by the call that broke it.
+  if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+}
+
+bool NcclCommunicator::on_device(const char* call, const Tensor& t) const {
+  if (t.device() == Device::kMeta) return false;
+  if (t.device() != Device::kCuda) {
+    throw InvalidArgument(std::string("nccl ") + call + " on rank " + std::to_string(rank_) +
+                          ": a tensor in host memory (" + describe(t) +
+                          "); valid: device memory (CPU ranks use MPI)");
+  }
+  return true;
+}
+
+void NcclCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
+  check_all_reduce(x);
+  if (!on_device("all_reduce_sum", x) || x.numel() == 0) return;
+  nccl_check(ncclAllReduce(x.raw(), x.raw(), static_cast<std::size_t>(x.numel()), ncclFloat,
+                           ncclSum, comm_, backend_.cuda_stream(stream)),
+             "ncclAllReduce (all_reduce_sum)", rank_, comm_);
+}
+
+// One group of reduces, chunk r to root r: the uneven chunks need no padding (header).
+void NcclCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) {
+  check_reduce_scatter(in, shard);
+  const bool in_dev = on_device("reduce_scatter_sum", in);
+  const bool shard_dev = on_device("reduce_scatter_sum", shard);
+  if (!in_dev || !shard_dev) return;
+  const cudaStream_t s = backend_.cuda_stream(stream);
+  const auto* src = static_cast<const float*>(in.raw());
+  nccl_check(ncclGroupStart(), "ncclGroupStart (reduce_scatter_sum)", rank_, comm_);
+  ncclResult_t first = ncclSuccess;
+  for (int r = 0; r < size_ && first == ncclSuccess; ++r) {
+    const Chunk c = chunk(in.numel(), size_, r);
+    if (c.count == 0) continue;                       // every rank skips the same chunks
+    void* recv = r == rank_ ? shard.raw() : nullptr;  // recvbuff is read on the root only
+    first = ncclReduce(src + c.offset, recv, static_cast<std::size_t>(c.count), ncclFloat, ncclSum,
+                       r, comm_, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after an error
+  nccl_check(first, "ncclReduce (reduce_scatter_sum)", rank_, comm_);
+  nccl_check(end, "ncclGroupEnd (reduce_scatter_sum)", rank_, comm_);
+}
+
+// One group of broadcasts, chunk r from root r, as bytes: any dtype, uneven chunks.
+void NcclCommunicator::all_gather(StreamId stream, const Tensor& shard, const Tensor& out) {
+  check_all_gather(shard, out);
+  const bool shard_dev = on_device("all_gather", shard);
+  const bool out_dev = on_device("all_gather", out);
+  if (!shard_dev || !out_dev) return;
+  const cudaStream_t s = backend_.cuda_stream(stream);
+  const std::size_t elem = dtype_size(out.dtype());
+  auto* dst = static_cast<char*>(out.raw());
+  nccl_check(ncclGroupStart(), "ncclGroupStart (all_gather)", rank_, comm_);
+  ncclResult_t first = ncclSuccess;
+  for (int r = 0; r < size_ && first == ncclSuccess; ++r) {
+    const Chunk c = chunk(out.numel(), size_, r);
+    if (c.count == 0) continue;
+    void* recv = dst + static_cast<std::size_t>(c.offset) * elem;
+    // On the root, in place when the shard is its own chunk of `out`; elsewhere sendbuff is
+    // not read, and recv stands in for it.
+    const void* send = r == rank_ ? shard.raw() : recv;
+    first =
+        ncclBroadcast(send, recv, static_cast<std::size_t>(c.count) * elem, ncclChar, r, comm_, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  nccl_check(first, "ncclBroadcast (all_gather)", rank_, comm_);
+  nccl_check(end, "ncclGroupEnd (all_gather)", rank_, comm_);
+}
+
+void NcclCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
+  check_broadcast(root);
+  if (!on_device("broadcast", x) || x.nbytes() == 0) return;
+  nccl_check(ncclBroadcast(x.raw(), x.raw(), x.nbytes(), ncclChar, root, comm_,
+                           backend_.cuda_stream(stream)),
+             "ncclBroadcast (broadcast)", rank_, comm_);
+}
+
+void NcclCommunicator::barrier() {
+  backend_.synchronize(kDefaultStream);
+  if (mpi_ && size_ > 1) mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+}
+
+}  // namespace memfit
