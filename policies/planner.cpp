@@ -109,7 +109,10 @@ std::optional<std::string> weights_shortfall(const Context& c) {
          gib(double(best->first)) + " for " + c.o.spec.name + " (" +
          std::to_string(c.cm.parameter_count()) + " parameters: " + best->second +
          ") before any activation; valid: a budget above that, more ranks with ZeRO, or a "
-         "smaller model";
+         "smaller model" +
+         (zero ? std::string(" (ZeRO-1/2 takes no optimizer, gradient or weight offload yet; "
+                             "ZeRO-0 does)")
+               : std::string());
 }
 
 }  // namespace

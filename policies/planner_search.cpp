@@ -77,8 +77,7 @@ constexpr int kOptimalThroughputTolerance = 16;
 
 class Searcher {
  public:
-  Searcher(const Context& c, Combo& combo, Hint hint)
-      : c_(c), combo_(combo), hint_(hint) {}
+  Searcher(const Context& c, Combo& combo, Hint hint) : c_(c), combo_(combo), hint_(hint) {}
 
   // A dry run of `micro` (accum micro-batches, an uneven last one) under the budget, with the
   // schedule this combination gives at that micro-batch; nullopt when no schedule fits.

@@ -230,9 +230,9 @@ TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
     EXPECT_FALSE(off.at("optimizer").get<bool>() || off.at("gradients").get<bool>() ||
                  off.at("weights").get<bool>())
         << p.dump();
-    EXPECT_EQ(p.at("global_batch").get<std::int64_t>(),
-              p.at("micro_batch").get<std::int64_t>() * p.at("accum_steps").get<std::int64_t>() *
-                  8);
+    EXPECT_EQ(
+        p.at("global_batch").get<std::int64_t>(),
+        p.at("micro_batch").get<std::int64_t>() * p.at("accum_steps").get<std::int64_t>() * 8);
     const auto it = optim.find(combo(p));
     if (it == optim.end() || it->second == 0) continue;
     const auto own =

@@ -367,6 +367,17 @@ TEST(Planner, BadRequestsAreClearErrors) {
   o.ranks = 3;
   o.global_batch = 100;
   expect_error(o, "cannot be split over 3 ranks");
+  // ZeRO: rank 0's own weights (its dry run), and only what the runtime can shard.
+  o = options(std::size_t{64} << 10);
+  o.ranks = 2;
+  o.zero_stage = 1;
+  expect_error(o, "on rank 0 of 2 with ZeRO-1) before any activation");
+  o = options(kBudget);
+  o.ranks = 2;
+  o.zero_stage = 2;
+  o.offloads = {OffloadSwitches{.optimizer = true}};
+  expect_error(o, "nothing fits");
+  expect_error(o, kNotOfferedWithZero);
   o = options(kBudget);
   o.checkpoints = {Checkpointing::every(9)};  // more than the model's 4 blocks is fine...
   EXPECT_NO_THROW((void)plan(o));
