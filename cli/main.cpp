@@ -1,9 +1,11 @@
 // The memfit program: one subcommand per file in cli/. User errors (memfit::Error) print
 // their message (control characters escaped: cli/terminal_text.h) and exit 2; anything else
-// is a bug and exits 3.
+// is a bug and exits 3. In a multi-rank run the message names the rank, and the failing rank
+// stops every rank (core/comm/rank_failure.h) instead of leaving them in a collective.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "cli/devices_command.h"
 #include "cli/plan_command.h"
@@ -11,7 +13,18 @@
 #include "cli/replay_command.h"
 #include "cli/terminal_text.h"
 #include "cli/train_command.h"
+#include "core/comm/rank_failure.h"
 #include "memory/error.h"
+
+namespace {
+
+// "rank 1 of 2: " under mpirun with several ranks, else "".
+std::string rank_prefix() {
+  const std::string r = memfit::rank_label();
+  return r.empty() ? r : r + ": ";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"memfit: fit neural-network training into a memory budget"};
@@ -34,10 +47,14 @@ int main(int argc, char** argv) {
     // --help prints and succeeds; any other parse error is bad input, exit 2 as memfit::Error.
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const memfit::Error& e) {
-    std::fprintf(stderr, "memfit: error: %s\n", memfit::cli::shown(e.what()).c_str());
+    std::fprintf(stderr, "memfit: %serror: %s\n", rank_prefix().c_str(),
+                 memfit::cli::shown(e.what()).c_str());
+    memfit::stop_all_ranks(2);  // the other ranks of a multi-rank run must not wait for this one
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memfit: internal error: %s\n", memfit::cli::shown(e.what()).c_str());
+    std::fprintf(stderr, "memfit: %sinternal error: %s\n", rank_prefix().c_str(),
+                 memfit::cli::shown(e.what()).c_str());
+    memfit::stop_all_ranks(3);
     return 3;
   }
   return exit_code;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/comm/rank_failure.h"
 #include "memory/error.h"
 
 namespace memfit {
@@ -26,6 +27,9 @@ void check(int code, const char* call, int rank) {
                     mpi_message(code));
   }
 }
+
+// stop_all_ranks() under MPI (core/comm/rank_failure.h): every rank of MPI_COMM_WORLD ends.
+void abort_world(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 void finalize_at_exit() {
   int finalized = 0;
@@ -57,6 +61,8 @@ MpiCommunicator::MpiCommunicator(Backend& backend) : backend_(backend) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", -1);
   check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size", rank_);
+  // A rank that fails from now on must not leave the others waiting in a collective.
+  if (size_ > 1) set_stop_all_ranks(&abort_world);
 }
 
 void MpiCommunicator::ready(StreamId stream, const Tensor& t) const {

@@ -12,7 +12,8 @@
 // adds the N copies of its chunk in rank order; all_reduce_sum is that then an all_gather. The
 // exchange's receive buffer (the tensor's size) and all_reduce_sum's shard, on the heap, are
 // kept between calls.
-// Meta tensors (dry runs) are checked and not sent.
+// Meta tensors (dry runs) are checked and not sent. With two or more ranks it registers
+// MPI_Abort as stop_all_ranks() (core/comm/rank_failure.h).
 #pragma once
 
 #include <vector>

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/comm/rank_failure.h"
 #include "memory/cuda/cuda_check.h"
 #include "memory/error.h"
 
@@ -71,6 +72,8 @@ NcclCommunicator::NcclCommunicator(CudaBackend& backend)
   ncclUniqueId id{};
   if (rank_ == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, nullptr);
   if (size_ > 1) {
+    // A rank that fails from now on must not leave the others waiting (rank_failure.h).
+    set_stop_all_ranks([](int code) { MPI_Abort(MPI_COMM_WORLD, code); });
     mpi_check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD),
               "MPI_Bcast (ncclUniqueId)", rank_);
   }

@@ -45,16 +45,42 @@ bool mpi_available() {
 #endif
 }
 
-ProgramRun run_memfit_ranks(int ranks, const std::string& args) {
 #ifdef MEMFIT_TEST_MPIEXEC
-  // As tests/CMakeLists.txt runs the *_mpi_test binaries: ranks share the cores, and shared
-  // memory transfers need no cross-memory attach (containers that deny ptrace refuse it).
-  return run_shell(cache_env() +
-                   "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " +
-                   MEMFIT_TEST_MPIEXEC + " --allow-run-as-root --oversubscribe -np " +
-                   std::to_string(ranks) + " " + memfit_binary() + " " + args + " 2>&1");
+// As tests/CMakeLists.txt runs the *_mpi_test binaries: ranks share the cores, and shared
+// memory transfers need no cross-memory attach (containers that deny ptrace refuse it).
+std::string mpirun_prefix() {
+  return "env " + cache_env() + "OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none " +
+         MEMFIT_TEST_MPIEXEC + " --allow-run-as-root --oversubscribe ";
+}
+#endif
+
+std::string memfit_ranks_command(int ranks, const std::string& args) {
+#ifdef MEMFIT_TEST_MPIEXEC
+  return mpirun_prefix() + "-np " + std::to_string(ranks) + " " + memfit_binary() + " " + args;
 #else
   (void)ranks, (void)args;
+  return "";
+#endif
+}
+
+ProgramRun run_memfit_ranks(int ranks, const std::string& args) {
+#ifdef MEMFIT_TEST_MPIEXEC
+  return run_shell(memfit_ranks_command(ranks, args) + " 2>&1");
+#else
+  (void)ranks, (void)args;
+  return {-2, "this build has no MPI"};
+#endif
+}
+
+ProgramRun run_memfit_mpmd(const std::vector<std::string>& per_rank, const std::string& before) {
+#ifdef MEMFIT_TEST_MPIEXEC
+  std::string apps;
+  for (const std::string& a : per_rank) {
+    apps += (apps.empty() ? "" : " : ") + std::string("-np 1 ") + memfit_binary() + " " + a;
+  }
+  return run_shell(before + mpirun_prefix() + apps + " 2>&1");
+#else
+  (void)per_rank, (void)before;
   return {-2, "this build has no MPI"};
 #endif
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace memfit::clitest {
 
@@ -18,6 +19,11 @@ ProgramRun run_memfit(const std::string& args, bool stderr_too = true);
 // {-2, why} when this build has no MPI (mpi_available() false).
 ProgramRun run_memfit_ranks(int ranks, const std::string& args);
 bool mpi_available();
+// The shell command run_memfit_ranks runs (stderr not redirected); "" without MPI.
+std::string memfit_ranks_command(int ranks, const std::string& args);
+// One mpirun of several programs (MPMD): rank r runs `memfit <per_rank[r]>`; `before` is put
+// in front of the whole command line (e.g. "timeout 120 "). {-2, why} without MPI.
+ProgramRun run_memfit_mpmd(const std::vector<std::string>& per_rank, const std::string& before = "");
 std::string read_file(const std::string& path);  // "" when it cannot be read
 bool contains(const std::string& haystack, const std::string& needle);
 

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -110,6 +112,57 @@ TEST_F(TrainRanks, ZeroTwoSavesAFilePerRankAndResumesBitForBit) {
   for (const std::string& f : {full, part, rest, state + ".rank0of2", state + ".rank1of2"}) {
     std::filesystem::remove(f);
   }
+}
+
+// Rank 0's budget cannot hold the model while rank 1's can: rank 1 goes on into its first
+// collective. Rank 0's error must name it and the cause, and end rank 1 too, in bounded time.
+TEST_F(TrainRanks, ARankThatFailsStopsEveryRankNamingItself) {
+  const std::string state = tmp("kept.mfstate");
+  ProgramRun r = run_memfit(args(1, "--save " + state));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string before = read_file(state);
+  // --dtype: a policy, so --budget limits this run instead of planning one.
+  const std::string run = args(200, "--ranks 2 --dtype f32 --save " + state);
+  const auto t0 = std::chrono::steady_clock::now();
+  // `timeout`: a hang fails the test instead of the suite's own limit.
+  r = run_memfit_mpmd({run + " --budget 2MiB", run}, "timeout 120 ");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the ranks did not stop within 120 s:\n" << r.output;
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_TRUE(contains(r.output, "memfit: rank 0 of 2: error: --budget 2MiB")) << r.output;
+  EXPECT_TRUE(contains(r.output, "too small")) << r.output;
+  EXPECT_EQ(read_file(state), before) << "the saved state changed";
+  std::filesystem::remove(state);
+}
+
+// A rank killed outright (SIGKILL: the OOM killer's way) ends the launch, naming the rank:
+// mpirun notices, and the surviving rank does not wait in its collective.
+TEST_F(TrainRanks, ARankThatDiesEndsTheLaunch) {
+  const std::string log = tmp("killed.log"), rc = tmp("killed.rc");
+  const std::string marker = tmp("marker.json");  // names this launch's processes
+  const std::string cmd = memfit_ranks_command(2, args(100000, "--ranks 2 --summary-json " + marker));
+  const std::string script =
+      "(timeout 120 " + cmd + " > " + log + " 2>&1; echo $? > " + rc + ") & " +
+      // Once step 2 is done on rank 0, kill rank 1's process (not mpirun: its command line
+      // starts with mpirun's path).
+      "for i in $(seq 600); do grep -q 'step *2/' " + log + " 2>/dev/null && break; sleep 0.1; done; " +
+      "pids=$(pgrep -f '^" + memfit_binary() + " train .*" + marker + "'); " +
+      "kill -9 $(echo $pids | tr ' ' '\\n' | sort -n | tail -1); wait\n";
+  const std::string file = tmp("kill.sh");
+  std::ofstream(file) << script;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(std::system(("bash " + file).c_str()), 0);
+  std::filesystem::remove(file);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = read_file(log);
+  EXPECT_TRUE(contains(read_file(rc), "137")) << "exit status " << read_file(rc) << out;
+  EXPECT_TRUE(contains(out, "exited on signal 9")) << out;
+  EXPECT_LT(seconds, 60.0) << out;
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "a killed run wrote its summary";
+  for (const std::string& f : {log, rc}) std::filesystem::remove(f);
 }
 
 TEST_F(TrainRanks, ALaunchThatDoesNotMatchRanksIsRefused) {
