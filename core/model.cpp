@@ -213,8 +213,8 @@ void Model::init(std::uint64_t seed, LayerContext& ctx) {
       // This rank's chunk of the FP32 values into its master shard; the whole working weight
       // is their rounding, made on the host and copied up, as on every other rank.
       const Tensor shard = p->shard_master;
-      if (meta) {
-        be.fill(ctx.stream, shard, 0.0f);
+      if (meta) {  // a host shard (optimizer offload) is an address only: not touched
+        if (shard.device() == Device::kMeta) be.fill(ctx.stream, shard, 0.0f);
         be.fill(ctx.stream, p->weight.view(), 0.0f);
         continue;
       }

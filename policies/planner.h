@@ -21,9 +21,10 @@
 // zero_stage (RunSpec ranks/rank, TrainerOptions::zero_stage; its batch the global one, each
 // rank stepping on micro_batch x accum): the real sharded step, simulated for one rank, so a
 // plan's peaks are what that rank reserves (rank 0 holds the largest ZeRO chunks, so no rank
-// reserves more) and `micro_batch` is per rank, `global_batch` all ranks'. ZeRO-1/2 with
-// optimizer, gradient or weight offload is not built yet: those combinations are not searched
-// (each in `infeasible`, saying so). The predicted time is one rank's compute; communication
+// reserves more) and `micro_batch` is per rank, `global_batch` all ranks'. ZeRO-1/2 runs with
+// optimizer offload (each rank's chunks of the masters and moments on its host) and
+// activation offload; with gradient or weight offload or the delayed update it is not built
+// yet: those combinations are not searched (each in `infeasible`, saying so). The predicted time is one rank's compute; communication
 // is not in it.
 // host_budget > 0: a combination whose offload pins more host memory than that does not fit
 // (its reason says how much); every plan says what it pins (Prediction's host_pinned).
@@ -108,9 +109,9 @@ struct PlanResult {
 inline constexpr double kNearLargest = 0.05;  // 5% fewer samples per micro-batch
 
 // In PlanResult::infeasible, the reason of each combination not searched because ZeRO-1/2
-// does not run with optimizer, gradient or weight offload yet.
+// does not run with gradient or weight offload or the delayed update yet.
 inline constexpr const char* kNotOfferedWithZero =
-    "ZeRO-1/2 with optimizer, gradient or weight offload is not built yet";
+    "ZeRO-1/2 with gradient or weight offload or the delayed update is not built yet";
 
 PlanResult plan(const PlannerOptions& options);
 

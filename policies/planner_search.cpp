@@ -29,9 +29,9 @@ int zero_stage(const PlannerOptions& o) { return o.ranks > 1 ? o.zero_stage : 0;
 
 std::string unsupported(const PlannerOptions& o, const OffloadSwitches& offload) {
   const int z = zero_stage(o);
-  if (z == 0 || !(offload.optimizer || offload.gradients || offload.weights)) return "";
+  if (z == 0 || !(offload.gradients || offload.weights || offload.delayed_update)) return "";
   return "not offered with ZeRO-" + std::to_string(z) + " (offload " + offload.describe() +
-         "): " + kNotOfferedWithZero + "; activation offload is fine";
+         "): " + kNotOfferedWithZero + "; optimizer and activation offload are fine";
 }
 
 RunSpec request(const Context& c, const Combo& combo, std::int64_t micro, std::int64_t accum,

@@ -30,10 +30,11 @@ void RunSpec::validate() const {
                           "(gradients too)");
   }
   const OffloadSwitches& off = trainer.policy.offload;
-  if (z > 0 && (off.optimizer || off.gradients || off.weights)) {
+  if (z > 0 && (off.gradients || off.weights || off.delayed_update)) {
     throw InvalidArgument("ZeRO-" + std::to_string(z) + " with offload " + off.describe() +
-                          ": sharded offload is not built yet; valid: ZeRO-1/2 without "
-                          "optimizer, gradient or weight offload, or offload with ZeRO-0");
+                          ": sharded gradient and weight offload and the delayed update are "
+                          "not built yet; valid: ZeRO-1/2 with offload optimizer (and "
+                          "activations), or any offload with ZeRO-0");
   }
   (void)trainer.policy.split(rank_batch());  // an accumulation count the batch cannot take
   (void)trainer.policy.checkpoint.schedule(static_cast<int>(model.layers));

@@ -54,7 +54,7 @@ struct RunSpec {
 
   // The model, the policy, batch >= 1, the sequence length (ModelSpec::resolve_seq_len), and
   // batch x seq_len tokens addressable; ranks >= 1, 0 <= rank < ranks, batch a multiple of
-  // ranks, zero_stage 0-2 (1 and 2 without optimizer, gradient or weight offload); the
+  // ranks, zero_stage 0-2 (1 and 2 without gradient or weight offload or the delayed update); the
   // micro-batch split of rank_batch().
   void validate() const;
   std::int64_t resolved_seq_len() const { return model.resolve_seq_len(seq_len); }

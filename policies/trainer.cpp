@@ -166,20 +166,29 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
                             "; valid: 0 (data parallel), 1 (optimizer state sharded) or 2 "
                             "(gradients too)");
     }
-    if (off.optimizer || off.gradients || off.weights) {
+    if (off.gradients || off.weights || off.delayed_update) {
       throw InvalidArgument("ZeRO-" + std::to_string(options_.zero_stage) + " with " +
                             "offload " + options_.policy.offload.describe() +
-                            ": sharded offload is not built yet; valid: ZeRO-1/2 without "
-                            "optimizer, gradient or weight offload, or offload with ZeRO-0");
+                            ": sharded gradient and weight offload and the delayed update are "
+                            "not built yet; valid: ZeRO-1/2 with offload optimizer (and "
+                            "activations), or any offload with ZeRO-0");
     }
     Communicator* comm = options_.comm;
     if (comm == nullptr) {
       own_comm_ = std::make_unique<LocalCommunicator>(ctx_.backend);
       comm = own_comm_.get();
     }
-    auto opt = std::make_unique<ZeroAdamW>(model_.parameters(), options_.adamw,
-                                           options_.zero_stage, model_.backward_stages(), *comm,
-                                           ctx_);
+    std::unique_ptr<ZeroAdamW> opt;
+    if (off.optimizer) {  // each rank's chunks of the masters and moments on its host
+      OffloadOptions o;
+      o.adamw = options_.adamw;
+      o.host_budget = options_.host_budget;
+      opt = std::make_unique<ZeroAdamW>(model_.parameters(), o, options_.zero_stage,
+                                        model_.backward_stages(), *comm, ctx_, *host);
+    } else {
+      opt = std::make_unique<ZeroAdamW>(model_.parameters(), options_.adamw, options_.zero_stage,
+                                        model_.backward_stages(), *comm, ctx_);
+    }
     zero_opt_ = opt.get();
     optimizer_ = std::move(opt);
   } else if (off.optimizer) {
@@ -378,8 +387,10 @@ StepResult Trainer::step(const Batch& batch) {
     try {
       if (offload_opt_ != nullptr) {
         if (reported || lent) offload_opt_->abandon_step(ctx_);
-      } else if (reported || (lent && zero_opt_ != nullptr)) {
-        optimizer_->skip(ctx_);  // ZeRO-2's skip() also takes back the gradients it lent
+      } else if (zero_opt_ != nullptr) {
+        if (reported || lent) zero_opt_->abandon_step(ctx_);  // lent gradients, copies in flight
+      } else if (reported) {
+        optimizer_->skip(ctx_);
       }
     } catch (...) {  // the original error is the one to report
     }
@@ -503,11 +514,18 @@ void Trainer::load(const std::string& path) {
     // the same state, so any rank count resumes it; ZeRO-1/2 files hold one rank's chunks.
     Sharding saved_sh;
     const nlohmann::json j = nlohmann::json::parse(m.options_json, nullptr, false);
-    if (j.is_object()) {
-      saved_sh.ranks = j.value("ranks", 1);
-      saved_sh.rank = j.value("rank", 0);
-      saved_sh.zero_stage = j.value("zero_stage", 0);
-    }
+    const auto get = [&](const char* key, int fallback) {
+      if (!j.is_object() || !j.contains(key)) return fallback;
+      const nlohmann::json& v = j[key];
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > (1 << 24)) {
+        refuse(std::string("its options say ") + key + " " + v.dump() +
+               "; valid: a whole number from 0 to 2^24 (the file is damaged)");
+      }
+      return static_cast<int>(v.get<std::int64_t>());
+    };
+    saved_sh.ranks = get("ranks", 1);
+    saved_sh.rank = get("rank", 0);
+    saved_sh.zero_stage = get("zero_stage", 0);
     const Sharding mine = sharding();
     if (saved_sh.zero_stage != mine.zero_stage ||
         (mine.zero_stage > 0 && (saved_sh.ranks != mine.ranks || saved_sh.rank != mine.rank))) {

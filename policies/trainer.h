@@ -104,8 +104,10 @@ struct TrainerOptions {
   // all-gather the working weights; the last micro-batch's gradients are reduce-scattered
   // instead of all-reduced) or 2 (gradients sharded too: reduce-scattered per backward stage in
   // every micro-batch). 1 and 2 work at one rank too (comm nullptr: the trainer's own local
-  // communicator). Not with optimizer offload (its own sharded form is not built yet); build
-  // the model with placement(policy, zero_stage).
+  // communicator). With optimizer offload each rank's chunks of the masters and moments live
+  // in its pinned host memory, updated by the CPU AdamW (ZeRO-Offload's multi-rank form); not
+  // with gradient or weight offload or the delayed update yet. Build the model with
+  // placement(policy, zero_stage).
   int zero_stage = 0;
 };
 

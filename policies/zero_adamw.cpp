@@ -32,9 +32,75 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
                      std::vector<Model::BackwardStage> stages, Communicator& comm,
                      LayerContext& ctx)
     : params_(std::move(params)), options_(options), stage_(stage), comm_(comm) {
+  build(ctx, std::move(stages));
+  // All state now, so step() never allocates (core/optimizer.h); an OutOfMemory unwinds it.
+  const int n = comm_.size(), r = comm_.rank();
+  master_.resize(params_.size());
+  exp_avg_.reserve(params_.size());
+  exp_avg_sq_.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const Chunk c = chunk(p.numel(), n, r);
+    const Shape shape{c.count};
+    if (p.weight.view().dtype() != DType::kF32) {
+      master_[i] = OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
+                                      Category::kOptimizerState, ctx.stream, "master/" + p.name);
+      p.shard_master = master_[i].view();
+      p.shard_offset = c.offset;
+    }
+    exp_avg_.push_back(OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
+                                          Category::kOptimizerState, ctx.stream,
+                                          "exp_avg/" + p.name));
+    exp_avg_sq_.push_back(OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
+                                             Category::kOptimizerState, ctx.stream,
+                                             "exp_avg_sq/" + p.name));
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    ctx.backend.fill(ctx.stream, exp_avg_[i].view(), 0.0f);
+    ctx.backend.fill(ctx.stream, exp_avg_sq_[i].view(), 0.0f);
+  }
+}
+
+ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, const OffloadOptions& offload, int stage,
+                     std::vector<Model::BackwardStage> stages, Communicator& comm,
+                     LayerContext& ctx, MemoryProvider& host)
+    : params_(std::move(params)), options_(offload.adamw), stage_(stage), comm_(comm) {
+  if (offload.gradients || offload.weights || offload.delayed_update) {
+    throw InvalidArgument(
+        "ZeroAdamW with optimizer offload: gradient offload, weight offload and the delayed "
+        "update are not built for ZeRO-1/2 yet; valid: offload optimizer (and activations)");
+  }
+  build(ctx, std::move(stages));
+  // One stand-in per parameter: this rank's chunk of its device weight and its reduced
+  // gradient; the OffloadOptimizer moves its masters and moments to pinned host memory.
+  const int n = comm_.size(), r = comm_.rank();
+  std::vector<Parameter*> stand_ins;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Parameter& p = *params_[i];
+    auto c = std::make_unique<Parameter>();
+    c->name = p.name;
+    c->shape = Shape{chunk(p.numel(), n, r).count};
+    c->weight = OwnedTensor::borrow(chunk_view(p.weight.view(), n, r));
+    c->grad = OwnedTensor::borrow(grad_chunk(i));
+    c->placed = true;
+    stand_ins.push_back(c.get());
+    chunks_.push_back(std::move(c));
+  }
+  OffloadOptions o = offload;
+  o.stages.clear();
+  o.units.clear();
+  offload_ = std::make_unique<OffloadOptimizer>(stand_ins, std::move(o), ctx, host);
+  // Model::init writes this rank's chunk of a fresh model straight into the host masters.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->shard_master = chunks_[i]->host_master;
+    params_[i]->shard_offset = chunk(params_[i]->numel(), n, r).offset;
+  }
+}
+
+void ZeroAdamW::build(LayerContext& ctx, std::vector<Model::BackwardStage> stages) {
   (void)adamw_constants(options_, 1, 1.0);  // InvalidArgument naming a bad option, first
-  if (stage != 1 && stage != 2) {
-    throw InvalidArgument("ZeroAdamW: stage " + std::to_string(stage) +
+  if (stage_ != 1 && stage_ != 2) {
+    throw InvalidArgument("ZeroAdamW: stage " + std::to_string(stage_) +
                           "; valid: 1 (optimizer state sharded) or 2 (gradients too)");
   }
   std::map<const Parameter*, std::size_t> index;
@@ -49,14 +115,20 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
                             "' listed twice; valid: each parameter once (a tied one too)");
     }
     const Tensor& w = p->weight.view();
-    const bool grad_ok = stage == 1 ? p->grad_on_device() : !p->grad_on_device();
+    const bool grad_ok = stage_ == 1 ? p->grad_on_device() : !p->grad_on_device();
     if (w.device() != ctx.device() || p->master_on_device() || !grad_ok) {
-      throw InvalidArgument("ZeroAdamW (stage " + std::to_string(stage) + "): parameter '" +
+      throw InvalidArgument("ZeroAdamW (stage " + std::to_string(stage_) + "): parameter '" +
                             p->name + "' was not built for it (weight on " +
                             device_name(w.device()) + ", device master " +
                             (p->master_on_device() ? "yes" : "no") + ", device gradient " +
                             (p->grad_on_device() ? "yes" : "no") +
                             "); valid: a model built with Trainer::placement(policy, stage)");
+    }
+    if (p->numel() < comm_.size()) {
+      throw InvalidArgument("ZeroAdamW: parameter '" + p->name + "' has " +
+                            std::to_string(p->numel()) + " elements, fewer than the " +
+                            std::to_string(comm_.size()) + " ranks; valid: at most as many "
+                            "ranks as the smallest parameter has elements");
     }
   }
   // Each parameter's stages: where it is first written (stage 2 lends its gradient there) and
@@ -88,42 +160,15 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
                           " parameters are final in no backward stage; valid: the model's "
                           "backward_stages()");
   }
-  // All state now, so step() never allocates (core/optimizer.h); an OutOfMemory unwinds it.
-  const int n = comm_.size(), r = comm_.rank();
-  master_.resize(params_.size());
-  exp_avg_.reserve(params_.size());
-  exp_avg_sq_.reserve(params_.size());
-  grad_shard_.resize(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Parameter& p = *params_[i];
-    const Chunk c = chunk(p.numel(), n, r);
-    if (c.count == 0) {
-      throw InvalidArgument("ZeroAdamW: parameter '" + p.name + "' has " +
-                            std::to_string(p.numel()) + " elements, fewer than the " +
-                            std::to_string(n) + " ranks; valid: at most as many ranks as the "
-                            "smallest parameter has elements");
+  if (stage_ == 2) {
+    const int n = comm_.size(), r = comm_.rank();
+    grad_shard_.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const Parameter& p = *params_[i];
+      grad_shard_[i] = OwnedTensor::empty(ctx.alloc, Shape{chunk(p.numel(), n, r).count},
+                                          DType::kF32, ctx.device(), Category::kGradient,
+                                          ctx.stream, "grad_shard/" + p.name);
     }
-    const Shape shape{c.count};
-    if (p.weight.view().dtype() != DType::kF32) {
-      master_[i] = OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
-                                      Category::kOptimizerState, ctx.stream, "master/" + p.name);
-      p.shard_master = master_[i].view();
-      p.shard_offset = c.offset;
-    }
-    exp_avg_.push_back(OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
-                                          Category::kOptimizerState, ctx.stream,
-                                          "exp_avg/" + p.name));
-    exp_avg_sq_.push_back(OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
-                                             Category::kOptimizerState, ctx.stream,
-                                             "exp_avg_sq/" + p.name));
-    if (stage_ == 2) {
-      grad_shard_[i] = OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
-                                          Category::kGradient, ctx.stream, "grad_shard/" + p.name);
-    }
-  }
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    ctx.backend.fill(ctx.stream, exp_avg_[i].view(), 0.0f);
-    ctx.backend.fill(ctx.stream, exp_avg_sq_[i].view(), 0.0f);
   }
 }
 
@@ -133,6 +178,24 @@ ZeroAdamW::~ZeroAdamW() {
     p->shard_master = Tensor();
     p->shard_offset = 0;
   }
+}
+
+const char* ZeroAdamW::name() const {
+  if (offload_) return stage_ == 1 ? "zero1-offload-adamw" : "zero2-offload-adamw";
+  return stage_ == 1 ? "zero1-adamw" : "zero2-adamw";
+}
+
+void ZeroAdamW::grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
+  if (!offload_) return;
+  // This rank's reduced chunks of them (after_stage reduced them first) go to the host.
+  std::vector<Parameter*> mine;
+  mine.reserve(params.size());
+  for (const Parameter* p : params) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i] == p) mine.push_back(chunks_[i].get());
+    }
+  }
+  offload_->grads_ready(ctx, mine);
 }
 
 void ZeroAdamW::release_lent() {
@@ -182,8 +245,21 @@ Tensor ZeroAdamW::grad_chunk(std::size_t i) const {
   return chunk_view(params_[i]->grad.view(), comm_.size(), comm_.rank());
 }
 
+void ZeroAdamW::gather_weights(LayerContext& ctx) {
+  const int n = comm_.size(), r = comm_.rank();
+  for (Parameter* p : params_) {
+    comm_.all_gather(ctx.stream, chunk_view(p->weight.view(), n, r), p->weight.view());
+  }
+}
+
 void ZeroAdamW::step(LayerContext& ctx, double grad_scale) {
   const ScopedRange range(RangeKind::kOptimizer, range_id());
+  if (offload_) {
+    offload_->step(ctx, grad_scale);  // the chunks' weights are back (the stream waits on them)
+    gather_weights(ctx);
+    steps_ = offload_->steps();
+    return;
+  }
   const AdamWConstants k = adamw_constants(options_, steps_ + 1, grad_scale);
   const int n = comm_.size(), r = comm_.rank();
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -197,15 +273,26 @@ void ZeroAdamW::step(LayerContext& ctx, double grad_scale) {
                         exp_avg_sq_[i].view(), nullptr);
     }
   }
-  for (Parameter* p : params_) {
-    comm_.all_gather(ctx.stream, chunk_view(p->weight.view(), n, r), p->weight.view());
-  }
+  gather_weights(ctx);
   ++steps_;
 }
 
 void ZeroAdamW::skip(LayerContext& ctx) {
-  (void)ctx;  // the shards are rewritten by the next step's first micro-batch
+  release_lent();  // the shards are rewritten by the next step's first micro-batch
+  if (offload_) offload_->skip(ctx);
+}
+
+void ZeroAdamW::flush(LayerContext& ctx) {
+  if (offload_) offload_->flush(ctx);
+}
+
+void ZeroAdamW::abandon_step(LayerContext& ctx) {
   release_lent();
+  if (offload_) offload_->abandon_step(ctx);
+}
+
+CategoryBytes ZeroAdamW::host_by_category() const {
+  return offload_ ? offload_->host_by_category() : CategoryBytes{};
 }
 
 SumSqResult ZeroAdamW::grads_sumsq(LayerContext& ctx) {
@@ -243,9 +330,11 @@ void ZeroAdamW::set_steps(std::int64_t steps) {
     throw InvalidArgument("ZeroAdamW::set_steps(" + std::to_string(steps) + "): valid: >= 0");
   }
   steps_ = steps;
+  if (offload_) offload_->set_steps(steps);
 }
 
 std::vector<StateTensor> ZeroAdamW::state() {
+  if (offload_) return offload_->state();
   std::vector<StateTensor> out;
   out.reserve(3 * params_.size());
   const int n = comm_.size(), r = comm_.rank();
@@ -263,6 +352,11 @@ std::vector<StateTensor> ZeroAdamW::state() {
 }
 
 void ZeroAdamW::state_loaded(LayerContext& ctx) {
+  if (offload_) {
+    offload_->state_loaded(ctx);  // this rank's chunks of the working weights
+    gather_weights(ctx);
+    return;
+  }
   // Each rank loaded its chunks: round this rank's masters into its chunk of the working
   // weights, then every rank gathers the whole weights.
   const int n = comm_.size(), r = comm_.rank();
@@ -277,6 +371,7 @@ void ZeroAdamW::state_loaded(LayerContext& ctx) {
 void ZeroAdamW::set_lr(double lr) {
   check_lr(lr);
   options_.lr = lr;
+  if (offload_) offload_->set_lr(lr);
 }
 
 }  // namespace memfit

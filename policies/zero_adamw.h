@@ -31,15 +31,26 @@
 // grads_sumsq(): the sum of squares of this rank's gradient chunks, summed over ranks in rank
 // order (in double), and whether any rank saw inf/NaN: the same figures on every rank.
 // state(): this rank's chunks ("master/<name>" or "weight/<name>" for f32, the moments): a
-// state file of one rank. Contract: core/optimizer.h. Not thread-safe.
+// state file of one rank.
+// With optimizer offload (ZeRO-Offload's multi-rank form: `host` given), each rank's chunks of
+// the FP32 masters and moments live in pinned host memory and the CPU AdamW updates them: an
+// OffloadOptimizer (policies/offload_optimizer.h) runs over one stand-in Parameter per chunk
+// (its weight a view of this rank's chunk of the device weight, its gradient this rank's
+// reduced chunk), so the chunk's gradient goes device -> host as soon as it is final and the
+// updated weight chunk comes back before the all_gather. Not with gradient or weight offload
+// or the delayed update (InvalidArgument). State names are the OffloadOptimizer's.
+// Contract: core/optimizer.h. Not thread-safe.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "core/backend.h"  // SumSqResult
 #include "core/comm/communicator.h"
 #include "core/model.h"
 #include "core/optimizer.h"
+#include "memory/provider.h"
+#include "policies/offload_optimizer.h"
 
 namespace memfit {
 
@@ -51,13 +62,24 @@ class ZeroAdamW final : public Optimizer {
   // gradients, stage 1 whole ones. InvalidArgument otherwise.
   ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int stage,
             std::vector<Model::BackwardStage> stages, Communicator& comm, LayerContext& ctx);
+  // The same with optimizer offload: `offload` (its adamw, threads and host_budget; no
+  // gradients, weights or delayed update) over pinned memory from `host`.
+  ZeroAdamW(std::vector<Parameter*> params, const OffloadOptions& offload, int stage,
+            std::vector<Model::BackwardStage> stages, Communicator& comm, LayerContext& ctx,
+            MemoryProvider& host);
   ~ZeroAdamW() override;
 
-  const char* name() const override { return stage_ == 1 ? "zero1-adamw" : "zero2-adamw"; }
+  const char* name() const override;
+  void grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) override;
   void before_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
   void after_stage(LayerContext& ctx, int stage, int micro_batch, int count) override;
   void step(LayerContext& ctx, double grad_scale) override;
-  void skip(LayerContext& ctx) override;  // also hands back gradients lent to an aborted step
+  void skip(LayerContext& ctx) override;
+  void flush(LayerContext& ctx) override;
+  // A step that failed part-way: gradients lent are handed back, offload's copies in flight
+  // waited for; nothing else changes.
+  void abandon_step(LayerContext& ctx);
+  CategoryBytes host_by_category() const override;
   std::int64_t steps() const override { return steps_; }
   void set_steps(std::int64_t steps) override;
   std::vector<StateTensor> state() override;
@@ -73,6 +95,8 @@ class ZeroAdamW final : public Optimizer {
  private:
   Tensor grad_chunk(std::size_t i) const;  // this rank's reduced gradient of params_[i]
   void release_lent();
+  void build(LayerContext& ctx, std::vector<Model::BackwardStage> stages);
+  void gather_weights(LayerContext& ctx);
 
   std::vector<Parameter*> params_;
   AdamWOptions options_;
@@ -82,6 +106,9 @@ class ZeroAdamW final : public Optimizer {
   Communicator& comm_;
   std::vector<OwnedTensor> master_, exp_avg_, exp_avg_sq_, grad_shard_;  // per parameter
   std::int64_t steps_ = 0;
+  // Optimizer offload: a stand-in per parameter (this rank's chunk) and the host optimizer.
+  std::vector<std::unique_ptr<Parameter>> chunks_;
+  std::unique_ptr<OffloadOptimizer> offload_;
 };
 
 }  // namespace memfit

@@ -1,8 +1,9 @@
-// `mpirun -np 2 memfit train --ranks 2 --zero 0|1|2`: the losses match one process training
-// the same global batches within 1e-6 relative; rank 0 prints one report, with every rank's
-// peak equal to its own dry run's; ZeRO-1/2 save a state file per rank and resume from them
-// bit for bit; a launch that does not match --ranks, a bad --zero and a state file of another
-// ZeRO stage are refused by name. Skipped, saying why, in a build without MPI (CI has it).
+// `mpirun -np 2 memfit train --ranks 2 --zero 0|1|2` (and ZeRO-2 with optimizer offload): the
+// losses match one process training the same global batches within 1e-6 relative; rank 0
+// prints one report, with every rank's peak equal to its own dry run's; ZeRO-1/2 save a state
+// file per rank and resume from them bit for bit; a failing or killed rank ends every rank; a
+// launch that does not match --ranks, a bad --zero and a state file of another ZeRO stage are
+// refused by name. Skipped, saying why, in a build without MPI (CI has it).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -88,6 +89,25 @@ TEST_F(TrainRanks, TwoRanksMatchOneUnderEveryZeroStage) {
     std::filesystem::remove(js);
   }
   std::filesystem::remove(one);
+}
+
+// The command: ZeRO-2 with optimizer offload (each rank's chunks of the masters and
+// moments in its pinned host memory, the CPU AdamW on them) matches one process without it.
+TEST_F(TrainRanks, ZeroTwoWithOffloadMatchesOneRank) {
+  const std::string one = tmp("one_offload.json"), two = tmp("two_offload.json");
+  ProgramRun r = run_memfit(args(4, "--summary-json " + one));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_memfit_ranks(2, args(4, "--ranks 2 --zero 2 --offload --predict --summary-json " + two));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "zero2-offload-adamw")) << r.output;
+  EXPECT_TRUE(contains(r.output, "(pinned host)")) << r.output;
+  const std::vector<double> want = losses(one), got = losses(two);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t s = 0; s < want.size(); ++s) {
+    EXPECT_NEAR(got[s], want[s], 1e-6 * std::abs(want[s])) << "step " << s + 1;
+  }
+  std::filesystem::remove(one);
+  std::filesystem::remove(two);
 }
 
 TEST_F(TrainRanks, ZeroTwoSavesAFilePerRankAndResumesBitForBit) {

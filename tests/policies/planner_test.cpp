@@ -1,8 +1,8 @@
 // Planner: the max micro-batch of every candidate is exact (its dry run fits, one more does
 // not), the recommended plan trains for real on the CPU backend at the predicted peak under the
 // budget, throughput mode reaches the global batch and ranks by predicted time, a multi-rank
-// plan is rank 0's sharded dry run to the byte (ZeRO lowers the per-rank bytes; offload is not
-// offered with it yet), and bad requests are clear errors.
+// plan is rank 0's sharded dry run to the byte (ZeRO lowers the per-rank bytes; gradient and
+// weight offload are not offered with it yet), and bad requests are clear errors.
 #include "policies/planner.h"
 
 #include <gtest/gtest.h>
@@ -258,11 +258,13 @@ TEST(Planner, MultiRankPlansAreRankZerosDryRun) {
       }
       for (const Plan& c : r.candidates) {
         const OffloadSwitches& off = c.policy.offload;
-        EXPECT_FALSE(zero > 0 && (off.optimizer || off.gradients || off.weights)) << c.describe();
+        EXPECT_FALSE(zero > 0 && (off.gradients || off.weights || off.delayed_update))
+            << c.describe();
         EXPECT_LE(c.predicted.peaks.reserved, kBudget) << c.describe();
       }
-      // Every default offload but `off` shards something the runtime cannot shard yet.
-      EXPECT_EQ(not_offered, zero > 0 ? (o.offloads.size() - 1) * o.checkpoints.size() : 0u);
+      // Every default offload but `off` and `optimizer` shards something the runtime cannot
+      // shard yet.
+      EXPECT_EQ(not_offered, zero > 0 ? (o.offloads.size() - 2) * o.checkpoints.size() : 0u);
       if (zero > 0) {
         ASSERT_FALSE(r.infeasible.empty());
         EXPECT_NE(r.infeasible.front().find("ZeRO-" + std::to_string(zero)), std::string::npos)
@@ -375,7 +377,7 @@ TEST(Planner, BadRequestsAreClearErrors) {
   o = options(kBudget);
   o.ranks = 2;
   o.zero_stage = 2;
-  o.offloads = {OffloadSwitches{.optimizer = true}};
+  o.offloads = {OffloadSwitches{.optimizer = true, .gradients = true}};
   expect_error(o, "nothing fits");
   expect_error(o, kNotOfferedWithZero);
   o = options(kBudget);
