@@ -342,6 +342,9 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   o.choose_allocator = planner_chooses_allocator(a.alloc_conf);
   o.loss = parse_loss_flag(a.loss);
   o.host_budget = host_budget_of(a, o.budget);  // this machine's host memory
+  // One rank of a multi-rank run plans for its own rank (set_ranks checks the launch after).
+  o.ranks = given(a, "--ranks") ? std::max(1, a.ranks) : launch_info().world_size;
+  o.zero_stage = o.ranks > 1 ? a.zero : 0;
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
     o.global_batch = a.batch;
