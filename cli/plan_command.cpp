@@ -304,9 +304,9 @@ int run_plan(const PlanArgs& a) {
     if (o.ranks > 1) {
       // The planner dry-runs rank 0 (the largest ZeRO shards): no rank reserves more.
       say("  per rank: rank 0 of %d data-parallel ranks, ZeRO stage %d, each stepping on "
-          "micro x accum samples of the global batch; time is one rank's compute, without "
-          "communication\n",
-          o.ranks, o.zero_stage);
+          "micro x accum samples of the global batch; time is one rank's compute plus its "
+          "collectives at %s/s (rank_link)\n",
+          o.ranks, o.zero_stage, format_bytes(static_cast<std::size_t>(o.device.rank_link)).c_str());
     }
     say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
         o.calibrate    ? "calibrated on this machine"

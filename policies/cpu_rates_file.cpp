@@ -168,7 +168,10 @@ DeviceSpec CpuRates::apply(DeviceSpec d) const {
 double CpuRates::step_seconds(const RunSpec& run, const DryRunResult& dry) const {
   const double host_adamw =
       run.trainer.policy.offload.optimizer && adamw > 0
-          ? static_cast<double>(run.model.parameter_count()) / adamw
+          ? static_cast<double>(  // ZeRO-1/2: this rank's chunks (rank 0's, the largest)
+                (run.model.parameter_count() + (run.trainer.zero_stage > 0 ? run.ranks - 1 : 0)) /
+                (run.trainer.zero_stage > 0 ? run.ranks : 1)) /
+                adamw
           : 0.0;
   return dry.compute_seconds + host_adamw;
 }

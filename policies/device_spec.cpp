@@ -37,7 +37,7 @@ constexpr const char* kPresetOrder[] = {"h200",        "h100-80g", "a100-80g", "
 
 constexpr const char* kValidKeys =
     "name, kind, memory, context, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link, "
-    "cpu_adamw";
+    "rank_link, cpu_adamw";
 constexpr const char* kRequiredKeys =
     "kind, memory, flops_f32, flops_f16, flops_bf16, mem_bandwidth, host_link";
 
@@ -150,7 +150,7 @@ DeviceSpec parse(std::string_view text, const std::string& source,
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
     static const char* kKeys[] = {"name",      "kind",      "memory",     "context",
                                   "flops_f32", "flops_f16", "flops_bf16", "mem_bandwidth",
-                                  "host_link", "cpu_adamw"};
+                                  "host_link", "rank_link", "cpu_adamw"};
     bool known = false;
     for (const char* k : kKeys) known = known || key == k;
     if (!known) {
@@ -194,6 +194,8 @@ DeviceSpec parse(std::string_view text, const std::string& source,
   d.flops_bf16 = read_rate(source, "flops_bf16", need("flops_bf16"), false);
   d.mem_bandwidth = read_rate(source, "mem_bandwidth", need("mem_bandwidth"), false);
   d.host_link = read_rate(source, "host_link", need("host_link"), false);
+  if (values.count("rank_link"))
+    d.rank_link = read_rate(source, "rank_link", values["rank_link"], true);
   if (values.count("cpu_adamw"))
     d.cpu_adamw = read_rate(source, "cpu_adamw", values["cpu_adamw"], true);
   // What runs the step, never guessed from the name (a file named "laptop" may be either).
@@ -303,6 +305,7 @@ std::string DeviceSpec::to_yaml() const {
   s += "  flops_bf16: " + rate_text(flops_bf16) + "\n";
   s += "  mem_bandwidth: " + rate_text(mem_bandwidth) + "\n";
   s += "  host_link: " + rate_text(host_link) + "\n";
+  s += "  rank_link: " + rate_text(rank_link) + "\n";
   s += "  cpu_adamw: " + rate_text(cpu_adamw) + "\n";
   return s;
 }

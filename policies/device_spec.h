@@ -15,6 +15,8 @@
 //     flops_bf16: 989e12
 //     mem_bandwidth: 3.35e12 # bytes/s
 //     host_link: 55e9        # bytes/s, pinned host <-> device, one direction, achieved
+//     rank_link: 360e9       # bytes/s, one rank to another in one node, one direction,
+//                            # achieved (NVLink, PCIe, shared memory); optional: 0, unknown
 //     cpu_adamw: 1.5e9       # parameters/s of the host's CPU AdamW (offload); optional
 // Presets (shipped as YAML under presets/devices/, compiled in): h200, h100-80g, a100-80g,
 // a100-40g, l4-24g, rtx4090-24g, v100-32g, t4-16g, cpu (this machine class: the CPU backend's
@@ -45,6 +47,7 @@ struct DeviceSpec {
   double flops_f32 = 0, flops_f16 = 0, flops_bf16 = 0;
   double mem_bandwidth = 0;  // bytes/s
   double host_link = 0;      // bytes/s
+  double rank_link = 0;      // bytes/s between two ranks of one node; 0: unknown
   double cpu_adamw = 0;      // params/s; 0: unknown (the planner measures it)
 
   std::size_t usable_bytes() const;  // memory - context (0 if context >= memory)

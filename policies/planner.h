@@ -24,8 +24,9 @@
 // reserves more) and `micro_batch` is per rank, `global_batch` all ranks'. ZeRO-1/2 runs with
 // optimizer offload (each rank's chunks of the masters and moments on its host) and
 // activation offload; with gradient or weight offload or the delayed update it is not built
-// yet: those combinations are not searched (each in `infeasible`, saying so). The predicted time is one rank's compute; communication
-// is not in it.
+// yet: those combinations are not searched (each in `infeasible`, saying so). The predicted
+// time is one rank's compute plus its collectives at the device's rank_link
+// (policies/collective_cost.h), taken as not hidden.
 // host_budget > 0: a combination whose offload pins more host memory than that does not fit
 // (its reason says how much); every plan says what it pins (Prediction's host_pinned).
 // Every candidate is a RunSpec (policies/run_spec.h) dry-run by the one dry_run(): the real

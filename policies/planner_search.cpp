@@ -16,6 +16,7 @@
 #include "memory/error.h"
 #include "memory/size.h"
 #include "policies/checkpoint_solver.h"
+#include "policies/collective_cost.h"
 #include "policies/dry_run.h"
 
 namespace memfit::planner_detail {
@@ -430,10 +431,13 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
   p.predicted.peaks = r.step;
   // Measured CPU rates: the confirming dry run's ops at those rates (r ran with them), plus
   // the host AdamW of optimizer offload; otherwise the cost model's analytic time. Either is
-  // one rank's compute: ranks > 1 add no communication time (yet).
-  p.predicted.step_seconds = c.o.cpu_rates
-                                 ? c.o.cpu_rates->step_seconds(p.run_spec(), r)
-                                 : c.cm.step_seconds(p.policy, s, micro, accum, c.o.device);
+  // one rank's compute; ranks > 1 add the collectives at the device's rank_link
+  // (policies/collective_cost.h), not hidden behind it.
+  const RunSpec run = p.run_spec();
+  p.predicted.step_seconds =
+      (c.o.cpu_rates ? c.o.cpu_rates->step_seconds(run, r)
+                     : c.cm.step_seconds(p.policy, s, micro, accum, c.o.device)) +
+      collective_cost(run, c.o.device).seconds;
   const double tokens = double(global) * double(c.seq_len);
   p.predicted.tokens_per_second =
       p.predicted.step_seconds > 0 ? tokens / p.predicted.step_seconds : 0;

@@ -245,11 +245,11 @@ TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
     if (contains(why.get<std::string>(), "is not built yet")) ++not_offered;
   }
   EXPECT_GT(not_offered, 0u) << sharded.at("infeasible").dump(2);
-  // The table says the same: per rank, no communication in the time, one line for what is not
+  // The table says the same: per rank, the collectives in the time, one line for what is not
   // offered.
   const ProgramRun t = run_memfit("plan --model gpt2 --device a100-40g --ranks 2 --zero 2");
   ASSERT_EQ(t.exit_code, 0) << t.output;
-  for (const char* e : {"rank 0 of 2 data-parallel ranks, ZeRO stage 2", "without communication",
+  for (const char* e : {"rank 0 of 2 data-parallel ranks, ZeRO stage 2", "plus its collectives at",
                         "not offered: ", "2 ranks ZeRO-2"}) {
     EXPECT_TRUE(contains(t.output, e)) << "no '" << e << "' in\n" << t.output;
   }
