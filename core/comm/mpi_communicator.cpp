@@ -7,35 +7,13 @@
 #include <cstring>
 #include <string>
 
-#include "core/comm/rank_failure.h"
+#include "core/comm/mpi_world.h"
 #include "memory/error.h"
 
 namespace memfit {
 namespace {
 
-// MPI's own message for a return code.
-std::string mpi_message(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "code " + std::to_string(code);
-  return std::string(text, static_cast<std::size_t>(len));
-}
-
-void check(int code, const char* call, int rank) {
-  if (code != MPI_SUCCESS) {
-    throw CommError(std::string(call) + " failed on rank " + std::to_string(rank) + ": " +
-                    mpi_message(code));
-  }
-}
-
-// stop_all_ranks() under MPI (core/comm/rank_failure.h): every rank of MPI_COMM_WORLD ends.
-void abort_world(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
-
-void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
+void check(int code, const char* call, int rank) { mpi_check(code, call, rank); }
 
 // MPI counts are ints: a chunk of more than INT_MAX elements is refused, naming the sizes.
 int count_of(std::int64_t n, const char* what) {
@@ -50,19 +28,9 @@ int count_of(std::int64_t n, const char* what) {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(Backend& backend) : backend_(backend) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread",
-          -1);
-    std::atexit(finalize_at_exit);
-  }
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", -1);
-  check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size", rank_);
-  // A rank that fails from now on must not leave the others waiting in a collective.
-  if (size_ > 1) set_stop_all_ranks(&abort_world);
+  const MpiWorld w = mpi_world();
+  rank_ = w.rank;
+  size_ = w.size;
 }
 
 void MpiCommunicator::ready(StreamId stream, const Tensor& t) const {

@@ -3,17 +3,17 @@
 //
 //   mpirun -np 2 memfit train ... --ranks 2      // each process: make_communicator(backend)
 //
-// The first one initializes MPI (MPI_Init_thread, MPI_THREAD_FUNNELED: only the thread that
-// made it calls MPI) unless the program did, and MPI is finalized at exit. Errors come back
-// as CommError (MPI_ERRORS_RETURN) naming the call, the rank and MPI's message.
+// The first one initializes MPI (core/comm/mpi_world.h: MPI_THREAD_FUNNELED, finalized at
+// exit) unless the program did. Errors come back as CommError naming the call, the rank and
+// MPI's message.
 //
 // Each collective waits for `stream`, then runs on the calling thread. Sums are deterministic
 // (communicator.h): reduce_scatter_sum exchanges chunks with one MPI_Alltoallv and each rank
 // adds the N copies of its chunk in rank order; all_reduce_sum is that then an all_gather. The
 // exchange's receive buffer (the tensor's size) and all_reduce_sum's shard, on the heap, are
 // kept between calls.
-// Meta tensors (dry runs) are checked and not sent. With two or more ranks it registers
-// MPI_Abort as stop_all_ranks() (core/comm/rank_failure.h).
+// Meta tensors (dry runs) are checked and not sent. With two or more ranks a failing rank
+// stops the others (mpi_world()'s stop_all_ranks).
 #pragma once
 
 #include <vector>

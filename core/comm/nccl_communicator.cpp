@@ -7,7 +7,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/comm/rank_failure.h"
+#include "core/comm/mpi_world.h"
 #include "memory/cuda/cuda_check.h"
 #include "memory/error.h"
 
@@ -16,18 +16,8 @@ static_assert(std::is_same_v<ncclComm_t, ncclComm*>, "nccl_communicator.h's forw
 namespace memfit {
 namespace {
 
-std::string mpi_message(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "code " + std::to_string(code);
-  return std::string(text, static_cast<std::size_t>(len));
-}
-
 void mpi_check(int code, const char* call, int rank) {
-  if (code != MPI_SUCCESS) {
-    throw CommError(std::string("nccl communicator: ") + call + " failed on rank " +
-                    std::to_string(rank) + ": " + mpi_message(code));
-  }
+  memfit::mpi_check(code, std::string("nccl communicator: ") + call, rank);
 }
 
 // NCCL's message for `code`, and its last error's detail when it says more (for example
@@ -39,12 +29,6 @@ void nccl_check(ncclResult_t code, const std::string& call, int rank, ncclComm_t
   const char* last = ncclGetLastError(comm);
   if (last != nullptr && *last != '\0') msg += " (" + std::string(last) + ")";
   throw CommError(msg);
-}
-
-void finalize_at_exit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
 }
 
 std::string describe(const Tensor& t) {
@@ -59,21 +43,13 @@ NcclCommunicator::NcclCommunicator(CudaBackend& backend)
   MPI_Initialized(&initialized);
   mpi_ = initialized != 0 || launch_info().world_size > 1;
   if (mpi_) {
-    if (!initialized) {
-      int provided = 0;
-      mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
-                "MPI_Init_thread", -1);
-      std::atexit(finalize_at_exit);
-    }
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank", -1);
-    mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size", rank_);
+    const MpiWorld w = mpi_world();  // with 2+ ranks a failing rank stops the others
+    rank_ = w.rank;
+    size_ = w.size;
   }
   ncclUniqueId id{};
   if (rank_ == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, nullptr);
   if (size_ > 1) {
-    // A rank that fails from now on must not leave the others waiting (rank_failure.h).
-    set_stop_all_ranks([](int code) { MPI_Abort(MPI_COMM_WORLD, code); });
     mpi_check(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD),
               "MPI_Bcast (ncclUniqueId)", rank_);
   }
