@@ -160,7 +160,8 @@ void SimulatedCommunicator::broadcast(StreamId, const Tensor&, int root) { check
 
 void SimulatedCommunicator::barrier() { backend_.synchronize(kDefaultStream); }
 
-std::vector<double> gather_values(Communicator& comm, double v) {
+std::vector<double> Communicator::gather_values(double v) {
+  Communicator& comm = *this;
   const int n = comm.size();
   // Every slot starts as v: a real gather overwrites each; a simulated one (which leaves the
   // other ranks' chunks as they are) then reads as every rank holding this one's value.

@@ -65,6 +65,11 @@ class Communicator {
   virtual void broadcast(StreamId stream, const Tensor& x, int root) = 0;
   // Returns once every rank has called it (and its queued work on the default stream is done).
   virtual void barrier() = 0;
+  // Every rank's `v`, in rank order, the same on every rank: the few host-side figures ranks
+  // must agree on (batch rows, losses, gradient norms). By default one all_gather of a host
+  // tensor (each double as the bits of two float32 slots); NCCL, which gathers device memory
+  // only, does it through MPI.
+  virtual std::vector<double> gather_values(double v);
 
  protected:
   // The shape and dtype checks every implementation makes first (InvalidArgument).
@@ -118,9 +123,10 @@ class SimulatedCommunicator final : public Communicator {
   int size_, rank_;
 };
 
-// Every rank's `v`, in rank order, the same on every rank (each double travels as the bits of
-// two float32 slots of one all_gather on the host). For the few figures ranks must agree on.
-std::vector<double> gather_values(Communicator& comm, double v);
+// comm.gather_values(v): every rank's `v`, in rank order, the same on every rank.
+inline std::vector<double> gather_values(Communicator& comm, double v) {
+  return comm.gather_values(v);
+}
 
 // What launched this process: the world size and this rank as mpirun (OpenMPI's
 // OMPI_COMM_WORLD_SIZE/RANK, or PMI_SIZE/PMI_RANK, PMIX_RANK) says, {1, 0} when nothing did.

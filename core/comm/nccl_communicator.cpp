@@ -143,6 +143,15 @@ void NcclCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
              "ncclBroadcast (broadcast)", rank_, comm_);
 }
 
+std::vector<double> NcclCommunicator::gather_values(double v) {
+  std::vector<double> all(static_cast<std::size_t>(size_), v);
+  if (mpi_ && size_ > 1) {
+    mpi_check(MPI_Allgather(&v, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather (gather_values)", rank_);
+  }
+  return all;
+}
+
 void NcclCommunicator::barrier() {
   backend_.synchronize(kDefaultStream);
   if (mpi_ && size_ > 1) mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);

@@ -54,8 +54,7 @@
 //
 // Memory. Meta tensors (dry runs) are checked and left alone. Host tensors (Device::kCpu, pinned
 // or not) are refused with InvalidArgument naming the call: NCCL needs device memory, CPU ranks
-// use MPI. gather_values() (communicator.h) gathers through a host tensor, so it is refused
-// too. NCCL's own buffers (per peer, set by NCCL_BUFFSIZE, ~4 MiB per channel by default) are
+// use MPI. gather_values() (host figures) goes through MPI_Allgather. NCCL's own buffers (per peer, set by NCCL_BUFFSIZE, ~4 MiB per channel by default) are
 // device memory outside the caching allocator, taken at ncclCommInitRank and when peers connect.
 //
 // Errors: InvalidArgument for shapes, dtypes and host tensors; CommError naming the call, this
@@ -96,6 +95,7 @@ class NcclCommunicator final : public Communicator {
   void all_gather(StreamId stream, const Tensor& shard, const Tensor& out) override;
   void broadcast(StreamId stream, const Tensor& x, int root) override;
   void barrier() override;
+  std::vector<double> gather_values(double v) override;  // MPI_Allgather (host values)
 
  private:
   // False for meta tensors (nothing to do); InvalidArgument for host tensors.
