@@ -1,7 +1,10 @@
-// The CUDA half of RuntimeEnv (policies/runtime_env.h): CudaBackend + CudaProvider on device 0.
+// The CUDA half of RuntimeEnv (policies/runtime_env.h): CudaBackend + CudaProvider on one
+// device: device 0, or under mpirun the node-local rank's (local rank modulo the devices), so
+// the ranks of a node each take their own GPU (NCCL refuses two ranks on one device).
 #include <memory>
 #include <string>
 
+#include "core/comm/communicator.h"  // launch_info
 #include "core/cuda/cuda_backend.h"
 #include "memory/cuda/cuda_provider.h"
 #include "memory/error.h"
@@ -16,15 +19,17 @@ static_assert(CudaBackendOptions{}.gemm_workspace_bytes == kGpuGemmWorkspaceByte
 
 RuntimeEnv make_cuda_runtime(const AllocatorConfig& conf) {
   std::string why;
-  if (CudaProvider::cuda_device_count(&why) == 0) {
+  const int devices = CudaProvider::cuda_device_count(&why);
+  if (devices == 0) {
     throw InvalidArgument("backend cuda: no usable CUDA device (" + why + "); valid here: cpu");
   }
+  const int device = launch_info().local_rank % devices;
   RuntimeEnv env;
   env.kind = DeviceKind::kCuda;
-  auto owned = std::make_unique<CudaBackend>(CudaBackendOptions{.device = 0});
+  auto owned = std::make_unique<CudaBackend>(CudaBackendOptions{.device = device});
   CudaBackend* backend = owned.get();
   env.backend = std::move(owned);
-  env.provider = std::make_unique<CudaProvider>(0);
+  env.provider = std::make_unique<CudaProvider>(device);
   env.alloc = std::make_unique<CachingAllocator>(*env.provider, conf, &backend->stream_sync());
   backend->set_workspace_allocator(env.alloc.get());  // cuBLASLt workspace: Category::kWorkspace
   const ContextInfo& info = backend->context_info();
