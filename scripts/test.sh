@@ -15,6 +15,11 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 jobs=${MEMFIT_JOBS:-$(nproc)}
 export CTEST_OUTPUT_ON_FAILURE=1
+# ctest runs $jobs tests at once, each with OpenMP's default team (every core): more threads
+# than cores. libgomp's threads spin at every barrier by default, and a spinning thread holds
+# the core its partner needs: two TrainerOom parts side by side took 95 s spinning and 3.6 s
+# with passive waits on this 2-core machine. Waiting threads sleep instead.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 echo "== build (MEMFIT_CUDA=AUTO, RelWithDebInfo)"
 cmake -S . -B build -G Ninja -DMEMFIT_CUDA=AUTO -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEMFIT_WERROR=ON
