@@ -45,8 +45,6 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
     if (p.weight.view().dtype() != DType::kF32) {
       master_[i] = OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
                                       Category::kOptimizerState, ctx.stream, "master/" + p.name);
-      p.shard_master = master_[i].view();
-      p.shard_offset = c.offset;
     }
     exp_avg_.push_back(OwnedTensor::empty(ctx.alloc, shape, DType::kF32, ctx.device(),
                                           Category::kOptimizerState, ctx.stream,
@@ -58,6 +56,11 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
   for (std::size_t i = 0; i < params_.size(); ++i) {
     ctx.backend.fill(ctx.stream, exp_avg_[i].view(), 0.0f);
     ctx.backend.fill(ctx.stream, exp_avg_sq_[i].view(), 0.0f);
+    // Bound once everything is allocated: a failed construction leaves no binding behind.
+    if (master_[i].view().raw() != nullptr) {
+      params_[i]->shard_master = master_[i].view();
+      params_[i]->shard_offset = chunk(params_[i]->numel(), n, r).offset;
+    }
   }
 }
 

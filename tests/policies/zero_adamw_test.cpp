@@ -162,6 +162,49 @@ TEST(ZeroAdamW, OptimizerStateAndGradientsShrinkWithTheRanks) {
   }
 }
 
+// A failure at any allocation of a step (an OutOfMemory) leaves the weights, the sharded
+// optimizer state and the lent gradients as they were, and the retried step equals a step
+// that never failed, under ZeRO-1 and 2, with and without optimizer offload, accumulated.
+TEST(ZeroAdamW, AFailureAtAnyAllocationOfAStepChangesNothing) {
+  for (int zero : {1, 2}) {
+    for (bool offload : {false, true}) {
+      const RunSpec r = spec_of(DType::kF32, zero, 2, 0, 2, offload);
+      SCOPED_TRACE(r.describe());
+      RunSetup run(r, RunSetupOptions{.simulate_ranks = true});
+      RunSetup ref(r, RunSetupOptions{.simulate_ranks = true});
+      const Batch b = sample(r, 5);
+      const std::vector<char> before = weight_bits(run);
+      int failures = 0;
+      for (std::int64_t k = 1;; ++k) {
+        run.allocator().fail_allocation(k);
+        bool failed = false;
+        try {
+          run.trainer().step(b);
+        } catch (const OutOfMemory&) {
+          failed = true;
+        }
+        const bool reached = run.allocator().pending_fault() == 0;
+        run.allocator().fail_allocation(0);
+        if (!failed) {
+          EXPECT_FALSE(reached) << "allocation " << k << " failed but the step went on";
+          break;
+        }
+        ++failures;
+        ASSERT_TRUE(weight_bits(run) == before) << "allocation " << k << " changed the weights";
+        EXPECT_EQ(run.trainer().steps(), 0);
+        for (Parameter* p : run.model().parameters()) {
+          EXPECT_EQ(p->grad_on_device(), zero == 1) << p->name << " after allocation " << k;
+        }
+      }
+      EXPECT_GT(failures, 10);
+      // The loop's last step ran whole: it must equal the reference's first.
+      const StepResult want = ref.trainer().step(b);
+      EXPECT_TRUE(weight_bits(run) == weight_bits(ref)) << "the retried step differs";
+      EXPECT_EQ(run.trainer().steps(), want.step);
+    }
+  }
+}
+
 TEST(ZeroAdamW, AStateFileRefusesAnotherStageOrRank) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("memfit_zero_" + std::to_string(::getpid()));
