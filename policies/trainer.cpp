@@ -545,6 +545,23 @@ void Trainer::load(const std::string& path) {
            " (resume with the optimizer offload the saving run had)");
   }
   if (m.steps < 0 || m.attempted < m.steps) refuse("step counts are inconsistent");
+  if (const Sharding sh = sharding(); sh.ranks > 1 && sh.zero_stage > 0) {
+    // One save's set: a crash between two ranks' writes would leave files of different steps.
+    // Every rank sees every rank's counts, so every rank refuses alike.
+    Communicator& comm = zero_opt_->comm();
+    const std::vector<double> steps = gather_values(comm, static_cast<double>(m.steps));
+    const std::vector<double> tried = gather_values(comm, static_cast<double>(m.attempted));
+    std::string by_rank;
+    bool same = true;
+    for (std::size_t r = 0; r < steps.size(); ++r) {
+      same = same && steps[r] == steps[0] && tried[r] == tried[0];
+      by_rank += (r ? ", " : "") + std::to_string(static_cast<std::int64_t>(steps[r]));
+    }
+    if (!same) {
+      refuse("the ranks' files are from different saves (steps by rank: " + by_rank +
+             "); valid: the files one save wrote, one per rank");
+    }
+  }
   {
     LossScaler probe(scaler_.options());  // set_state validates; nothing may throw after restore
     probe.set_state(m.scaler);

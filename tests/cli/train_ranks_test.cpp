@@ -125,6 +125,20 @@ TEST_F(TrainRanks, ZeroTwoSavesAFilePerRankAndResumesBitForBit) {
   std::vector<double> joined = losses(part);
   for (double l : losses(rest)) joined.push_back(l);
   EXPECT_EQ(joined, losses(full)) << "a resumed run must repeat the uninterrupted one's bits";
+  // A set mixed from two saves (rank 1's file from a 1-step save) is refused by every rank.
+  const std::string other = tmp("other.mfstate");
+  r = run_memfit_ranks(2, args(1, "--ranks 2 --zero 2 --save " + other));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string mixed = tmp("mixed.mfstate");
+  std::filesystem::copy_file(state + ".rank0of2", mixed + ".rank0of2");
+  std::filesystem::copy_file(other + ".rank1of2", mixed + ".rank1of2");
+  r = run_memfit_ranks(2, args(1, "--ranks 2 --zero 2 --resume " + mixed));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "from different saves (steps by rank: 2, 1)")) << r.output;
+  for (const std::string& f : {other, mixed}) {
+    std::filesystem::remove(f + ".rank0of2");
+    std::filesystem::remove(f + ".rank1of2");
+  }
   // Another stage's files are refused, naming both.
   r = run_memfit_ranks(2, args(1, "--ranks 2 --zero 1 --resume " + state));
   EXPECT_NE(r.exit_code, 0);
