@@ -92,15 +92,8 @@ int run(int argc, char** argv) {
   const std::int64_t seq_len = spec.resolved_seq_len();
   std::vector<double> step_s, comm_s;
   for (int i = 0; i < warmup + steps; ++i) {
-    Batch g = data.sample(spec.batch, seq_len, run.trainer().rng());
-    const std::int64_t per = spec.rank_batch();
-    Batch b;
-    b.batch = per;
-    b.seq_len = seq_len;
-    b.tokens.assign(g.tokens.begin() + spec.rank * per * seq_len,
-                    g.tokens.begin() + (spec.rank + 1) * per * seq_len);
-    b.targets.assign(g.targets.begin() + spec.rank * per * seq_len,
-                     g.targets.begin() + (spec.rank + 1) * per * seq_len);
+    const Batch b =
+        rank_rows(data.sample(spec.batch, seq_len, run.trainer().rng()), spec.rank, spec.ranks);
     comm.reset();
     const StepResult r = run.step(b);
     if (i >= warmup) {

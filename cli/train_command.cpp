@@ -46,20 +46,6 @@ std::string rank_state_path(const std::string& path, const RunSpec& p) {
   return path + ".rank" + std::to_string(p.rank) + "of" + std::to_string(p.ranks);
 }
 
-// Rank r's rows of a global batch: [r * B / N, (r + 1) * B / N).
-Batch rank_rows(const Batch& g, int r, int n) {
-  if (n == 1) return g;
-  const std::int64_t per = g.batch / n;
-  const auto first = static_cast<std::ptrdiff_t>(r * per * g.seq_len);
-  const auto last = static_cast<std::ptrdiff_t>((r + 1) * per * g.seq_len);
-  Batch b;
-  b.batch = per;
-  b.seq_len = g.seq_len;
-  b.tokens.assign(g.tokens.begin() + first, g.tokens.begin() + last);
-  b.targets.assign(g.targets.begin() + first, g.targets.begin() + last);
-  return b;
-}
-
 int run_train(const TrainArgs& a, const TrainOnly& t) {
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--save", &t.save},
                                     {"--resume", &t.resume},

@@ -98,4 +98,23 @@ Batch TextDataset::sequential(std::int64_t batch, std::int64_t seq_len, std::int
   return b;
 }
 
+Batch rank_rows(const Batch& global, int r, int ranks) {
+  if (ranks < 1 || r < 0 || r >= ranks || global.batch % ranks != 0) {
+    throw InvalidArgument("rank_rows: rank " + std::to_string(r) + " of " +
+                          std::to_string(ranks) + " from a batch of " +
+                          std::to_string(global.batch) +
+                          "; valid: 0 <= rank < ranks, a batch divisible by the ranks");
+  }
+  if (ranks == 1) return global;
+  const std::int64_t per = global.batch / ranks;
+  const auto first = static_cast<std::ptrdiff_t>(r * per * global.seq_len);
+  const auto last = static_cast<std::ptrdiff_t>((r + 1) * per * global.seq_len);
+  Batch b;
+  b.batch = per;
+  b.seq_len = global.seq_len;
+  b.tokens.assign(global.tokens.begin() + first, global.tokens.begin() + last);
+  b.targets.assign(global.targets.begin() + first, global.targets.begin() + last);
+  return b;
+}
+
 }  // namespace memfit

@@ -32,6 +32,10 @@ struct Batch {
   std::vector<std::int32_t> targets;
 };
 
+// Rank r's rows of a global batch under data parallelism: rows [r B/N, (r+1) B/N), B/N each.
+// InvalidArgument unless 0 <= r < ranks and ranks divides the batch. One rank: the batch.
+Batch rank_rows(const Batch& global, int r, int ranks);
+
 class TextDataset {
  public:
   static constexpr std::int64_t kVocab = 256;

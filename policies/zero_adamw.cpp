@@ -14,13 +14,6 @@ namespace memfit {
 
 namespace {
 
-void check_lr(double lr) {
-  if (!(lr >= 0.0) || !std::isfinite(lr)) {
-    throw InvalidArgument("ZeroAdamW: lr = " + std::to_string(lr) +
-                          "; valid: a finite value >= 0");
-  }
-}
-
 std::uint32_t range_id() {
   static const std::uint32_t id = intern_name("zero_adamw");
   return id;
@@ -260,7 +253,6 @@ void ZeroAdamW::step(LayerContext& ctx, double grad_scale) {
   if (offload_) {
     offload_->step(ctx, grad_scale);  // the chunks' weights are back (the stream waits on them)
     gather_weights(ctx);
-    steps_ = offload_->steps();
     return;
   }
   const AdamWConstants k = adamw_constants(options_, steps_ + 1, grad_scale);
@@ -332,8 +324,11 @@ void ZeroAdamW::set_steps(std::int64_t steps) {
   if (steps < 0) {
     throw InvalidArgument("ZeroAdamW::set_steps(" + std::to_string(steps) + "): valid: >= 0");
   }
-  steps_ = steps;
-  if (offload_) offload_->set_steps(steps);
+  if (offload_) {
+    offload_->set_steps(steps);
+  } else {
+    steps_ = steps;
+  }
 }
 
 std::vector<StateTensor> ZeroAdamW::state() {
@@ -372,9 +367,11 @@ void ZeroAdamW::state_loaded(LayerContext& ctx) {
 }
 
 void ZeroAdamW::set_lr(double lr) {
-  check_lr(lr);
-  options_.lr = lr;
+  AdamWOptions o = options_;
+  o.lr = lr;
+  (void)adamw_constants(o, 1);  // InvalidArgument for a bad lr; nothing changes then
   if (offload_) offload_->set_lr(lr);
+  options_ = o;
 }
 
 }  // namespace memfit

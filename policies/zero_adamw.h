@@ -80,7 +80,7 @@ class ZeroAdamW final : public Optimizer {
   // waited for; nothing else changes.
   void abandon_step(LayerContext& ctx);
   CategoryBytes host_by_category() const override;
-  std::int64_t steps() const override { return steps_; }
+  std::int64_t steps() const override { return offload_ ? offload_->steps() : steps_; }
   void set_steps(std::int64_t steps) override;
   std::vector<StateTensor> state() override;
   void state_loaded(LayerContext& ctx) override;
@@ -105,7 +105,7 @@ class ZeroAdamW final : public Optimizer {
   std::vector<std::vector<std::size_t>> finals_;  // per stage: params_ final after it
   Communicator& comm_;
   std::vector<OwnedTensor> master_, exp_avg_, exp_avg_sq_, grad_shard_;  // per parameter
-  std::int64_t steps_ = 0;
+  std::int64_t steps_ = 0;  // without offload (the OffloadOptimizer counts its own)
   // Optimizer offload: a stand-in per parameter (this rank's chunk) and the host optimizer.
   std::vector<std::unique_ptr<Parameter>> chunks_;
   std::unique_ptr<OffloadOptimizer> offload_;

@@ -13,8 +13,6 @@
 namespace memfit {
 namespace {
 
-void check(int code, const char* call, int rank) { mpi_check(code, call, rank); }
-
 // MPI counts are ints: a chunk of more than INT_MAX elements is refused, naming the sizes.
 int count_of(std::int64_t n, const char* what) {
   if (n > INT_MAX) {
@@ -52,7 +50,7 @@ void MpiCommunicator::reduce_scatter(const float* in, std::int64_t n, float* sha
     recv_offsets[r] = count_of(r * mine.count, "reduce_scatter_sum");
   }
   recv_.resize(static_cast<std::size_t>(size_ * mine.count));
-  check(MPI_Alltoallv(in, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv_.data(),
+  mpi_check(MPI_Alltoallv(in, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv_.data(),
                       recv_counts.data(), recv_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD),
         "MPI_Alltoallv (reduce_scatter_sum)", rank_);
   // Rank order, one element at a time: ((x0 + x1) + x2) + ...
@@ -73,7 +71,7 @@ void MpiCommunicator::gather_bytes(const void* shard, std::int64_t n, std::size_
   }
   // A shard that is this rank's chunk of `out` itself is gathered in place.
   const void* send = shard == static_cast<const char*>(out) + offsets[rank_] ? MPI_IN_PLACE : shard;
-  check(MPI_Allgatherv(send, counts[rank_], MPI_BYTE, out, counts.data(), offsets.data(),
+  mpi_check(MPI_Allgatherv(send, counts[rank_], MPI_BYTE, out, counts.data(), offsets.data(),
                        MPI_BYTE, MPI_COMM_WORLD),
         "MPI_Allgatherv (all_gather)", rank_);
 }
@@ -111,7 +109,7 @@ void MpiCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
   std::size_t left = x.nbytes();
   while (left > 0) {  // MPI counts are ints
     const int n = static_cast<int>(std::min<std::size_t>(left, INT_MAX));
-    check(MPI_Bcast(p, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast (broadcast)", rank_);
+    mpi_check(MPI_Bcast(p, n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast (broadcast)", rank_);
     p += n;
     left -= static_cast<std::size_t>(n);
   }
@@ -119,7 +117,7 @@ void MpiCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
 
 void MpiCommunicator::barrier() {
   backend_.synchronize(kDefaultStream);
-  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+  mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
 }
 
 }  // namespace memfit

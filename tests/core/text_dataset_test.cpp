@@ -116,5 +116,31 @@ TEST(TextDataset, BundledCorpusIsThereAndLargeEnough) {
   d.require_seq_len(1024);
 }
 
+// Data parallel: rank r's rows of a global batch are rows [r B/N, (r+1) B/N), and the ranks'
+// rows together are the batch.
+TEST(RankRows, EachRankGetsItsContiguousRowsAndTogetherTheBatch) {
+  Batch g;
+  g.batch = 6;
+  g.seq_len = 2;
+  for (std::int32_t i = 0; i < 12; ++i) {
+    g.tokens.push_back(i);
+    g.targets.push_back(100 + i);
+  }
+  const Batch r1 = rank_rows(g, 1, 3);
+  EXPECT_EQ(r1.batch, 2);
+  EXPECT_EQ(r1.seq_len, 2);
+  EXPECT_EQ(r1.tokens, (std::vector<std::int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(r1.targets, (std::vector<std::int32_t>{104, 105, 106, 107}));
+  std::vector<std::int32_t> joined;
+  for (int r = 0; r < 2; ++r) {
+    const Batch b = rank_rows(g, r, 2);
+    joined.insert(joined.end(), b.tokens.begin(), b.tokens.end());
+  }
+  EXPECT_EQ(joined, g.tokens);
+  EXPECT_EQ(rank_rows(g, 0, 1).tokens, g.tokens);
+  EXPECT_THROW(rank_rows(g, 0, 4), InvalidArgument);  // 6 rows over 4 ranks
+  EXPECT_THROW(rank_rows(g, 3, 3), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace memfit

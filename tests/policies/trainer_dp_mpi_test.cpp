@@ -57,17 +57,6 @@ std::vector<Batch> global_batches(std::int64_t seq_len) {
   return out;
 }
 
-// Rows [r * B / N, (r + 1) * B / N) of a global batch: rank r's shard.
-Batch shard(const Batch& g, int r, int n) {
-  const std::int64_t per = g.batch / n, t = g.seq_len;
-  Batch b;
-  b.batch = per;
-  b.seq_len = t;
-  b.tokens.assign(g.tokens.begin() + r * per * t, g.tokens.begin() + (r + 1) * per * t);
-  b.targets.assign(g.targets.begin() + r * per * t, g.targets.begin() + (r + 1) * per * t);
-  return b;
-}
-
 std::vector<char> weight_bits(Rig& run) {
   run.trainer.optimizer().flush(run.ctx);
   std::vector<char> out;
@@ -128,7 +117,7 @@ TEST_P(DataParallel, LossesMatchOneRankAndEveryRankEndsWithTheSameWeights) {
   o.comm = comm_.get();
   Rig dp(c.dtype, c.offload, o);
   for (int s = 0; s < kSteps; ++s) {
-    const StepResult r = dp.trainer.step(shard(batches[s], me, n));
+    const StepResult r = dp.trainer.step(rank_rows(batches[s], me, n));
     EXPECT_EQ(r.tokens, kGlobalBatch * batches[s].seq_len);
     EXPECT_NEAR(r.loss, want[s], c.tolerance * std::abs(want[s]))
         << c.name << " step " << s + 1 << " on rank " << me << " of " << n;
@@ -140,7 +129,7 @@ TEST_P(DataParallel, LossesMatchOneRankAndEveryRankEndsWithTheSameWeights) {
   EXPECT_EQ(std::memcmp(mine.data(), root.data(), mine.size()), 0) << "rank " << me;
   // And the data-parallel run repeats its bits.
   Rig again(c.dtype, c.offload, o);
-  for (int s = 0; s < kSteps; ++s) again.trainer.step(shard(batches[s], me, n));
+  for (int s = 0; s < kSteps; ++s) again.trainer.step(rank_rows(batches[s], me, n));
   EXPECT_EQ(weight_bits(again), mine) << "rank " << me;
 }
 
@@ -184,8 +173,8 @@ TEST(DataParallelPeaks, EveryRanksPeakIsItsDryRunsToTheByte) {
         RunSetup run(r);
         ASSERT_EQ(run.trainer().sharding().ranks, n);
         const std::vector<Batch> batches = global_batches(r.resolved_seq_len());
-        PeakFigures m = run.step(shard(batches[0], me, n)).peaks;
-        m.take_max(run.step(shard(batches[1], me, n)).peaks);
+        PeakFigures m = run.step(rank_rows(batches[0], me, n)).peaks;
+        m.take_max(run.step(rank_rows(batches[1], me, n)).peaks);
         EXPECT_EQ(m.reserved, d.step.reserved) << "rank " << me;
         EXPECT_EQ(m.allocated, d.step.allocated) << "rank " << me;
         EXPECT_EQ(m.category_peaks, d.step.category_peaks) << "rank " << me;
