@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "core/device_adamw.h"
@@ -16,6 +17,7 @@
 #include "policies/accumulation.h"
 #include "policies/offload_activation_stash.h"
 #include "policies/offload_optimizer.h"
+#include "policies/stage_overlap.h"
 #include "policies/zero_adamw.h"
 #include "profiler/scoped_range.h"
 
@@ -189,6 +191,7 @@ Trainer::Trainer(Model& model, LayerContext ctx, TrainerOptions options, MemoryP
       opt = std::make_unique<ZeroAdamW>(model_.parameters(), options_.adamw, options_.zero_stage,
                                         model_.backward_stages(), *comm, ctx_);
     }
+    opt->set_overlap(options_.overlap_comm && comm->size() > 1);  // nothing to hide at one rank
     zero_opt_ = opt.get();
     optimizer_ = std::move(opt);
   } else if (off.optimizer) {
@@ -311,6 +314,7 @@ StepResult Trainer::step(const Batch& batch) {
   bool found_inf = false;
   const bool clip = options_.max_grad_norm > 0;
   double grad_norm = 0;
+  std::optional<StageOverlap> dp_overlap;  // ZeRO-0 over ranks, in the last micro-batch
   try {
     if (stash_) {
       // Room for every checkpoint of the largest micro-batch (blocks map (B,T,hidden) to
@@ -345,20 +349,31 @@ StepResult Trainer::step(const Batch& batch) {
         hooks.unstash = [&](int i, int next) { return stash_->take(ctx_, i, next); };
       }
       hooks.after_stage = [&](int s) {
-        // ZeRO-0: the stage's gradients are final: sum them (ZeRO-1/2's optimizer scatters).
-        if (dp != nullptr && zero_opt_ == nullptr && mi + 1 == count) {
-          for (Parameter* p : stages[static_cast<std::size_t>(s)].final) {
-            dp->all_reduce_sum(ctx_.stream, p->grad);
+        const std::vector<Parameter*>* final = &stages[static_cast<std::size_t>(s)].final;
+        const auto done = [&, s, final] {
+          optimizer_->after_stage(ctx_, s, mi, count);
+          // The last micro-batch: each stage's gradients are final once its backward ran.
+          if (mi + 1 == count) {
+            reported = true;
+            optimizer_->grads_ready(ctx_, *final);
           }
-        }
-        optimizer_->after_stage(ctx_, s, mi, count);
-        // The last micro-batch: each stage's gradients are final once its backward ran.
-        if (mi + 1 == count) {
-          reported = true;
-          optimizer_->grads_ready(ctx_, stages[static_cast<std::size_t>(s)].final);
+        };
+        // ZeRO-0: the stage's gradients are final: sum them beside the next stage's backward,
+        // and tell the optimizer once they are summed (ZeRO-1/2's optimizer scatters).
+        if (dp_overlap) {
+          Communicator::Ticket t = 0;
+          for (Parameter* p : *final) t = dp->start_all_reduce_sum(ctx_.stream, p->grad);
+          dp_overlap->stage_done(ctx_.stream, t, done,
+                                 static_cast<std::size_t>(s) + 1 == stages.size());
+        } else {
+          done();
         }
       };
+      if (dp != nullptr && zero_opt_ == nullptr && mi + 1 == count) {
+        dp_overlap.emplace(*dp, options_.overlap_comm);
+      }
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
+      MEMFIT_CHECK(!dp_overlap || dp_overlap->idle()) << "gradient sums left unfinished";
       MEMFIT_CHECK(!stash_ || stash_->idle()) << "a checkpoint left stashed after a micro-batch";
       loss_sum += sum_losses(ctx_, *losses);
       row0 += sizes[m];
@@ -382,6 +397,8 @@ StepResult Trainer::step(const Batch& batch) {
     // An offloading optimizer abandons the step instead, reported gradients or not: skip() would
     // land the previous step's delayed update now, and the retried step would then compute
     // with weights one update newer than the same step without the failure.
+    // First the sums in flight: they read and write gradients until they finish.
+    if (dp_overlap) dp_overlap->abandon(ctx_.stream);
     model_.release_saved();
     if (stash_) stash_->reset(ctx_);
     try {

@@ -109,6 +109,11 @@ struct TrainerOptions {
   // with gradient or weight offload or the delayed update yet. Build the model with
   // placement(policy, zero_stage).
   int zero_stage = 0;
+  // Several ranks: each backward stage's gradient sums (ZeRO-0's all-reduce, ZeRO-1/2's
+  // reduce-scatter) run beside the next stage's backward and are finished after it
+  // (policies/stage_overlap.h), so they hold their gradients one stage longer; false: each
+  // stage's sums finish before the next stage starts. The dry run follows the same choice.
+  bool overlap_comm = true;
 };
 
 struct StepResult {
@@ -185,10 +190,11 @@ class Trainer {
   Rng rng_;
   LossScaler scaler_;
   std::unique_ptr<Offload> offload_;  // the owned pinned provider, when offloading without `host`
+  // ZeRO at one rank without options.comm; outlives the optimizer that uses it.
+  std::unique_ptr<Communicator> own_comm_;
   std::unique_ptr<Optimizer> optimizer_;
   OffloadOptimizer* offload_opt_ = nullptr;  // optimizer_, when it offloads
   ZeroAdamW* zero_opt_ = nullptr;            // optimizer_, under ZeRO-1/2
-  std::unique_ptr<Communicator> own_comm_;   // ZeRO at one rank without options.comm
   std::unique_ptr<ActivationStash> stash_;   // activation offload under a checkpoint schedule
   std::int64_t attempted_ = 0;
   RepeatCheck repeat_check_;

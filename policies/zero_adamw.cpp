@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -24,7 +25,11 @@ std::uint32_t range_id() {
 ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int stage,
                      std::vector<Model::BackwardStage> stages, Communicator& comm,
                      LayerContext& ctx)
-    : params_(std::move(params)), options_(options), stage_(stage), comm_(comm) {
+    : params_(std::move(params)),
+      options_(options),
+      stage_(stage),
+      comm_(comm),
+      overlap_(comm, /*on=*/true) {
   build(ctx, std::move(stages));
   // All state now, so step() never allocates (core/optimizer.h); an OutOfMemory unwinds it.
   const int n = comm_.size(), r = comm_.rank();
@@ -60,7 +65,11 @@ ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, AdamWOptions options, int s
 ZeroAdamW::ZeroAdamW(std::vector<Parameter*> params, const OffloadOptions& offload, int stage,
                      std::vector<Model::BackwardStage> stages, Communicator& comm,
                      LayerContext& ctx, MemoryProvider& host)
-    : params_(std::move(params)), options_(offload.adamw), stage_(stage), comm_(comm) {
+    : params_(std::move(params)),
+      options_(offload.adamw),
+      stage_(stage),
+      comm_(comm),
+      overlap_(comm, /*on=*/true) {
   if (offload.gradients || offload.weights || offload.delayed_update) {
     throw InvalidArgument(
         "ZeroAdamW with optimizer offload: gradient offload, weight offload and the delayed "
@@ -123,7 +132,8 @@ void ZeroAdamW::build(LayerContext& ctx, std::vector<Model::BackwardStage> stage
     if (p->numel() < comm_.size()) {
       throw InvalidArgument("ZeroAdamW: parameter '" + p->name + "' has " +
                             std::to_string(p->numel()) + " elements, fewer than the " +
-                            std::to_string(comm_.size()) + " ranks; valid: at most as many "
+                            std::to_string(comm_.size()) +
+                            " ranks; valid: at most as many "
                             "ranks as the smallest parameter has elements");
     }
   }
@@ -145,7 +155,8 @@ void ZeroAdamW::build(LayerContext& ctx, std::vector<Model::BackwardStage> stage
       const auto it = index.find(p);
       if (it == index.end() || !opened.count(p) || !finished.insert(p).second) {
         throw InvalidArgument("ZeroAdamW: backward stage " + std::to_string(s) + " lists '" +
-                              p->name + "' as final; valid: each parameter final in exactly one "
+                              p->name +
+                              "' as final; valid: each parameter final in exactly one "
                               "stage, at or after the first stage that writes it");
       }
       finals_[s].push_back(it->second);
@@ -161,14 +172,15 @@ void ZeroAdamW::build(LayerContext& ctx, std::vector<Model::BackwardStage> stage
     grad_shard_.resize(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const Parameter& p = *params_[i];
-      grad_shard_[i] = OwnedTensor::empty(ctx.alloc, Shape{chunk(p.numel(), n, r).count},
-                                          DType::kF32, ctx.device(), Category::kGradient,
-                                          ctx.stream, "grad_shard/" + p.name);
+      grad_shard_[i] =
+          OwnedTensor::empty(ctx.alloc, Shape{chunk(p.numel(), n, r).count}, DType::kF32,
+                             ctx.device(), Category::kGradient, ctx.stream, "grad_shard/" + p.name);
     }
   }
 }
 
 ZeroAdamW::~ZeroAdamW() {
+  if (!overlap_.idle()) overlap_.abandon(kDefaultStream);  // sums in flight read lent gradients
   release_lent();
   for (Parameter* p : params_) {
     p->shard_master = Tensor();
@@ -181,17 +193,8 @@ const char* ZeroAdamW::name() const {
   return stage_ == 1 ? "zero1-adamw" : "zero2-adamw";
 }
 
-void ZeroAdamW::grads_ready(LayerContext& ctx, const std::vector<Parameter*>& params) {
-  if (!offload_) return;
-  // This rank's reduced chunks of them (after_stage reduced them first) go to the host.
-  std::vector<Parameter*> mine;
-  mine.reserve(params.size());
-  for (const Parameter* p : params) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (params_[i] == p) mine.push_back(chunks_[i].get());
-    }
-  }
-  offload_->grads_ready(ctx, mine);
+void ZeroAdamW::grads_ready(LayerContext&, const std::vector<Parameter*>&) {
+  // after_stage sends this rank's reduced chunks to the host once their sums are finished.
 }
 
 void ZeroAdamW::release_lent() {
@@ -204,37 +207,57 @@ void ZeroAdamW::before_stage(LayerContext& ctx, int stage, int micro_batch, int 
   if (stage_ != 2) return;
   for (const std::size_t i : opens_.at(static_cast<std::size_t>(stage))) {
     Parameter& p = *params_[i];
-    p.grad = OwnedTensor::empty(ctx.alloc, p.shape, DType::kF32, ctx.device(),
-                                Category::kGradient, ctx.stream, p.name);
+    p.grad = OwnedTensor::empty(ctx.alloc, p.shape, DType::kF32, ctx.device(), Category::kGradient,
+                                ctx.stream, p.name);
     ctx.backend.fill(ctx.stream, p.grad.view(), 0.0f);
   }
 }
 
 void ZeroAdamW::after_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
-  const std::vector<std::size_t>& done = finals_.at(static_cast<std::size_t>(stage));
-  if (stage_ == 1) {
-    // Whole gradients accumulate over the micro-batches; the last one's are reduced in place.
-    if (micro_batch + 1 != count) return;
-    for (const std::size_t i : done) {
-      const Tensor g = params_[i]->grad.view();
-      comm_.reduce_scatter_sum(ctx.stream, g, grad_chunk(i));
-    }
-    return;
-  }
+  const auto st = static_cast<std::size_t>(stage);
+  const std::vector<std::size_t>& done = finals_.at(st);
+  const bool last_micro_batch = micro_batch + 1 == count;
+  // Stage 1: whole gradients accumulate over the micro-batches; the last one's are reduced in
+  // place. Stage 2: every micro-batch's are reduced into the shards (the first writes them, a
+  // later one's sums arrive in a temporary and are added).
+  if (stage_ == 1 && !last_micro_batch) return;
+  Communicator::Ticket t = 0;
+  std::vector<std::shared_ptr<OwnedTensor>> sums;  // stage 2, micro-batch > 0: per `done`
   for (const std::size_t i : done) {
     Parameter& p = *params_[i];
-    if (micro_batch == 0) {
-      comm_.reduce_scatter_sum(ctx.stream, p.grad.view(), grad_shard_[i].view());
+    if (stage_ == 1) {
+      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_chunk(i));
+    } else if (micro_batch == 0) {
+      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_shard_[i].view());
     } else {
-      OwnedTensor sum = OwnedTensor::empty(ctx.alloc, grad_shard_[i].view().shape(), DType::kF32,
-                                           ctx.device(), Category::kTemporary, ctx.stream,
-                                           "grad_recv/" + p.name);
-      comm_.reduce_scatter_sum(ctx.stream, p.grad.view(), sum.view());
-      ctx.backend.axpy(ctx.stream, 1.0f, sum.view(), grad_shard_[i].view());
+      sums.push_back(std::make_shared<OwnedTensor>(
+          OwnedTensor::empty(ctx.alloc, grad_shard_[i].view().shape(), DType::kF32, ctx.device(),
+                             Category::kTemporary, ctx.stream, "grad_recv/" + p.name)));
+      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), sums.back()->view());
     }
-    p.grad.reset();
   }
+  // Once the sums are finished: add the received ones, hand the lent gradients back, send the
+  // final chunks to the host (offload).
+  const auto then = [this, &ctx, &done, sums, last_micro_batch] {
+    if (stage_ == 2) {
+      for (std::size_t k = 0; k < done.size(); ++k) {
+        const std::size_t i = done[k];
+        if (!sums.empty())
+          ctx.backend.axpy(ctx.stream, 1.0f, sums[k]->view(), grad_shard_[i].view());
+        params_[i]->grad.reset();
+      }
+    }
+    if (offload_ && last_micro_batch) {
+      std::vector<Parameter*> mine;
+      mine.reserve(done.size());
+      for (const std::size_t i : done) mine.push_back(chunks_[i].get());
+      offload_->grads_ready(ctx, mine);
+    }
+  };
+  overlap_.stage_done(ctx.stream, t, then, st + 1 == finals_.size());
 }
+
+void ZeroAdamW::set_overlap(bool on) { overlap_.set_on(on); }
 
 Tensor ZeroAdamW::grad_chunk(std::size_t i) const {
   if (stage_ == 2) return grad_shard_[i].view();
@@ -282,6 +305,7 @@ void ZeroAdamW::flush(LayerContext& ctx) {
 }
 
 void ZeroAdamW::abandon_step(LayerContext& ctx) {
+  overlap_.abandon(ctx.stream);  // the sums in flight use the lent gradients until they finish
   release_lent();
   if (offload_) offload_->abandon_step(ctx);
 }
@@ -307,8 +331,8 @@ SumSqResult ZeroAdamW::grads_sumsq(LayerContext& ctx) {
   be.synchronize(ctx.stream);
   const SumSqResult mine = read_sumsq(out);
   // Every rank's figures in rank order; a non-finite rank counts as +inf.
-  const std::vector<double> all = gather_values(
-      comm_, mine.nonfinite ? std::numeric_limits<double>::infinity() : mine.sum_sq);
+  const std::vector<double> all =
+      gather_values(comm_, mine.nonfinite ? std::numeric_limits<double>::infinity() : mine.sum_sq);
   SumSqResult total;
   for (const double v : all) {
     if (std::isinf(v)) {

@@ -18,6 +18,11 @@
 // last); after the stage the final ones are reduce-scattered into this rank's FP32 gradient
 // shard (the first micro-batch writes it, later ones add to it) and handed back. No rank holds
 // more than its shards plus the gradients of the stages in flight.
+// Overlap (policies/stage_overlap.h, on unless set_overlap(false)): a stage's reduce-scatters
+// are started after its backward and finished after the next stage's, so they run beside it;
+// what waits for them (stage 2 hands the gradient back and adds a later micro-batch's sum,
+// offload sends the chunk to the host) runs then. Stage 2 thus holds two stages' gradients at
+// the turn of a stage, and the dry run holds them at the same points.
 // Memory, from ctx.alloc, tagged with the parameter's name: master shards
 // ("master/<name>", Category::kOptimizerState), moments ("exp_avg/<name>", "exp_avg_sq/<name>",
 // kOptimizerState), stage 2's gradient shards ("grad_shard/<name>", kGradient), all made at
@@ -51,6 +56,7 @@
 #include "core/optimizer.h"
 #include "memory/provider.h"
 #include "policies/offload_optimizer.h"
+#include "policies/stage_overlap.h"
 
 namespace memfit {
 
@@ -91,6 +97,9 @@ class ZeroAdamW final : public Optimizer {
   SumSqResult grads_sumsq(LayerContext& ctx);
   int stage() const { return stage_; }
   Communicator& comm() { return comm_; }
+  // Whether a stage's sums finish after the next stage (true, the default) or at once
+  // (TrainerOptions::overlap_comm); set before the first step.
+  void set_overlap(bool on);
 
  private:
   Tensor grad_chunk(std::size_t i) const;  // this rank's reduced gradient of params_[i]
@@ -109,6 +118,7 @@ class ZeroAdamW final : public Optimizer {
   // Optimizer offload: a stand-in per parameter (this rank's chunk) and the host optimizer.
   std::vector<std::unique_ptr<Parameter>> chunks_;
   std::unique_ptr<OffloadOptimizer> offload_;
+  StageOverlap overlap_;  // the sums in flight and what waits for them
 };
 
 }  // namespace memfit

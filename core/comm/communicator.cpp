@@ -17,9 +17,7 @@
 namespace memfit {
 namespace {
 
-std::string describe(const Tensor& t) {
-  return t.shape().str() + " " + dtype_name(t.dtype());
-}
+std::string describe(const Tensor& t) { return t.shape().str() + " " + dtype_name(t.dtype()); }
 
 Tensor flat(const Tensor& t) { return t.reshape(Shape{t.numel()}); }
 
@@ -37,8 +35,8 @@ int env_int(const char* name) {
 
 Chunk chunk(std::int64_t n, int ranks, int r) {
   if (n < 0 || ranks < 1 || r < 0 || r >= ranks) {
-    throw InvalidArgument("chunk: n = " + std::to_string(n) + ", ranks = " +
-                          std::to_string(ranks) + ", r = " + std::to_string(r) +
+    throw InvalidArgument("chunk: n = " + std::to_string(n) + ", ranks = " + std::to_string(ranks) +
+                          ", r = " + std::to_string(r) +
                           "; valid: n >= 0, ranks >= 1, 0 <= r < ranks");
   }
   const std::int64_t base = n / ranks, extra = n % ranks;
@@ -171,6 +169,27 @@ std::vector<double> Communicator::gather_values(double v) {
                      Device::kCpu);
   comm.all_gather(kDefaultStream, whole.slice0(2 * comm.rank(), 2 * comm.rank() + 2), whole);
   return all;
+}
+
+Communicator::Ticket Communicator::start_all_reduce_sum(StreamId stream, const Tensor& x) {
+  all_reduce_sum(stream, x);
+  return next_ticket();
+}
+
+Communicator::Ticket Communicator::start_reduce_scatter_sum(StreamId stream, const Tensor& in,
+                                                            const Tensor& shard) {
+  reduce_scatter_sum(stream, in, shard);
+  return next_ticket();
+}
+
+void Communicator::finish(StreamId, Ticket ticket) { check_ticket(ticket); }
+
+void Communicator::check_ticket(Ticket ticket) const {
+  if (ticket < 1 || ticket > last_ticket_) {
+    throw InvalidArgument(std::string(name()) + " finish: ticket " + std::to_string(ticket) +
+                          " on rank " + std::to_string(rank()) + "; valid: 1 to " +
+                          std::to_string(last_ticket_) + " (the tickets started so far)");
+  }
 }
 
 LaunchInfo launch_info() {

@@ -23,8 +23,22 @@
 // the calling thread, and returns when it is done; NCCL enqueues it). Tensors must live in
 // memory the implementation reaches (host memory for MPI); the meta device does nothing.
 //
+// Overlap. start_all_reduce_sum / start_reduce_scatter_sum begin the same sums behind the work
+// queued on `stream` so far and return at once with a ticket, so the collective runs beside the
+// caller's later work (the backward's next stage); finish(stream, t) orders the work queued on
+// `stream` after it behind every collective started up to ticket t. Until then the tensors
+// must stay alive, their inputs unwritten and their outputs unread. Tickets count up from 1 in
+// the order started; a collective called without start_ first finishes every started one (so
+// the ranks' collectives run in one order, the order they were called in). Every rank starts
+// and finishes the same collectives in the same order. overlaps() says whether started ones
+// really run beside the caller: MPI runs them on a thread of its own, NCCL on a stream of its
+// own; the local and simulated communicators run them at once, finish() has nothing to wait for.
+// Where they finish is the caller's choice and the same in a dry run as in the real run, so
+// the memory they hold until then is predicted exactly.
+//
 // Errors: InvalidArgument for shapes or dtypes that do not fit the call (naming both), and
 // CommError when the transport fails, naming the call, this rank and the transport's message.
+// A started collective's error is thrown by finish() (or the next collective) instead.
 #pragma once
 
 #include <cstdint>
@@ -71,12 +85,30 @@ class Communicator {
   // only, does it through MPI.
   virtual std::vector<double> gather_values(double v);
 
+  // ---- overlap (see above) ----
+  using Ticket = std::uint64_t;
+  // Check as the calls above do (InvalidArgument at once), then begin. By default: run the
+  // blocking call now and return the next ticket.
+  virtual Ticket start_all_reduce_sum(StreamId stream, const Tensor& x);
+  virtual Ticket start_reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard);
+  // InvalidArgument for a ticket not yet started. By default nothing is left to wait for.
+  virtual void finish(StreamId stream, Ticket ticket);
+  virtual bool overlaps() const { return false; }
+  // The last ticket started (0 before the first).
+  Ticket last_ticket() const { return last_ticket_; }
+
  protected:
+  // The next ticket, counted by the implementation that starts one.
+  Ticket next_ticket() { return ++last_ticket_; }
+  void check_ticket(Ticket ticket) const;
   // The shape and dtype checks every implementation makes first (InvalidArgument).
   void check_all_reduce(const Tensor& x) const;
   void check_reduce_scatter(const Tensor& in, const Tensor& shard) const;
   void check_all_gather(const Tensor& shard, const Tensor& out) const;
   void check_broadcast(int root) const;
+
+ private:
+  Ticket last_ticket_ = 0;
 };
 
 // One rank: all_reduce_sum and broadcast leave x as it is, reduce_scatter_sum and all_gather

@@ -29,6 +29,101 @@ MpiCommunicator::MpiCommunicator(Backend& backend) : backend_(backend) {
   const MpiWorld w = mpi_world();
   rank_ = w.rank;
   size_ = w.size;
+  threaded_ = w.serialized;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MpiCommunicator::run_queue() {
+  for (;;) {
+    std::function<void()> op;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, and nothing left
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      skip = error_ != nullptr;
+    }
+    std::exception_ptr error;
+    if (!skip) {
+      try {
+        op();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      ++done_;
+      if (error && !error_) error_ = error;
+    }
+    cv_.notify_all();
+  }
+}
+
+Communicator::Ticket MpiCommunicator::start(std::function<void()> op) {
+  const Ticket t = next_ticket();
+  if (!threaded_) {  // MPI allows one thread only: run it now (the earlier ones ran so too)
+    op();
+    const std::lock_guard<std::mutex> lock(mu_);
+    done_ = t;
+    return t;
+  }
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { run_queue(); });
+  cv_.notify_all();
+  return t;
+}
+
+void MpiCommunicator::finish(StreamId, Ticket ticket) {
+  check_ticket(ticket);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= ticket; });
+  if (error_) {
+    const std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void MpiCommunicator::drain() {
+  if (last_ticket() > 0) finish(kDefaultStream, last_ticket());
+}
+
+Communicator::Ticket MpiCommunicator::start_all_reduce_sum(StreamId stream, const Tensor& x) {
+  check_all_reduce(x);
+  if (x.device() == Device::kMeta) return start([] {});
+  ready(stream, x);
+  float* data = static_cast<float*>(x.raw());
+  const std::int64_t n = x.numel();
+  return start([this, data, n] {
+    shard_.resize(static_cast<std::size_t>(chunk(n, size_, rank_).count));
+    reduce_scatter(data, n, shard_.data());
+    gather_bytes(shard_.data(), n, sizeof(float), data);
+  });
+}
+
+Communicator::Ticket MpiCommunicator::start_reduce_scatter_sum(StreamId stream, const Tensor& in,
+                                                               const Tensor& shard) {
+  check_reduce_scatter(in, shard);
+  if (in.device() == Device::kMeta) return start([] {});
+  ready(stream, in);
+  const float* src = static_cast<const float*>(in.raw());
+  float* dst = static_cast<float*>(shard.raw());
+  const std::int64_t n = in.numel();
+  return start([this, src, n, dst] { reduce_scatter(src, n, dst); });
 }
 
 void MpiCommunicator::ready(StreamId stream, const Tensor& t) const {
@@ -51,8 +146,8 @@ void MpiCommunicator::reduce_scatter(const float* in, std::int64_t n, float* sha
   }
   recv_.resize(static_cast<std::size_t>(size_ * mine.count));
   mpi_check(MPI_Alltoallv(in, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv_.data(),
-                      recv_counts.data(), recv_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD),
-        "MPI_Alltoallv (reduce_scatter_sum)", rank_);
+                          recv_counts.data(), recv_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD),
+            "MPI_Alltoallv (reduce_scatter_sum)", rank_);
   // Rank order, one element at a time: ((x0 + x1) + x2) + ...
   const std::size_t k = static_cast<std::size_t>(mine.count);
   std::memcpy(shard, recv_.data(), k * sizeof(float));
@@ -72,12 +167,13 @@ void MpiCommunicator::gather_bytes(const void* shard, std::int64_t n, std::size_
   // A shard that is this rank's chunk of `out` itself is gathered in place.
   const void* send = shard == static_cast<const char*>(out) + offsets[rank_] ? MPI_IN_PLACE : shard;
   mpi_check(MPI_Allgatherv(send, counts[rank_], MPI_BYTE, out, counts.data(), offsets.data(),
-                       MPI_BYTE, MPI_COMM_WORLD),
-        "MPI_Allgatherv (all_gather)", rank_);
+                           MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Allgatherv (all_gather)", rank_);
 }
 
 void MpiCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
   check_all_reduce(x);
+  drain();
   if (x.device() == Device::kMeta) return;
   ready(stream, x);
   float* data = static_cast<float*>(x.raw());
@@ -89,6 +185,7 @@ void MpiCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
 
 void MpiCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) {
   check_reduce_scatter(in, shard);
+  drain();
   if (in.device() == Device::kMeta) return;
   ready(stream, in);
   reduce_scatter(static_cast<const float*>(in.raw()), in.numel(), static_cast<float*>(shard.raw()));
@@ -96,6 +193,7 @@ void MpiCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, cons
 
 void MpiCommunicator::all_gather(StreamId stream, const Tensor& shard, const Tensor& out) {
   check_all_gather(shard, out);
+  drain();
   if (out.device() == Device::kMeta) return;
   ready(stream, out);
   gather_bytes(shard.raw(), out.numel(), dtype_size(out.dtype()), out.raw());
@@ -103,6 +201,7 @@ void MpiCommunicator::all_gather(StreamId stream, const Tensor& shard, const Ten
 
 void MpiCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
   check_broadcast(root);
+  drain();
   if (x.device() == Device::kMeta) return;
   ready(stream, x);
   char* p = static_cast<char*>(x.raw());
@@ -116,6 +215,7 @@ void MpiCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
 }
 
 void MpiCommunicator::barrier() {
+  drain();
   backend_.synchronize(kDefaultStream);
   mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
 }

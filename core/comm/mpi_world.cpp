@@ -38,14 +38,17 @@ MpiWorld mpi_world() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+    mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
               "MPI_Init_thread", -1);
     std::atexit(finalize_at_exit);
   }
+  int level = MPI_THREAD_SINGLE;
+  mpi_check(MPI_Query_thread(&level), "MPI_Query_thread", -1);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MpiWorld w;
   mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "MPI_Comm_rank", -1);
   mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &w.size), "MPI_Comm_size", w.rank);
+  w.serialized = level >= MPI_THREAD_SERIALIZED;
   // A rank that fails from now on must not leave the others waiting in a collective.
   if (w.size > 1) set_stop_all_ranks(&abort_world);
   return w;

@@ -5,10 +5,12 @@
 //   const MpiWorld w = mpi_world();    // MPI_Init_thread once per process; rank and size
 //   mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", w.rank);
 //
-// mpi_world(): MPI_Init_thread (MPI_THREAD_FUNNELED: only the thread that made it calls MPI)
-// unless the program already did, with MPI_Finalize at exit; errors return (MPI_ERRORS_RETURN)
-// instead of aborting; with two or more ranks MPI_Abort becomes stop_all_ranks()
-// (core/comm/rank_failure.h).
+// mpi_world(): MPI_Init_thread (MPI_THREAD_SERIALIZED: any thread may call MPI, one at a time;
+// the MPI communicator's collectives that overlap the backward run on a thread of their own)
+// unless the program already did, with MPI_Finalize at exit; `serialized` says whether MPI
+// gave that level (a program that initialized MPI itself may have asked for less); errors
+// return (MPI_ERRORS_RETURN) instead of aborting; with two or more ranks MPI_Abort becomes
+// stop_all_ranks() (core/comm/rank_failure.h).
 // mpi_check(): CommError (memory/error.h) "<call> failed on rank <r>: <MPI's message>".
 #pragma once
 
@@ -19,6 +21,7 @@ namespace memfit {
 struct MpiWorld {
   int rank = 0;
   int size = 1;
+  bool serialized = false;  // MPI_THREAD_SERIALIZED or more
 };
 MpiWorld mpi_world();
 

@@ -60,12 +60,26 @@ NcclCommunicator::NcclCommunicator(CudaBackend& backend)
              "ncclCommInitRank (" + std::to_string(size_) + " ranks, CUDA device " +
                  std::to_string(device_) + ")",
              rank_, comm);
+  try {
+    comm_stream_ = backend_.create_stream();
+  } catch (...) {
+    (void)ncclCommDestroy(comm);
+    throw;
+  }
   comm_ = comm;
 }
 
 NcclCommunicator::~NcclCommunicator() {
   // Errors are ignored: at exit the runtime may be unloading, and a broken communicator was
-  // reported by the call that broke it.
+  // reported by the call that broke it. Events left behind go with the backend.
+  try {
+    backend_.destroy_stream(comm_stream_);  // waits for the started collectives first
+    for (const Started& s : unfinished_) {
+      if (s.event != 0) backend_.release_event(s.event);
+    }
+    if (finished_.event != 0) backend_.release_event(finished_.event);
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw
+  }
   if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
 }
 
@@ -79,21 +93,82 @@ bool NcclCommunicator::on_device(const char* call, const Tensor& t) const {
   return true;
 }
 
+// ---- streams of the blocking and the started collectives ----------------------------------
+
+cudaStream_t NcclCommunicator::blocking_stream(StreamId stream) {
+  if (!unfinished_.empty()) finish(stream, last_ticket());  // every rank: one order of calls
+  return backend_.cuda_stream(stream);
+}
+
+cudaStream_t NcclCommunicator::started_stream(StreamId stream) {
+  const EventHandle queued = backend_.record_event(stream);
+  backend_.wait_event(comm_stream_, queued);
+  backend_.release_event(queued);  // the wait has captured it; the pool may record it again
+  return backend_.cuda_stream(comm_stream_);
+}
+
+Communicator::Ticket NcclCommunicator::started() {
+  const EventHandle done = backend_.record_event(comm_stream_);
+  const Ticket t = next_ticket();
+  unfinished_.push_back({t, done});
+  return t;
+}
+
+void NcclCommunicator::finish(StreamId stream, Ticket ticket) {
+  check_ticket(ticket);
+  // The newest event at or before `ticket` covers it and every earlier one: keep only that.
+  while (!unfinished_.empty() && unfinished_.front().ticket <= ticket) {
+    if (finished_.event != 0) backend_.release_event(finished_.event);
+    finished_ = unfinished_.front();
+    unfinished_.pop_front();
+  }
+  // A ticket older than finished_ waits for a little more than it needs: still correct.
+  if (finished_.event != 0) backend_.wait_event(stream, finished_.event);
+}
+
+// ---- the collectives -----------------------------------------------------------------------
+
 void NcclCommunicator::all_reduce_sum(StreamId stream, const Tensor& x) {
   check_all_reduce(x);
-  if (!on_device("all_reduce_sum", x) || x.numel() == 0) return;
+  if (!on_device("all_reduce_sum", x)) return;
+  enqueue_all_reduce(x, blocking_stream(stream));
+}
+
+Communicator::Ticket NcclCommunicator::start_all_reduce_sum(StreamId stream, const Tensor& x) {
+  check_all_reduce(x);
+  if (!on_device("all_reduce_sum", x)) return next_ticket();
+  enqueue_all_reduce(x, started_stream(stream));
+  return started();
+}
+
+void NcclCommunicator::enqueue_all_reduce(const Tensor& x, cudaStream_t s) {
+  if (x.numel() == 0) return;
   nccl_check(ncclAllReduce(x.raw(), x.raw(), static_cast<std::size_t>(x.numel()), ncclFloat,
-                           ncclSum, comm_, backend_.cuda_stream(stream)),
+                           ncclSum, comm_, s),
              "ncclAllReduce (all_reduce_sum)", rank_, comm_);
 }
 
-// One group of reduces, chunk r to root r: the uneven chunks need no padding (header).
 void NcclCommunicator::reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) {
   check_reduce_scatter(in, shard);
   const bool in_dev = on_device("reduce_scatter_sum", in);
   const bool shard_dev = on_device("reduce_scatter_sum", shard);
   if (!in_dev || !shard_dev) return;
-  const cudaStream_t s = backend_.cuda_stream(stream);
+  enqueue_reduce_scatter(in, shard, blocking_stream(stream));
+}
+
+Communicator::Ticket NcclCommunicator::start_reduce_scatter_sum(StreamId stream, const Tensor& in,
+                                                                const Tensor& shard) {
+  check_reduce_scatter(in, shard);
+  const bool in_dev = on_device("reduce_scatter_sum", in);
+  const bool shard_dev = on_device("reduce_scatter_sum", shard);
+  if (!in_dev || !shard_dev) return next_ticket();
+  enqueue_reduce_scatter(in, shard, started_stream(stream));
+  return started();
+}
+
+// One group of reduces, chunk r to root r: the uneven chunks need no padding (header).
+void NcclCommunicator::enqueue_reduce_scatter(const Tensor& in, const Tensor& shard,
+                                              cudaStream_t s) {
   const auto* src = static_cast<const float*>(in.raw());
   nccl_check(ncclGroupStart(), "ncclGroupStart (reduce_scatter_sum)", rank_, comm_);
   ncclResult_t first = ncclSuccess;
@@ -115,7 +190,7 @@ void NcclCommunicator::all_gather(StreamId stream, const Tensor& shard, const Te
   const bool shard_dev = on_device("all_gather", shard);
   const bool out_dev = on_device("all_gather", out);
   if (!shard_dev || !out_dev) return;
-  const cudaStream_t s = backend_.cuda_stream(stream);
+  const cudaStream_t s = blocking_stream(stream);
   const std::size_t elem = dtype_size(out.dtype());
   auto* dst = static_cast<char*>(out.raw());
   nccl_check(ncclGroupStart(), "ncclGroupStart (all_gather)", rank_, comm_);
@@ -138,13 +213,14 @@ void NcclCommunicator::all_gather(StreamId stream, const Tensor& shard, const Te
 void NcclCommunicator::broadcast(StreamId stream, const Tensor& x, int root) {
   check_broadcast(root);
   if (!on_device("broadcast", x) || x.nbytes() == 0) return;
-  nccl_check(ncclBroadcast(x.raw(), x.raw(), x.nbytes(), ncclChar, root, comm_,
-                           backend_.cuda_stream(stream)),
+  const cudaStream_t s = blocking_stream(stream);
+  nccl_check(ncclBroadcast(x.raw(), x.raw(), x.nbytes(), ncclChar, root, comm_, s),
              "ncclBroadcast (broadcast)", rank_, comm_);
 }
 
 std::vector<double> NcclCommunicator::gather_values(double v) {
   std::vector<double> all(static_cast<std::size_t>(size_), v);
+  (void)blocking_stream(kDefaultStream);  // finishes the started ones, as every collective
   if (mpi_ && size_ > 1) {
     mpi_check(MPI_Allgather(&v, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD),
               "MPI_Allgather (gather_values)", rank_);
@@ -153,6 +229,7 @@ std::vector<double> NcclCommunicator::gather_values(double v) {
 }
 
 void NcclCommunicator::barrier() {
+  (void)blocking_stream(kDefaultStream);  // the started collectives are done too
   backend_.synchronize(kDefaultStream);
   if (mpi_ && size_ > 1) mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
 }

@@ -8,7 +8,7 @@
 //   comm.all_reduce_sum(kDefaultStream, grad);   // enqueued on the stream; returns at once
 //
 // Bootstrap. With more than one rank (mpirun's environment, launch_info()) or with MPI already
-// initialized, MPI is initialized unless the program did (MPI_Init_thread, FUNNELED, finalized
+// initialized, MPI is initialized unless the program did (MPI_Init_thread, SERIALIZED, finalized
 // at exit, as MpiCommunicator), rank 0 makes the ncclUniqueId and MPI_Bcast sends its bytes to
 // the others, and every rank calls ncclCommInitRank(size, id, rank) with MPI_COMM_WORLD's rank
 // and size. A lone process (no mpirun) makes a 1-rank communicator without MPI at all.
@@ -40,6 +40,17 @@
 // Tensors must be contiguous; a shard aliasing `in`/`out` anywhere but this rank's chunk is not
 // supported (as for the other implementations).
 //
+// Overlap (overlaps() is true), as PyTorch DDP does it. The communicator owns a stream of its
+// own, made by the backend on its device. start_all_reduce_sum / start_reduce_scatter_sum make
+// that stream wait (an event) for the work queued on `stream` so far, enqueue there the same
+// NCCL calls as the blocking forms, and record the ticket's event behind them; finish(stream, t)
+// makes `stream` wait for t's event, which covers every earlier ticket (one stream completes in
+// order), and hands the events up to t back to the backend's pool. A blocking collective first
+// makes its stream wait for every unfinished started one. Memory a started collective uses must
+// not be freed or reused before finish(): the caching allocator gets this right when the caller
+// frees only after finish(stream, t), because its stream-ordered reuse then comes behind the
+// communicator's stream.
+//
 // Order and bits. NCCL sums in its own order (ring or tree, chosen per size and topology), not
 // memfit's rank order, so results across N differ from the CPU ranks' by reduction order only
 // (DESIGN.md's "within 1e-6 relative"), and reduce_scatter_sum (a reduce per chunk) and
@@ -52,24 +63,29 @@
 // in-switch reductions), which is not deterministic between calls (NVIDIA/nccl#1497): set
 // NCCL_NVLS_ENABLE=0, and pin NCCL_ALGO/NCCL_PROTO, where repeated bits matter.
 //
-// Memory. Meta tensors (dry runs) are checked and left alone. Host tensors (Device::kCpu, pinned
-// or not) are refused with InvalidArgument naming the call: NCCL needs device memory, CPU ranks
-// use MPI. gather_values() (host figures) goes through MPI_Allgather. NCCL's own buffers (per peer, set by NCCL_BUFFSIZE, ~4 MiB per channel by default) are
-// device memory outside the caching allocator, taken at ncclCommInitRank and when peers connect.
+// Memory. Meta tensors (dry runs) are checked and left alone (a started one still gets a
+// ticket). Host tensors (Device::kCpu, pinned or not) are refused with InvalidArgument naming
+// the call: NCCL needs device memory, CPU ranks use MPI. gather_values() (host figures) goes
+// through MPI_Allgather. NCCL's own buffers (per peer, set by NCCL_BUFFSIZE, ~4 MiB per channel
+// by default) are device memory outside the caching allocator, taken at ncclCommInitRank and
+// when peers connect.
 //
 // Errors: InvalidArgument for shapes, dtypes and host tensors; CommError naming the call, this
 // rank and ncclGetErrorString (or MPI's / the CUDA runtime's message) when a call fails. NCCL
 // reports some failures only asynchronously (a peer gone); those show at the next call or as a
 // hang, as with NCCL anywhere.
 //
-// Thread safety: one thread uses a communicator (NCCL communicators are not thread-safe, and MPI
-// is initialized FUNNELED). The destructor calls ncclCommDestroy: destroy the communicator once
-// the collectives it queued are done (synchronize the streams they ran on, or barrier()).
+// Thread safety: one thread uses a communicator (NCCL communicators are not thread-safe, and
+// MPI calls come from that thread). The destructor waits for its own stream, then calls
+// ncclCommDestroy: destroy the communicator once the blocking collectives it queued are done
+// (synchronize the streams they ran on, or barrier()).
 //
 // Not yet run: this file compiles in every CUDA+MPI+NCCL build, but no GPU has run it when it
 // was written. tests/gpu/nccl_communicator_test.cpp checks one rank on one GPU against the
 // local communicator; more than one rank (the uneven chunks for real) needs one GPU per rank.
 #pragma once
+
+#include <deque>
 
 #include "core/comm/communicator.h"
 #include "core/cuda/cuda_backend.h"
@@ -97,9 +113,28 @@ class NcclCommunicator final : public Communicator {
   void barrier() override;
   std::vector<double> gather_values(double v) override;  // MPI_Allgather (host values)
 
+  Ticket start_all_reduce_sum(StreamId stream, const Tensor& x) override;
+  Ticket start_reduce_scatter_sum(StreamId stream, const Tensor& in, const Tensor& shard) override;
+  void finish(StreamId stream, Ticket ticket) override;
+  bool overlaps() const override { return true; }
+
  private:
+  struct Started {
+    Ticket ticket = 0;
+    EventHandle event = 0;  // on comm_stream_, behind the ticket's NCCL calls; 0: none
+  };
+
   // False for meta tensors (nothing to do); InvalidArgument for host tensors.
   bool on_device(const char* call, const Tensor& t) const;
+  // The NCCL calls of the blocking and the started forms, enqueued on `s`.
+  void enqueue_all_reduce(const Tensor& x, cudaStream_t s);
+  void enqueue_reduce_scatter(const Tensor& in, const Tensor& shard, cudaStream_t s);
+  // A blocking collective's stream: `stream`, made to wait for every unfinished started one.
+  cudaStream_t blocking_stream(StreamId stream);
+  // A started collective's stream: comm_stream_, made to wait for the work queued on `stream`.
+  cudaStream_t started_stream(StreamId stream);
+  // Records the event of the collective just enqueued on comm_stream_; its ticket.
+  Ticket started();
 
   CudaBackend& backend_;
   int rank_ = 0;
@@ -107,6 +142,9 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   bool mpi_ = false;  // MPI bootstrapped this communicator (barrier uses it)
   ncclComm* comm_ = nullptr;
+  StreamId comm_stream_ = kDefaultStream;  // the started collectives' own stream
+  std::deque<Started> unfinished_;         // oldest first
+  Started finished_;  // the newest finished: a later finish() of an earlier ticket waits on it
 };
 
 }  // namespace memfit

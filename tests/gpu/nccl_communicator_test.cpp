@@ -3,6 +3,7 @@
 // CPU backend (sums over one rank are the identity, scatters and gathers copy), to the bit, on
 // uneven sizes and every dtype, in place and not; on a stream of its own; host tensors refused
 // naming the call; meta tensors left alone; bad shapes refused as by the other implementations.
+// The started collectives (start_*, finish) against the blocking ones, and their stream order.
 //
 // More than one rank needs one GPU per rank (NCCL refuses two ranks on one device: "Duplicate
 // GPU detected"), so the uneven chunks of several ranks are not run here.
@@ -287,6 +288,96 @@ TEST(NcclCommunicator, LeavesMetaTensorsAloneAndChecksShapesAsTheOthers) {
                  {"nccl all_gather", "10 elements"});
   expect_invalid([&] { env.comm.all_gather(kDefaultStream, f16.t, f32.t); },
                  {"nccl all_gather", "the same dtype"});
+}
+
+// The started forms give the blocking forms' bits, with tickets counting up from 1.
+TEST(NcclCommunicator, StartedCollectivesMatchTheBlockingOnesAfterFinish) {
+  MEMFIT_REQUIRE_ONE_RANK();
+  Env env;
+  EXPECT_TRUE(env.comm.overlaps());
+  EXPECT_EQ(env.comm.last_ticket(), 0u);
+  const StreamId s = env.be.create_stream();
+  Communicator::Ticket expected = 1;
+  for (std::int64_t n : kSizes) {
+    const std::string what = " n=" + std::to_string(n);
+    const HostBuf x = random_host(DType::kF32, n, 5u + static_cast<unsigned>(n));
+    DevBuf reduced(env, DType::kF32, n), want_reduced(env, DType::kF32, n);
+    DevBuf in(env, DType::kF32, n), shard(env, DType::kF32, n), want_shard(env, DType::kF32, n);
+    upload(env, x, reduced.t, s);
+    upload(env, x, want_reduced.t, s);
+    upload(env, x, in.t, s);
+    upload(env, nan_host(DType::kF32, n), shard.t, s);
+    upload(env, nan_host(DType::kF32, n), want_shard.t, s);
+    env.comm.all_reduce_sum(s, want_reduced.t);
+    env.comm.reduce_scatter_sum(s, in.t, want_shard.t);
+
+    const Communicator::Ticket first = env.comm.start_all_reduce_sum(s, reduced.t);
+    const Communicator::Ticket second = env.comm.start_reduce_scatter_sum(s, in.t, shard.t);
+    EXPECT_EQ(first, expected);
+    EXPECT_EQ(second, expected + 1);
+    EXPECT_EQ(env.comm.last_ticket(), second);
+    expected += 2;
+    env.comm.finish(s, second);
+    expect_same_bits(download(env, reduced.t, s), download(env, want_reduced.t, s),
+                     "start_all_reduce_sum" + what);
+    expect_same_bits(download(env, shard.t, s), download(env, want_shard.t, s),
+                     "start_reduce_scatter_sum" + what);
+  }
+  env.be.destroy_stream(s);
+}
+
+// A started collective runs behind the work queued on its stream and returns at once; a
+// blocking collective waits for the unfinished started ones, and finish() orders its stream.
+TEST(NcclCommunicator, StartedCollectivesRunBehindTheirStreamAndFinishOrdersTheCaller) {
+  MEMFIT_REQUIRE_ONE_RANK();
+  Env env;
+  const StreamId s = env.be.create_stream(), after = env.be.create_stream();
+  const StreamId blocking = env.be.create_stream();
+  const std::int64_t n = 4099;
+  DevBuf x(env, DType::kF32, n), copy(env, DType::kF32, n), other(env, DType::kF32, n);
+  env.comm.all_reduce_sum(s, x.t);  // a first collective: NCCL's one-time setup is behind us
+  env.be.synchronize(s);
+
+  Gate gate;
+  {
+    GateOpener opener{gate};
+    ASSERT_EQ(cudaLaunchHostFunc(env.be.cuda_stream(s), Gate::wait, &gate), cudaSuccess);
+    env.be.fill(s, x.t, 3.0f);
+    env.comm.start_all_reduce_sum(s, x.t);       // returns with the gate shut
+    env.comm.all_reduce_sum(blocking, other.t);  // behind the unfinished started one
+    const Communicator::Ticket t = env.comm.start_all_reduce_sum(s, x.t);
+    env.comm.finish(after, t);
+    env.be.copy(after, x.t, copy.t);
+    EXPECT_EQ(cudaStreamQuery(env.be.cuda_stream(blocking)), cudaErrorNotReady)
+        << "a blocking collective did not wait for the unfinished started one";
+    EXPECT_EQ(cudaStreamQuery(env.be.cuda_stream(after)), cudaErrorNotReady)
+        << "finish() did not order its stream behind the started collective";
+  }  // the gate opens
+  HostBuf want(DType::kF32, n);
+  want.fill(3.0f);
+  expect_same_bits(download(env, copy.t, after), want, "copy after finish");
+  env.be.synchronize(blocking);
+  for (StreamId id : {s, after, blocking}) env.be.destroy_stream(id);
+}
+
+// Meta tensors: checked, nothing enqueued, still a ticket; unstarted tickets are refused.
+TEST(NcclCommunicator, StartedMetaCollectivesGetTicketsAndBadTicketsAreRefused) {
+  MEMFIT_REQUIRE_ONE_RANK();
+  Env env;
+  const Tensor meta(nullptr, Shape{1 << 20}, DType::kF32, Device::kMeta);
+  EXPECT_EQ(env.comm.start_all_reduce_sum(kDefaultStream, meta), 1u);
+  EXPECT_EQ(env.comm.start_reduce_scatter_sum(kDefaultStream, meta, meta), 2u);
+  env.comm.finish(kDefaultStream, 2);
+  env.comm.finish(kDefaultStream, 1);  // finishing again, or an earlier one, is allowed
+
+  DevBuf f16(env, DType::kF16, 10), f32(env, DType::kF32, 10), small(env, DType::kF32, 9);
+  expect_invalid([&] { env.comm.start_all_reduce_sum(kDefaultStream, f16.t); },
+                 {"nccl all_reduce_sum", "f16"});
+  expect_invalid([&] { env.comm.start_reduce_scatter_sum(kDefaultStream, f32.t, small.t); },
+                 {"nccl reduce_scatter_sum", "10 elements"});
+  expect_invalid([&] { env.comm.finish(kDefaultStream, 3); }, {"nccl finish", "ticket 3"});
+  expect_invalid([&] { env.comm.finish(kDefaultStream, 0); }, {"nccl finish", "ticket 0"});
+  EXPECT_EQ(env.comm.last_ticket(), 2u);
 }
 
 #endif  // MEMFIT_HAVE_NCCL

@@ -8,12 +8,12 @@
 #include "policies/zero_adamw.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -110,7 +110,7 @@ TEST(ZeroAdamW, ASimulatedRankReservesWhatItsDryRunPredictsToTheByte) {
     for (int zero : {0, 1, 2}) {
       for (int ranks : {2, 4}) {
         for (std::int64_t micro : {0, 1}) {
-          const int rank = ranks - 1;  // the last rank: the smallest chunks
+          const int rank = ranks - 1;       // the last rank: the smallest chunks
           const bool offload = micro == 1;  // optimizer offload with the accumulated runs
           const RunSpec r = spec_of(dt, zero, ranks, rank, micro, offload);
           SCOPED_TRACE(r.describe());
@@ -147,9 +147,21 @@ TEST(ZeroAdamW, OptimizerStateAndGradientsShrinkWithTheRanks) {
     std::printf("  ZeRO-0 N=1: %zu / %zu\n", opt_of(base), grad_of(base));
     for (int ranks : {2, 4}) {
       const DryRunResult z1 = dry_run(spec_of(dt, 1, ranks, 0));
-      const DryRunResult z2 = dry_run(spec_of(dt, 2, ranks, 0));
-      std::printf("  N=%d: ZeRO-1 %zu / %zu, ZeRO-2 %zu / %zu\n", ranks, opt_of(z1), grad_of(z1),
-                  opt_of(z2), grad_of(z2));
+      RunSpec serial = spec_of(dt, 2, ranks, 0);
+      serial.trainer.overlap_comm = false;
+      const DryRunResult z2 = dry_run(serial);
+      const DryRunResult z2_overlap = dry_run(spec_of(dt, 2, ranks, 0));
+      std::printf("  N=%d: ZeRO-1 %zu / %zu, ZeRO-2 %zu / %zu (overlapped: %zu gradient)\n", ranks,
+                  opt_of(z1), grad_of(z1), opt_of(z2), grad_of(z2), grad_of(z2_overlap));
+      // Overlap holds a stage's gradients until the next stage is done: at most the two
+      // largest stages' (a block's, here) more, never fewer.
+      const ModelSpec& m = serial.model;
+      const std::size_t block =
+          static_cast<std::size_t>(m.parameter_count() - (m.vocab + m.seq_len) * m.hidden) /
+          static_cast<std::size_t>(m.layers);
+      EXPECT_GE(grad_of(z2_overlap), grad_of(z2));
+      EXPECT_LE(grad_of(z2_overlap), grad_of(z2) + 4 * block + 16 * 1024);
+      EXPECT_EQ(opt_of(z2_overlap), opt_of(z2));
       // State: rank 0's chunks (the largest), each rounded up by the allocator (512 B).
       EXPECT_GE(opt_of(z1), k * params / ranks);
       EXPECT_LE(static_cast<double>(opt_of(z1)),

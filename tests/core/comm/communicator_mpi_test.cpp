@@ -116,7 +116,8 @@ TEST_F(Mpi, RepeatsItsBitsAndRefusesBadShapesBeforeSendingAnything) {
   // The checks run on every rank alike before any transfer, so no rank is left waiting.
   std::vector<float> wrong(5);
   try {
-    comm_->reduce_scatter_sum(kDefaultStream, Tensor(a.data(), Shape{999}, DType::kF32, Device::kCpu),
+    comm_->reduce_scatter_sum(kDefaultStream,
+                              Tensor(a.data(), Shape{999}, DType::kF32, Device::kCpu),
                               Tensor(wrong.data(), Shape{5}, DType::kF32, Device::kCpu));
     ADD_FAILURE() << "a 5-element shard of 999 elements was accepted";
   } catch (const InvalidArgument& e) {
@@ -124,6 +125,55 @@ TEST_F(Mpi, RepeatsItsBitsAndRefusesBadShapesBeforeSendingAnything) {
         << e.what();
   }
   comm_->barrier();  // still in step
+}
+
+TEST_F(Mpi, StartedCollectivesRunBesideTheCallerAndGiveTheBlockingCallsBits) {
+  EXPECT_TRUE(comm_->overlaps()) << "MPI did not give MPI_THREAD_SERIALIZED";
+  const int n_ranks = comm_->size(), me = comm_->rank();
+  // Three started at once: an all-reduce, a reduce-scatter into a shard, an in-place one.
+  const std::int64_t n = 4099;  // uneven over 2 and 3 ranks
+  const Chunk c = chunk(n, n_ranks, me);
+  std::vector<float> a(n), b(n), inplace(n), shard(static_cast<std::size_t>(c.count));
+  for (std::int64_t i = 0; i < n; ++i) a[i] = b[i] = inplace[i] = value(me, i);
+  const auto host = [](std::vector<float>& v) {
+    return Tensor(v.data(), Shape{static_cast<std::int64_t>(v.size())}, DType::kF32, Device::kCpu);
+  };
+  const Communicator::Ticket first = comm_->last_ticket();
+  const Communicator::Ticket t1 = comm_->start_all_reduce_sum(kDefaultStream, host(a));
+  const Communicator::Ticket t2 =
+      comm_->start_reduce_scatter_sum(kDefaultStream, host(b), host(shard));
+  const Tensor mine = chunk_view(host(inplace), n_ranks, me);
+  const Communicator::Ticket t3 =
+      comm_->start_reduce_scatter_sum(kDefaultStream, host(inplace), mine);
+  EXPECT_EQ(t1, first + 1);
+  EXPECT_EQ(t2, first + 2);
+  EXPECT_EQ(t3, first + 3);
+  comm_->finish(kDefaultStream, t1);  // t1's result, whatever t2 and t3 are doing
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(a[i], rank_order_sum(n_ranks, i)) << i;
+  comm_->finish(kDefaultStream, t3);  // covers t2
+  for (std::int64_t i = 0; i < c.count; ++i) {
+    ASSERT_EQ(shard[i], rank_order_sum(n_ranks, c.offset + i)) << i;
+    ASSERT_EQ(inplace[c.offset + i], rank_order_sum(n_ranks, c.offset + i)) << i;
+  }
+  EXPECT_THROW(comm_->finish(kDefaultStream, t3 + 1), InvalidArgument);  // not started
+  // A blocking call with started ones in flight runs after them, in the order called.
+  std::vector<float> x(n), y(n);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = y[i] = value(me, i);
+  comm_->start_all_reduce_sum(kDefaultStream, host(x));
+  comm_->all_reduce_sum(kDefaultStream, host(y));
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
+  comm_->barrier();
+}
+
+TEST_F(Mpi, AStartedCollectiveWithABadShapeIsRefusedAtOnceOnEveryRank) {
+  std::vector<float> a(999), wrong(5);
+  const Communicator::Ticket before = comm_->last_ticket();
+  EXPECT_THROW(comm_->start_reduce_scatter_sum(
+                   kDefaultStream, Tensor(a.data(), Shape{999}, DType::kF32, Device::kCpu),
+                   Tensor(wrong.data(), Shape{5}, DType::kF32, Device::kCpu)),
+               InvalidArgument);
+  EXPECT_EQ(comm_->last_ticket(), before);  // nothing started
+  comm_->barrier();
 }
 
 }  // namespace
