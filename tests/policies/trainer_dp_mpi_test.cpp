@@ -53,7 +53,8 @@ struct Rig {
 std::vector<Batch> global_batches(std::int64_t seq_len) {
   Rng rng(42);
   std::vector<Batch> out;
-  for (int s = 0; s < kSteps; ++s) out.push_back(testing::test_corpus().sample(kGlobalBatch, seq_len, rng));
+  for (int s = 0; s < kSteps; ++s)
+    out.push_back(testing::test_corpus().sample(kGlobalBatch, seq_len, rng));
   return out;
 }
 
@@ -125,7 +126,8 @@ TEST_P(DataParallel, LossesMatchOneRankAndEveryRankEndsWithTheSameWeights) {
   // Every rank holds rank 0's weights, bit for bit.
   std::vector<char> mine = weight_bits(dp), root = mine;
   const auto halves = static_cast<std::int64_t>(root.size() / 2);  // weights: 2 or 4 bytes each
-  comm_->broadcast(kDefaultStream, Tensor(root.data(), Shape{halves}, DType::kF16, Device::kCpu), 0);
+  comm_->broadcast(kDefaultStream, Tensor(root.data(), Shape{halves}, DType::kF16, Device::kCpu),
+                   0);
   EXPECT_EQ(std::memcmp(mine.data(), root.data(), mine.size()), 0) << "rank " << me;
   // And the data-parallel run repeats its bits.
   Rig again(c.dtype, c.offload, o);
@@ -150,7 +152,9 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::string(info.param.name); });
 
 // Each rank of a real run (RunSetup: MPI under mpirun) reserves what the dry run of that rank
-// predicts (SimulatedCommunicator on the meta backend), to the byte, under every ZeRO stage.
+// predicts (SimulatedCommunicator on the meta backend), to the byte, under every ZeRO stage,
+// with the gradient sums overlapping the backward (the default: they hold their gradients one
+// stage longer, which the dry run predicts) and without.
 TEST(DataParallelPeaks, EveryRanksPeakIsItsDryRunsToTheByte) {
   CpuBackend be;
   const std::unique_ptr<Communicator> probe = make_communicator(be);
@@ -158,27 +162,32 @@ TEST(DataParallelPeaks, EveryRanksPeakIsItsDryRunsToTheByte) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int zero : {0, 1, 2}) {
       for (std::int64_t micro : {0, 1}) {
-        RunSpec r;
-        r.model = testing::tiny_gpt_spec(3);
-        r.trainer.policy.dtype = dt;
-        r.trainer.policy.micro_batch = micro;
-        r.trainer.policy.offload.optimizer = micro == 1;  // ZeRO-Offload with accumulation
-        r.trainer.zero_stage = zero;
-        r.batch = kGlobalBatch;
-        r.ranks = n;
-        r.rank = me;
-        SCOPED_TRACE(r.describe());
-        const DryRunResult d = dry_run(r);
-        ASSERT_TRUE(d.fits) << d.failure;
-        RunSetup run(r);
-        ASSERT_EQ(run.trainer().sharding().ranks, n);
-        const std::vector<Batch> batches = global_batches(r.resolved_seq_len());
-        PeakFigures m = run.step(rank_rows(batches[0], me, n)).peaks;
-        m.take_max(run.step(rank_rows(batches[1], me, n)).peaks);
-        EXPECT_EQ(m.reserved, d.step.reserved) << "rank " << me;
-        EXPECT_EQ(m.allocated, d.step.allocated) << "rank " << me;
-        EXPECT_EQ(m.category_peaks, d.step.category_peaks) << "rank " << me;
-        EXPECT_EQ(run.trainer().host_bytes(), d.host_pinned) << "rank " << me;
+        for (bool overlap : {true, false}) {
+          RunSpec r;
+          r.model = testing::tiny_gpt_spec(3);
+          r.trainer.policy.dtype = dt;
+          r.trainer.policy.micro_batch = micro;
+          r.trainer.policy.offload.optimizer = micro == 1;  // ZeRO-Offload with accumulation
+          // ZeRO-0 streams the summed gradients to the host too (what the overlap defers).
+          r.trainer.policy.offload.gradients = micro == 1 && zero == 0;
+          r.trainer.overlap_comm = overlap;
+          r.trainer.zero_stage = zero;
+          r.batch = kGlobalBatch;
+          r.ranks = n;
+          r.rank = me;
+          SCOPED_TRACE(r.describe());
+          const DryRunResult d = dry_run(r);
+          ASSERT_TRUE(d.fits) << d.failure;
+          RunSetup run(r);
+          ASSERT_EQ(run.trainer().sharding().ranks, n);
+          const std::vector<Batch> batches = global_batches(r.resolved_seq_len());
+          PeakFigures m = run.step(rank_rows(batches[0], me, n)).peaks;
+          m.take_max(run.step(rank_rows(batches[1], me, n)).peaks);
+          EXPECT_EQ(m.reserved, d.step.reserved) << "rank " << me;
+          EXPECT_EQ(m.allocated, d.step.allocated) << "rank " << me;
+          EXPECT_EQ(m.category_peaks, d.step.category_peaks) << "rank " << me;
+          EXPECT_EQ(run.trainer().host_bytes(), d.host_pinned) << "rank " << me;
+        }
       }
     }
   }
@@ -197,7 +206,8 @@ TEST(DataParallelShards, UnequalShardsAreRefusedOnEveryRank) {
     dp.trainer.step(b);
     ADD_FAILURE() << "unequal shards were accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("the ranks' shards differ"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the ranks' shards differ"), std::string::npos)
+        << e.what();
   }
   comm->barrier();  // every rank refused before any gradient exchange: still in step
 }
