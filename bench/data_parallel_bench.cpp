@@ -137,8 +137,10 @@ int run(int argc, char** argv) {
   const double step_off = median(step_s[0]), step = median(step_s[1]);
   const double coll = median(comm_s[0]), exposed = median(comm_s[1]);
   const double tokens = static_cast<double>(spec.batch * seq_len) / step;
-  const double hidden = coll > 0 ? 1.0 - exposed / coll : 0.0;
-  const double saved = coll > 0 ? (step_off - step) / coll : 0.0;
+  // One rank overlaps nothing (its "collectives" are the local communicator's copies).
+  const bool several = spec.ranks > 1 && coll > 0;
+  const double hidden = several ? 1.0 - exposed / coll : 0.0;
+  const double saved = several ? (step_off - step) / coll : 0.0;
   if (spec.rank == 0) {
     std::printf(
         "data_parallel_bench: %s, batch %lld x %lld, %d rank(s), ZeRO-%d, %s communicator%s\n",
@@ -153,10 +155,14 @@ int run(int argc, char** argv) {
         "  collectives %.4f s per step (%.1f%% of the step without overlap); still "
         "waited for with overlap: %.4f s\n",
         coll, step_off > 0 ? 100.0 * coll / step_off : 0.0, exposed);
-    std::printf(
-        "  hidden behind the backward: %.0f%% (1 - waited / collectives), step time "
-        "saved: %.0f%% of the collectives\n",
-        100.0 * hidden, 100.0 * saved);
+    if (several) {
+      std::printf(
+          "  hidden behind the backward: %.0f%% (1 - waited / collectives), step time "
+          "saved: %.0f%% of the collectives\n",
+          100.0 * hidden, 100.0 * saved);
+    } else {
+      std::printf("  one rank: no collectives to hide\n");
+    }
     std::printf(
         "figure: ranks=%d step_s=%.4f step_off_s=%.4f tokens_per_s=%.1f comm_s=%.4f "
         "exposed_s=%.4f hidden=%.3f saved=%.3f\n",

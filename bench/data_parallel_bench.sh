@@ -5,6 +5,8 @@
 #   bench/data_parallel_bench.sh [--zero Z] [--batch B] [--steps S] ...   (args go to the bench)
 #
 # Both runs train the same global batch; N = 2 gives each rank half of it on its own core.
+# Each run steps two trainers alternately, with and without the gradient sums overlapping the
+# backward, and prints both step times and the share of the collectives hidden.
 # The anchor is N = 1 on one core: "speedup" is N=1's step time over N=2's (2.0 would be
 # perfect scaling; the collectives and the serial parts take the rest). Needs mpirun (Debian
 # openmpi-bin) and a build with MPI.

@@ -33,6 +33,7 @@ struct PlanArgs {
   std::int64_t global_batch = 0;
   int ranks = 1;
   int zero = 0;
+  bool no_overlap = false;
   bool calibrate = false;
   std::string format = "table";
   std::string out;
@@ -229,6 +230,7 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   o.global_batch = a.global_batch;
   o.ranks = a.ranks;
   o.zero_stage = a.zero;
+  o.overlap_comm = !a.no_overlap;
   o.calibrate = a.calibrate;
   if (a.measure && (a.device != "cpu" || a.calibrate)) {
     throw InvalidArgument("--measure measures this machine's CPU rates: it needs --device cpu "
@@ -393,9 +395,12 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(exact_int32());
   cmd->add_option("--zero", a->zero,
                   "ZeRO stage with --ranks: 0, 1 (optimizer state), 2 (+ grads); 1 and 2 "
-                  "without optimizer, gradient or weight offload")
+                  "with optimizer offload, not gradient or weight offload")
       ->capture_default_str()
       ->check(exact_int32());
+  cmd->add_flag("--no-overlap", a->no_overlap,
+                "with --ranks: plan the gradient sums to finish before the next backward stage "
+                "instead of beside it (ZeRO-2 then holds one stage's gradients less)");
   cmd->add_flag("--calibrate", a->calibrate,
                 "fit the cost model from profiled steps on this machine instead of analytic");
   cmd->add_option("--format", a->format, "table | json | yaml (the recommended plan)")

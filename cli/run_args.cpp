@@ -141,6 +141,9 @@ void add_run_options(CLI::App* cmd, TrainArgs& a) {
                   "and Adam moments sharded by rank), 2 (gradients too)")
       ->capture_default_str()
       ->check(exact_int32());
+  cmd->add_flag("--no-overlap", a.no_overlap,
+                "with ranks: sum each backward stage's gradients before the next stage starts "
+                "instead of beside it (ZeRO-2 then holds one stage's gradients less)");
 }
 
 void collect_given(CLI::App* cmd, TrainArgs& a) {
@@ -345,6 +348,7 @@ Plan plan_for_budget(const TrainArgs& a, std::size_t& feasible) {
   // One rank of a multi-rank run plans for its own rank (set_ranks checks the launch after).
   o.ranks = given(a, "--ranks") ? std::max(1, a.ranks) : launch_info().world_size;
   o.zero_stage = o.ranks > 1 ? a.zero : 0;
+  o.overlap_comm = !a.no_overlap;
   if (given(a, "--batch")) {
     if (a.batch < 1) throw InvalidArgument("--batch " + std::to_string(a.batch) + " must be >= 1");
     o.global_batch = a.batch;
@@ -428,6 +432,11 @@ void set_ranks(Prepared& out, const TrainArgs& a) {
                           ": the plan fixes the ZeRO stage (zero_stage); drop --zero or edit "
                           "the plan");
   }
+  if (a.no_overlap && plan != nullptr) {
+    throw InvalidArgument("--no-overlap with --plan " + a.plan_file +
+                          ": the plan fixes it (overlap_comm); drop --no-overlap or edit the "
+                          "plan");
+  }
   if (given(a, "--zero") && (a.zero < 0 || a.zero > 2)) {
     throw InvalidArgument("--zero " + std::to_string(a.zero) +
                           ": valid: 0 (data parallel), 1 (optimizer state sharded) or 2 "
@@ -451,6 +460,7 @@ void set_ranks(Prepared& out, const TrainArgs& a) {
   out.run.ranks = ranks;
   out.run.rank = l.rank;
   if (given(a, "--zero")) out.run.trainer.zero_stage = a.zero;
+  if (a.no_overlap) out.run.trainer.overlap_comm = false;
   if (ranks > 1 && out.run.batch % ranks != 0) {
     throw InvalidArgument("--batch " + std::to_string(out.run.batch) + " over " +
                           std::to_string(ranks) + " ranks: valid: a multiple of " +

@@ -62,6 +62,7 @@ struct TrainArgs {
   std::string formats = "all";
   int ranks = 0;  // --ranks: data-parallel ranks (0: the launch's, 1 without mpirun)
   int zero = 0;   // --zero: ZeRO stage 0, 1 or 2
+  bool no_overlap = false;  // --no-overlap: the gradient sums do not overlap the backward
   std::vector<std::string> given;  // the options given on the command line
 };
 

@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kValidKeys =
     "model, device, device_kind, budget_bytes, seq_len, global_batch, micro_batch, accum_steps, "
-    "activation_dtype, loss, checkpoint, schedule, offload, ranks, zero_stage, alloc_conf, "
+    "activation_dtype, loss, checkpoint, schedule, offload, ranks, zero_stage, overlap_comm, "
+    "alloc_conf, "
     "predicted, why";
 constexpr const char* kValidPredicted =
     "peak_reserved_bytes, peak_allocated_bytes, peak_by_category, cached_bytes_at_peak, "
@@ -267,6 +268,8 @@ Plan parse(std::string_view text, const std::string& src, bool block_style) {
       p.ranks = static_cast<int>(integer(src, v, key, 1, 1 << 20));
     } else if (key == "zero_stage") {
       p.zero_stage = static_cast<int>(integer(src, v, key, 0, 2));
+    } else if (key == "overlap_comm") {
+      p.overlap_comm = boolean(src, v, key);
     } else if (key == "predicted") {
       if (!v.IsMap()) fail(src, v, key, "expected a map (" + std::string(kValidPredicted) + ")");
       PeakFigures& pk = p.predicted.peaks;
@@ -468,6 +471,7 @@ nlohmann::ordered_json to_json_value(const Plan& p) {
                   {"delayed_update", p.policy.offload.delayed_update}};
   j["ranks"] = p.ranks;
   j["zero_stage"] = p.zero_stage;
+  j["overlap_comm"] = p.overlap_comm;
   AllocatorConfig alloc = p.alloc;
   alloc.budget = 0;  // budget_bytes says it
   j["alloc_conf"] = alloc.to_string();
@@ -496,6 +500,7 @@ RunSpec Plan::run_spec() const {
   r.ranks = ranks;
   r.rank = 0;  // each process of a multi-rank run sets its own
   r.trainer.zero_stage = ranks > 1 ? zero_stage : 0;
+  r.trainer.overlap_comm = overlap_comm;
   r.model = model;
   // micro_batch_split(global_batch, micro_batch) gives accum_steps micro-batches, the last one
   // taking what is left: exactly this plan.

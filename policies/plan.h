@@ -12,7 +12,8 @@
 // (f32|f16|bf16), checkpoint (none|all|sqrt|every:K|optimal|ops), schedule (the op list of an
 // explicit schedule: a solved optimal one, or ops), offload: {optimizer, gradients, weights,
 // activations, delayed_update},
-// ranks, zero_stage, alloc_conf (the allocator settings the prediction assumed, in
+// ranks, zero_stage, overlap_comm (whether the gradient sums overlap the backward: they hold
+// a stage's gradients one stage longer; absent reads as true), alloc_conf (the allocator settings the prediction assumed, in
 // MEMFIT_ALLOC_CONF syntax without the budget; "" = the defaults; absent reads as ""),
 // predicted: {peak_reserved_bytes, peak_allocated_bytes, peak_by_category
 // (bytes by category at the reserved peak), cached_bytes_at_peak (reserved, not allocated,
@@ -56,12 +57,13 @@ struct Plan {
   MemoryPolicy policy;  // policy.micro_batch: the micro-batch (>= 1); policy.accum unused
   int ranks = 1;
   int zero_stage = 0;  // 0, 1 (optimizer state sharded), 2 (+ gradients)
+  bool overlap_comm = true;  // TrainerOptions::overlap_comm (ranks > 1)
   AllocatorConfig alloc;  // what the dry runs used; its budget is unused (`budget` above)
   Prediction predicted;
   std::string why;
 
   // What RunSetup / dry_run take: model, policy, global batch, seq_len, budget, device kind,
-  // ranks and zero_stage (rank 0: each process of a multi-rank run sets its own rank); adamw,
+  // ranks, zero_stage and overlap_comm (rank 0: each process of a multi-rank run sets its own rank); adamw,
   // scaler and seed at their defaults.
   RunSpec run_spec() const;
   // One line: "bf16, checkpoint optimal, offload optimizer, micro-batch 8 x 4 accumulated

@@ -65,6 +65,7 @@ struct PlannerOptions {
   std::int64_t global_batch = 0;   // 0: max-batch mode
   int ranks = 1;                   // data-parallel ranks (plans are per rank: rank 0's)
   int zero_stage = 0;              // 0, 1 (optimizer state sharded), 2 (+ gradients); ranks > 1
+  bool overlap_comm = true;        // TrainerOptions::overlap_comm; ranks > 1
   std::vector<DType> dtypes{DType::kF32, DType::kF16, DType::kBF16};
   std::vector<Checkpointing> checkpoints{Checkpointing::none(), Checkpointing::all(),
                                          Checkpointing::sqrt(), Checkpointing::optimal()};

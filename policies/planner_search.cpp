@@ -49,6 +49,7 @@ RunSpec request(const Context& c, const Combo& combo, std::int64_t micro, std::i
   q.ranks = c.o.ranks;
   q.rank = 0;
   q.trainer.zero_stage = zero_stage(c.o);
+  q.trainer.overlap_comm = c.o.overlap_comm;
   q.batch = ((accum - 1) * micro + (last > 0 ? last : micro)) * c.o.ranks;
   q.seq_len = c.seq_len;
   q.alloc = c.o.alloc_conf;
@@ -426,6 +427,7 @@ Plan make_plan(const Context& c, const Combo& combo, const Schedule& s, const Dr
   p.policy.loss = c.o.loss;
   p.ranks = c.o.ranks;
   p.zero_stage = zero_stage(c.o);
+  p.overlap_comm = c.o.overlap_comm;
   p.alloc = c.o.alloc_conf;
   p.alloc.budget = 0;
   p.predicted.peaks = r.step;

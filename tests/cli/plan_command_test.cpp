@@ -214,6 +214,31 @@ TEST(PlanCommand, ThroughputModeReachesTheGlobalBatchAndRecommendsTheFastest) {
 // --ranks N --zero Z: each plan is rank 0's dry run of the sharded step, so its optimizer
 // state is its chunk (about 1/N), every micro-batch is per rank with the global batch N times
 // that, and ZeRO-1/2 offers no gradient or weight offload (not built yet), saying so.
+// --no-overlap plans the gradient sums to finish before the next backward stage: every plan
+// says so, and under ZeRO-2 no plan holds more gradient bytes than the overlapped one of the
+// same combination (overlap holds a stage's gradients one stage longer), some fewer.
+TEST(PlanCommand, NoOverlapPlansHoldNoMoreGradients) {
+  const auto on = plan_json("--model gpt2 --device h100-80g --ranks 2 --zero 2");
+  const auto off = plan_json("--model gpt2 --device h100-80g --ranks 2 --zero 2 --no-overlap");
+  const auto grads = [](const nlohmann::json& p) {
+    return p.at("predicted").at("category_peaks").value("gradient", std::size_t{0});
+  };
+  std::map<Combo, std::size_t> overlapped;
+  for (const auto& p : on.at("candidates")) {
+    EXPECT_TRUE(p.at("overlap_comm").get<bool>());
+    overlapped[combo(p)] = grads(p);
+  }
+  std::size_t fewer = 0;
+  for (const auto& p : off.at("candidates")) {
+    EXPECT_FALSE(p.at("overlap_comm").get<bool>());
+    const auto it = overlapped.find(combo(p));
+    if (it == overlapped.end()) continue;
+    EXPECT_LE(grads(p), it->second) << p.dump();
+    if (grads(p) < it->second) ++fewer;
+  }
+  EXPECT_GT(fewer, 0u);
+}
+
 TEST(PlanCommand, ZeroShardingLowersPerRankOptimizerState) {
   const auto one = plan_json("--model gpt2 --device a100-40g");
   const auto sharded = plan_json("--model gpt2 --device a100-40g --ranks 8 --zero 1");

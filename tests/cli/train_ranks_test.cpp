@@ -91,6 +91,31 @@ TEST_F(TrainRanks, TwoRanksMatchOneUnderEveryZeroStage) {
   std::filesystem::remove(one);
 }
 
+// The gradient sums overlap the backward by default; --no-overlap finishes each stage's before
+// the next. The sums are the same in the same order, so the losses are the same bits, and
+// each run's per-rank peak is its own dry run's (they differ: overlap holds gradients longer).
+TEST_F(TrainRanks, NoOverlapChangesNoBitsAndIsPredictedToo) {
+  std::vector<double> got[2];
+  for (int off = 0; off < 2; ++off) {
+    SCOPED_TRACE(off ? "--no-overlap" : "overlapped");
+    const std::string js = tmp(off ? "no_overlap.json" : "overlap.json");
+    const ProgramRun r = run_memfit_ranks(
+        2, args(3, std::string("--ranks 2 --zero 2 --predict ") + (off ? "--no-overlap " : "") +
+                       "--summary-json " + js));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* rank : {"\n    rank 0 ", "\n    rank 1 "}) {
+      const std::size_t at = r.output.find(rank);
+      ASSERT_NE(at, std::string::npos) << r.output;
+      const std::string line = r.output.substr(at + 1, r.output.find('\n', at + 1) - at - 1);
+      EXPECT_TRUE(contains(line, "exact")) << line;
+    }
+    got[off] = losses(js);
+    std::filesystem::remove(js);
+  }
+  ASSERT_EQ(got[0].size(), 3u);
+  EXPECT_EQ(got[0], got[1]);
+}
+
 // The command: ZeRO-2 with optimizer offload (each rank's chunks of the masters and
 // moments in its pinned host memory, the CPU AdamW on them) matches one process without it.
 TEST_F(TrainRanks, ZeroTwoWithOffloadMatchesOneRank) {

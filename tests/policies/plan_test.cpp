@@ -36,6 +36,7 @@ Plan sample_plan() {
   p.policy.offload.delayed_update = true;
   p.ranks = 4;
   p.zero_stage = 2;
+  p.overlap_comm = false;  // not the default, so a reader that drops it fails
   PeakFigures& k = p.predicted.peaks;
   k.reserved = 123456789012ull;
   k.allocated = 98765;
@@ -66,6 +67,7 @@ void expect_equal(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.policy, b.policy);  // dtype, checkpointing, offload switches, micro-batch
   EXPECT_EQ(a.ranks, b.ranks);
   EXPECT_EQ(a.zero_stage, b.zero_stage);
+  EXPECT_EQ(a.overlap_comm, b.overlap_comm);
   EXPECT_EQ(a.predicted.peaks, b.predicted.peaks);
   EXPECT_EQ(a.predicted.step_seconds, b.predicted.step_seconds);  // bit-exact: %.17g
   EXPECT_EQ(a.predicted.tokens_per_second, b.predicted.tokens_per_second);
@@ -133,6 +135,7 @@ TEST(Plan, RunSpecGivesTheSameMicroBatchesAsThePlan) {
   Plan p = sample_plan();
   EXPECT_EQ(p.run_spec().ranks, 4);  // each process of the 4 sets its own rank
   EXPECT_EQ(p.run_spec().trainer.zero_stage, p.zero_stage);
+  EXPECT_FALSE(p.run_spec().trainer.overlap_comm);
   p.ranks = 1;
   p.zero_stage = 0;
   p.global_batch = 31;
@@ -254,6 +257,7 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   const std::string m = kModel;  // 7 lines
   const std::string ok = "micro_batch: 2\nactivation_dtype: bf16\ncheckpoint: none\n";
   EXPECT_NO_THROW((void)Plan::from_yaml_string(m + ok));
+  EXPECT_TRUE(Plan::from_yaml_string(m + ok).overlap_comm);  // an earlier plan: the default
   expect_error(m + ok + "micro_btch: 3\n", "p.yaml:11:1: plan.micro_btch: unknown key; valid:");
   expect_error(m + "micro_batch: 0\nactivation_dtype: bf16\ncheckpoint: none\n",
                "p.yaml:8:14: plan.micro_batch: 0 is out of range; valid: 1 to");
@@ -299,6 +303,7 @@ TEST(Plan, ErrorsNameTheFileTheLineAndTheKey) {
   expect_error(m + ok + "predicted: {step_seconds: -1}\n",
                "plan.predicted.step_seconds: '-1' is not a finite number >= 0");
   expect_error(m + ok + "zero_stage: 3\n", "plan.zero_stage: 3 is out of range; valid: 0 to 2");
+  expect_error(m + ok + "overlap_comm: maybe\n", "plan.overlap_comm");
   // Errors inside the model map keep the plan file's line numbers.
   std::string bad_model = m;
   bad_model.replace(bad_model.find("heads: 4"), 8, "heads: 5");

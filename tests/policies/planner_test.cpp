@@ -236,6 +236,7 @@ TEST(Planner, MultiRankPlansAreRankZerosDryRun) {
       RunSpec q = p.run_spec();
       EXPECT_EQ(q.rank, 0);
       EXPECT_EQ(q.trainer.zero_stage, zero);
+      EXPECT_TRUE(q.trainer.overlap_comm);  // the default
       EXPECT_EQ(q.rank_batch(), p.policy.micro_batch);
       q.alloc.budget = kBudget;
       const DryRunResult d = dry_run(q);
