@@ -34,8 +34,10 @@ void StageOverlap::finish_all(StreamId stream) {
 }
 
 void StageOverlap::abandon(StreamId stream) {
-  queue_.clear();
-  // Every collective started so far, those started but not yet queued here included.
+  // The queued entries hold what the collectives use (a received sum's temporary): they go
+  // only once every collective started so far, those not yet queued here too, is finished.
+  std::deque<Entry> drop;
+  drop.swap(queue_);
   if (comm_.last_ticket() == 0) return;
   try {
     comm_.finish(stream, comm_.last_ticket());

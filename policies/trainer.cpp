@@ -370,7 +370,10 @@ StepResult Trainer::step(const Batch& batch) {
         }
       };
       if (dp != nullptr && zero_opt_ == nullptr && mi + 1 == count) {
-        dp_overlap.emplace(*dp, options_.overlap_comm);
+        // Gradient (and weight) offload's device buckets are a ring the next stage refills:
+        // a stage's sums must finish before it moves on.
+        const OffloadSwitches& off = options_.policy.offload;
+        dp_overlap.emplace(*dp, options_.overlap_comm && !off.gradients && !off.weights);
       }
       const Act losses = ex.run(schedule_, d.mb, dloss, hooks);
       MEMFIT_CHECK(!dp_overlap || dp_overlap->idle()) << "gradient sums left unfinished";

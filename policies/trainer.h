@@ -113,6 +113,8 @@ struct TrainerOptions {
   // reduce-scatter) run beside the next stage's backward and are finished after it
   // (policies/stage_overlap.h), so they hold their gradients one stage longer; false: each
   // stage's sums finish before the next stage starts. The dry run follows the same choice.
+  // Not with gradient or weight offload (their device buckets are a ring the next stage
+  // refills): there the sums finish stage by stage whatever this says.
   bool overlap_comm = true;
 };
 

@@ -180,7 +180,7 @@ void ZeroAdamW::build(LayerContext& ctx, std::vector<Model::BackwardStage> stage
 }
 
 ZeroAdamW::~ZeroAdamW() {
-  if (!overlap_.idle()) overlap_.abandon(kDefaultStream);  // sums in flight read lent gradients
+  if (!overlap_.idle()) overlap_.abandon(stream_);  // sums in flight read lent gradients
   release_lent();
   for (Parameter* p : params_) {
     p->shard_master = Tensor();
@@ -214,27 +214,55 @@ void ZeroAdamW::before_stage(LayerContext& ctx, int stage, int micro_batch, int 
 }
 
 void ZeroAdamW::after_stage(LayerContext& ctx, int stage, int micro_batch, int count) {
-  const auto st = static_cast<std::size_t>(stage);
-  const std::vector<std::size_t>& done = finals_.at(st);
+  stream_ = ctx.stream;
+  const std::vector<std::size_t>& done = finals_.at(static_cast<std::size_t>(stage));
   const bool last_micro_batch = micro_batch + 1 == count;
   // Stage 1: whole gradients accumulate over the micro-batches; the last one's are reduced in
   // place. Stage 2: every micro-batch's are reduced into the shards (the first writes them, a
   // later one's sums arrive in a temporary and are added).
   if (stage_ == 1 && !last_micro_batch) return;
+  if (!overlap_.on()) {  // one parameter at a time, each finished before the next
+    for (const std::size_t i : done) {
+      Parameter& p = *params_[i];
+      if (stage_ == 1) {
+        comm_.reduce_scatter_sum(ctx.stream, p.grad.view(), grad_chunk(i));
+      } else if (micro_batch == 0) {
+        comm_.reduce_scatter_sum(ctx.stream, p.grad.view(), grad_shard_[i].view());
+      } else {
+        OwnedTensor sum =
+            OwnedTensor::empty(ctx.alloc, grad_shard_[i].view().shape(), DType::kF32, ctx.device(),
+                               Category::kTemporary, ctx.stream, "grad_recv/" + p.name);
+        comm_.reduce_scatter_sum(ctx.stream, p.grad.view(), sum.view());
+        ctx.backend.axpy(ctx.stream, 1.0f, sum.view(), grad_shard_[i].view());
+      }
+      if (stage_ == 2) p.grad.reset();
+    }
+    if (last_micro_batch) send_chunks(ctx, done);
+    return;
+  }
   Communicator::Ticket t = 0;
   std::vector<std::shared_ptr<OwnedTensor>> sums;  // stage 2, micro-batch > 0: per `done`
-  for (const std::size_t i : done) {
-    Parameter& p = *params_[i];
-    if (stage_ == 1) {
-      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_chunk(i));
-    } else if (micro_batch == 0) {
-      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_shard_[i].view());
-    } else {
-      sums.push_back(std::make_shared<OwnedTensor>(
-          OwnedTensor::empty(ctx.alloc, grad_shard_[i].view().shape(), DType::kF32, ctx.device(),
-                             Category::kTemporary, ctx.stream, "grad_recv/" + p.name)));
-      t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), sums.back()->view());
+  try {
+    for (const std::size_t i : done) {
+      Parameter& p = *params_[i];
+      if (stage_ == 1) {
+        t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_chunk(i));
+      } else if (micro_batch == 0) {
+        t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), grad_shard_[i].view());
+      } else {
+        sums.push_back(std::make_shared<OwnedTensor>(
+            OwnedTensor::empty(ctx.alloc, grad_shard_[i].view().shape(), DType::kF32, ctx.device(),
+                               Category::kTemporary, ctx.stream, "grad_recv/" + p.name)));
+        t = comm_.start_reduce_scatter_sum(ctx.stream, p.grad.view(), sums.back()->view());
+      }
     }
+  } catch (...) {
+    // The sums started before the failure use `sums` until they finish.
+    try {
+      if (comm_.last_ticket() > 0) comm_.finish(ctx.stream, comm_.last_ticket());
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
   }
   // Once the sums are finished: add the received ones, hand the lent gradients back, send the
   // final chunks to the host (offload).
@@ -242,19 +270,23 @@ void ZeroAdamW::after_stage(LayerContext& ctx, int stage, int micro_batch, int c
     if (stage_ == 2) {
       for (std::size_t k = 0; k < done.size(); ++k) {
         const std::size_t i = done[k];
-        if (!sums.empty())
+        if (!sums.empty()) {
           ctx.backend.axpy(ctx.stream, 1.0f, sums[k]->view(), grad_shard_[i].view());
+        }
         params_[i]->grad.reset();
       }
     }
-    if (offload_ && last_micro_batch) {
-      std::vector<Parameter*> mine;
-      mine.reserve(done.size());
-      for (const std::size_t i : done) mine.push_back(chunks_[i].get());
-      offload_->grads_ready(ctx, mine);
-    }
+    if (last_micro_batch) send_chunks(ctx, done);
   };
-  overlap_.stage_done(ctx.stream, t, then, st + 1 == finals_.size());
+  overlap_.stage_done(ctx.stream, t, then, static_cast<std::size_t>(stage) + 1 == finals_.size());
+}
+
+void ZeroAdamW::send_chunks(LayerContext& ctx, const std::vector<std::size_t>& done) {
+  if (!offload_) return;
+  std::vector<Parameter*> mine;
+  mine.reserve(done.size());
+  for (const std::size_t i : done) mine.push_back(chunks_[i].get());
+  offload_->grads_ready(ctx, mine);
 }
 
 void ZeroAdamW::set_overlap(bool on) { overlap_.set_on(on); }

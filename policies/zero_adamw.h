@@ -106,6 +106,8 @@ class ZeroAdamW final : public Optimizer {
   void release_lent();
   void build(LayerContext& ctx, std::vector<Model::BackwardStage> stages);
   void gather_weights(LayerContext& ctx);
+  // Offload: this rank's reduced chunks of params_[done...] to the host optimizer.
+  void send_chunks(LayerContext& ctx, const std::vector<std::size_t>& done);
 
   std::vector<Parameter*> params_;
   AdamWOptions options_;
@@ -119,6 +121,7 @@ class ZeroAdamW final : public Optimizer {
   std::vector<std::unique_ptr<Parameter>> chunks_;
   std::unique_ptr<OffloadOptimizer> offload_;
   StageOverlap overlap_;  // the sums in flight and what waits for them
+  StreamId stream_ = kDefaultStream;  // the step's stream (the destructor's abandon orders it)
 };
 
 }  // namespace memfit

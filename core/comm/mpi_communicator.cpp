@@ -51,7 +51,7 @@ void MpiCommunicator::run_queue() {
       if (queue_.empty()) return;  // stopped, and nothing left
       op = std::move(queue_.front());
       queue_.pop_front();
-      skip = error_ != nullptr;
+      skip = error_ != nullptr;  // the ranks are out of step: run nothing more
     }
     std::exception_ptr error;
     if (!skip) {
@@ -71,18 +71,30 @@ void MpiCommunicator::run_queue() {
 }
 
 Communicator::Ticket MpiCommunicator::start(std::function<void()> op) {
-  const Ticket t = next_ticket();
   if (!threaded_) {  // MPI allows one thread only: run it now (the earlier ones ran so too)
-    op();
+    throw_if_failed();
+    const Ticket t = next_ticket();
+    std::exception_ptr error;
+    try {
+      op();
+    } catch (...) {
+      error = std::current_exception();
+    }
     const std::lock_guard<std::mutex> lock(mu_);
     done_ = t;
+    if (error) {
+      if (!error_) error_ = error;
+      std::rethrow_exception(error);
+    }
     return t;
   }
+  // The thread and the queue's room first: the ticket is taken only once the op is queued.
+  if (!thread_.joinable()) thread_ = std::thread([this] { run_queue(); });
   {
     const std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(op));
   }
-  if (!thread_.joinable()) thread_ = std::thread([this] { run_queue(); });
+  const Ticket t = next_ticket();
   cv_.notify_all();
   return t;
 }
@@ -91,11 +103,12 @@ void MpiCommunicator::finish(StreamId, Ticket ticket) {
   check_ticket(ticket);
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ >= ticket; });
-  if (error_) {
-    const std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
-  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void MpiCommunicator::throw_if_failed() {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
 }
 
 void MpiCommunicator::drain() {

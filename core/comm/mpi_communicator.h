@@ -10,8 +10,9 @@
 // Each collective waits for `stream`, then runs on the calling thread. A started one
 // (start_all_reduce_sum, start_reduce_scatter_sum) waits for `stream`, then is queued for the
 // communicator's own thread (made at the first start), which runs the queue in order while
-// the caller goes on; finish() blocks until the ticket's collective is done and rethrows its
-// error (after an error the queued ones are skipped, so the ranks stop rather than mismatch).
+// the caller goes on; finish() blocks until the ticket's collective is done. An error is
+// sticky: the queued collectives after it are skipped and every later finish() and collective
+// throws it, so the ranks stop rather than mismatch.
 // A blocking collective first finishes every started one, so only one thread is ever inside
 // MPI (MPI_THREAD_SERIALIZED). Where MPI was initialized with less (a program's own
 // MPI_Init), started collectives run at once on the caller and overlaps() is false.
@@ -55,6 +56,7 @@ class MpiCommunicator final : public Communicator {
  private:
   Ticket start(std::function<void()> op);  // queued (or run now without the thread)
   void drain();                            // every started collective finished
+  void throw_if_failed();                  // the sticky error, if any
   void run_queue();                        // the thread's loop
   void reduce_scatter(const float* in, std::int64_t n, float* shard);
   void gather_bytes(const void* shard, std::int64_t n, std::size_t elem, void* out);
@@ -65,13 +67,13 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   std::vector<float> recv_;   // used by one collective at a time (the queue runs in order)
   std::vector<float> shard_;
-  // Started collectives: queued ops, how many are done, the first error not yet thrown.
+  // Started collectives: queued ops, how many are done, the first error.
   bool threaded_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   Ticket done_ = 0;
-  std::exception_ptr error_;
+  std::exception_ptr error_;  // sticky: the first collective that failed
   bool stop_ = false;
   std::thread thread_;
 };

@@ -229,7 +229,8 @@ std::vector<double> NcclCommunicator::gather_values(double v) {
 }
 
 void NcclCommunicator::barrier() {
-  (void)blocking_stream(kDefaultStream);  // the started collectives are done too
+  (void)blocking_stream(kDefaultStream);  // the started collectives are done too,
+  if (finished_.event != 0) backend_.wait_event(kDefaultStream, finished_.event);  // finished ones
   backend_.synchronize(kDefaultStream);
   if (mpi_ && size_ > 1) mpi_check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -73,6 +74,25 @@ TEST(StageOverlap, OffFinishesEachStageAtOnceAndTicketZeroWaitsForNothing) {
   EXPECT_THROW(ov.set_on(false), CheckFailure);  // sums in flight
   ov.finish_all(kDefaultStream);
   EXPECT_EQ(ran, 3);
+}
+
+// What a queued entry holds (a received sum's temporary) goes only after the collectives that
+// write it are finished.
+TEST(StageOverlap, AbandonFreesWhatTheEntriesHoldOnlyAfterFinishing) {
+  struct Held {
+    Recording* comm;
+    std::size_t* finished_when_freed;
+    ~Held() { *finished_when_freed = comm->finished.size(); }
+  };
+  Recording comm;
+  std::size_t finished_when_freed = 99;
+  StageOverlap ov(comm, /*on=*/true);
+  auto held = std::make_shared<Held>(Held{&comm, &finished_when_freed});
+  ov.stage_done(
+      kDefaultStream, comm.start(), [held] {}, false);
+  held.reset();  // the entry's `then` holds the only reference now
+  ov.abandon(kDefaultStream);
+  EXPECT_EQ(finished_when_freed, 1u);  // freed after finish(1), not before
 }
 
 TEST(StageOverlap, AbandonFinishesEveryStartedCollectiveAndRunsNothingQueued) {

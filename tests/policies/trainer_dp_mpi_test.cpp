@@ -141,6 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16", DType::kBF16, 1e-4, 0, false},
                       Case{"f32_accumulated", DType::kF32, 1e-6, 1, false},
                       Case{"f32_offload", DType::kF32, 1e-6, 0, true},
+                      Case{"f32_offload_accumulated", DType::kF32, 1e-6, 1, true},
                       Case{"zero1_f32", DType::kF32, 1e-6, 0, false, 1},
                       Case{"zero1_bf16", DType::kBF16, 1e-4, 0, false, 1},
                       Case{"zero2_f32", DType::kF32, 1e-6, 0, false, 2},

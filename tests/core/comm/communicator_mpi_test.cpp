@@ -3,9 +3,11 @@
 // rank-order sums bit for bit, uneven chunks, in-place forms, repeatability, and the checks.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -163,6 +165,28 @@ TEST_F(Mpi, StartedCollectivesRunBesideTheCallerAndGiveTheBlockingCallsBits) {
   comm_->all_reduce_sum(kDefaultStream, host(y));
   EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0);
   comm_->barrier();
+}
+
+// A started collective returns before the other ranks have even joined it: the last rank joins
+// half a second late, and the others' start calls come back long before that.
+TEST_F(Mpi, AStartedCollectiveReturnsBeforeTheOtherRanksJoin) {
+  const int n_ranks = comm_->size(), me = comm_->rank();
+  std::vector<float> x(1000, 1.0f);
+  const Tensor t(x.data(), Shape{1000}, DType::kF32, Device::kCpu);
+  comm_->barrier();
+  if (me == n_ranks - 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Communicator::Ticket ticket = comm_->start_all_reduce_sum(kDefaultStream, t);
+  const double started =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_->finish(kDefaultStream, ticket);
+  const double finished =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (me != n_ranks - 1) {
+    EXPECT_LT(started, 0.25) << "start waited for the late rank";
+    EXPECT_GT(finished, 0.25) << "finish did not wait for the late rank";
+  }
+  for (float v : x) ASSERT_EQ(v, static_cast<float>(n_ranks));
 }
 
 TEST_F(Mpi, AStartedCollectiveWithABadShapeIsRefusedAtOnceOnEveryRank) {
