@@ -202,7 +202,15 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
             MEMFIT_CHECK(x[i] != nullptr) << "executor: unstash(" << op.block << ") gave nothing";
           }
         }
-        Act y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
+        // A forward keeping all whose output nobody reads (a recomputation just before its
+        // backward, or one whose output is already held) runs only what the backward needs.
+        const bool output_read = needed[j] && !x[i + 1] && !stashed[i + 1];
+        Act y;
+        if (op.keep == Keep::kAll && !output_read) {
+          blk.forward_for_backward(ctx_, x[i]);
+        } else {
+          y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);
+        }
         ++stats_.forwards;
         if (op.recompute) ++stats_.recomputes;
         // The block keeps its input itself when it needs it (kAll); a checkpoint stays here,
@@ -216,8 +224,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
             ++stats_.stashed;
           }
         }
-        // A recomputation reproduces the held bits: keep the first copy.
-        if (needed[j] && !x[i + 1] && !stashed[i + 1]) x[i + 1] = std::move(y);
+        if (output_read) x[i + 1] = std::move(y);
         y.reset();
         count_held();
         block_range.reset();

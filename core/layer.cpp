@@ -19,6 +19,8 @@ LayerCost& LayerCost::operator+=(const LayerCost& o) {
   return *this;
 }
 
+void Layer::forward_for_backward(LayerContext& ctx, const Act& x) { (void)forward(ctx, x, true); }
+
 void Layer::allocate(const ParamAlloc& a) {
   for (Parameter* p : parameters()) {
     // Tied parameters appear in more than one layer; the first allocation wins.

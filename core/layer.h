@@ -76,6 +76,12 @@ class Layer {
   const std::string& name() const { return name_; }
 
   virtual Act forward(LayerContext& ctx, const Act& x, bool save) = 0;
+  // What backward() needs and no more: saves as forward(ctx, x, true) does and makes no
+  // output. For a recomputation whose output nobody reads (a checkpointed block recomputed
+  // just before its backward): a layer whose last op only makes the output (a projection into
+  // the residual stream, whose backward needs its input and weight, not its output) skips it.
+  // By default forward(ctx, x, true), its output dropped.
+  virtual void forward_for_backward(LayerContext& ctx, const Act& x);
   virtual Act backward(LayerContext& ctx, const Act& dy) = 0;
   virtual void release_saved() noexcept = 0;
   virtual bool has_saved() const = 0;

@@ -54,6 +54,21 @@ Act GatedMLP::forward(LayerContext& ctx, const Act& x, bool save) {
   }
 }
 
+void GatedMLP::forward_for_backward(LayerContext& ctx, const Act& x) {
+  MEMFIT_CHECK(!has_saved()) << "GatedMLP '" << name() << "': forward while holding saved state";
+  try {
+    Act gu = gate_up_.forward(ctx, x, true);
+    Act h = ctx.make(layers::with_last(gu->view().shape(), inner_), ctx.dtype,
+                     Category::kActivation, name());
+    ctx.backend.swiglu_forward(ctx.stream, gu->view(), h->view());
+    down_.forward_for_backward(ctx, h);
+    gu_ = std::move(gu);
+  } catch (...) {
+    release_saved();
+    throw;
+  }
+}
+
 Act GatedMLP::backward(LayerContext& ctx, const Act& dy) {
   MEMFIT_CHECK(has_saved()) << "GatedMLP '" << name() << "': backward without a saved forward";
   Act dh = down_.backward(ctx, dy);  // down drops its handle on SwiGLU's output

@@ -34,6 +34,7 @@ class GatedMLP final : public Layer {
            float proj_std = 0.02f);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  void forward_for_backward(LayerContext& ctx, const Act& x) override;  // no down projection
   Act backward(LayerContext& ctx, const Act& dy) override;
   void release_saved() noexcept override;
   bool has_saved() const override { return gate_up_.has_saved(); }

@@ -38,6 +38,12 @@ Act Linear::forward(LayerContext& ctx, const Act& x, bool save) {
   return y;
 }
 
+void Linear::forward_for_backward(LayerContext& ctx, const Act& x) {
+  MEMFIT_CHECK(!has_saved()) << "Linear '" << name() << "': forward while holding saved state";
+  layers::check_input("Linear", name(), x, in_, ctx);
+  x_ = x;  // backward reads x and W, never y
+}
+
 Act Linear::backward(LayerContext& ctx, const Act& dy) {
   MEMFIT_CHECK(has_saved()) << "Linear '" << name() << "': backward without a saved forward";
   const Shape& xs = x_->view().shape();

@@ -26,6 +26,7 @@ class Linear final : public Layer {
          float init_std = 0.02f);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  void forward_for_backward(LayerContext& ctx, const Act& x) override;  // keeps x; no GEMM
   Act backward(LayerContext& ctx, const Act& dy) override;
   void release_saved() noexcept override { x_.reset(); }
   bool has_saved() const override { return x_ != nullptr; }

@@ -38,6 +38,19 @@ Act MLP::forward(LayerContext& ctx, const Act& x, bool save) {
   }
 }
 
+void MLP::forward_for_backward(LayerContext& ctx, const Act& x) {
+  MEMFIT_CHECK(!has_saved()) << "MLP '" << name() << "': forward while holding saved state";
+  try {
+    Act h = fc_.forward(ctx, x, true);
+    Act g = gelu_.forward(ctx, h, true);
+    h.reset();
+    proj_.forward_for_backward(ctx, g);
+  } catch (...) {
+    release_saved();
+    throw;
+  }
+}
+
 Act MLP::backward(LayerContext& ctx, const Act& dy) {
   MEMFIT_CHECK(has_saved()) << "MLP '" << name() << "': backward without a saved forward";
   Act dg = proj_.backward(ctx, dy);

@@ -31,6 +31,7 @@ class MLP final : public Layer {
   MLP(std::string name, std::int64_t hidden, std::int64_t inner, float proj_std = 0.02f);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  void forward_for_backward(LayerContext& ctx, const Act& x) override;  // fc and GELU; no proj
   Act backward(LayerContext& ctx, const Act& dy) override;
   void release_saved() noexcept override;
   bool has_saved() const override { return fc_.has_saved(); }

@@ -120,6 +120,22 @@ Act PreNormBlock<Norm, Ffn>::forward(LayerContext& ctx, const Act& x, bool save)
 }
 
 template <class Norm, class Ffn>
+void PreNormBlock<Norm, Ffn>::forward_for_backward(LayerContext& ctx, const Act& x) {
+  MEMFIT_CHECK(!has_saved()) << "block '" << name() << "': forward while holding saved state";
+  try {
+    Act a = ln1_.forward(ctx, x, true);
+    Act x1 = attn_.forward(ctx, a, true);
+    a.reset();
+    residual_add(ctx, x1, x);
+    Act b = ln2_.forward(ctx, x1, true);
+    mlp_.forward_for_backward(ctx, b);
+  } catch (...) {
+    release_saved();
+    throw;
+  }
+}
+
+template <class Norm, class Ffn>
 Act PreNormBlock<Norm, Ffn>::backward(LayerContext& ctx, const Act& dy) {
   MEMFIT_CHECK(has_saved()) << "block '" << name() << "': backward without a saved forward";
   layers::check_grad("block", name(), dy, dy ? dy->view().shape() : Shape{}, ctx);

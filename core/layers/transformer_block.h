@@ -74,6 +74,9 @@ class PreNormBlock final : public Layer {
                std::int64_t n_layers, AttentionImpl attention = AttentionImpl::kFlash);
 
   Act forward(LayerContext& ctx, const Act& x, bool save) override;
+  // Everything but the MLP's last projection and the second residual add (backward reads
+  // neither's output): a recomputation costs less than the forward it repeats.
+  void forward_for_backward(LayerContext& ctx, const Act& x) override;
   Act backward(LayerContext& ctx, const Act& dy) override;
   void release_saved() noexcept override;
   bool has_saved() const override;

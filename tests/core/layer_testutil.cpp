@@ -348,11 +348,17 @@ void check_recompute(Layer& layer, Shape in_shape, std::uint32_t seed) {
   const auto y0 = bits(layer.forward(env.ctx, x, false)->view());
   Act dy;
   std::vector<std::vector<unsigned char>> first;
-  for (int pass = 0; pass < 2; ++pass) {
+  // Passes 0 and 1: forward saving; pass 2: forward_for_backward (no output) before backward.
+  for (int pass = 0; pass < 3; ++pass) {
     zero_grads(env.ctx, ps);
-    Act y = layer.forward(env.ctx, x, true);
-    EXPECT_EQ(bits(y->view()), y0) << "pass " << pass;
-    if (!dy) dy = make_input(env.ctx, y->view().shape(), rand_vec(y->view().numel(), rng));
+    if (pass == 2) {
+      layer.forward_for_backward(env.ctx, x);
+      EXPECT_TRUE(layer.has_saved());
+    } else {
+      Act y = layer.forward(env.ctx, x, true);
+      EXPECT_EQ(bits(y->view()), y0) << "pass " << pass;
+      if (!dy) dy = make_input(env.ctx, y->view().shape(), rand_vec(y->view().numel(), rng));
+    }
     std::vector<std::vector<unsigned char>> got{bits(layer.backward(env.ctx, dy)->view())};
     for (Parameter* p : ps) got.push_back(bits(p->grad.view()));
     if (pass == 0) {

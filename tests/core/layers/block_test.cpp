@@ -83,6 +83,33 @@ TEST(TransformerBlockTest, RecomputeIsBitwise) {
   testing::check_recompute(blk, Shape{2, 8, 16}, 63);
 }
 
+// A recomputation for the backward (forward_for_backward) skips the MLP's projection and the
+// last residual add: one GEMM of 2*rows*C*F flops fewer, and no output allocated.
+TEST(TransformerBlockTest, ForwardForBackwardSkipsTheLastProjection) {
+  const std::int64_t b = 2, t = 16, c = 32, f = 4 * c;
+  testing::MetaEnv env(DType::kBF16);
+  TransformerBlock blk("h.0", c, 4, 4, 2);
+  blk.allocate({env.alloc, DType::kBF16, Device::kMeta, kDefaultStream});
+  testing::FreeOnExit free_params{blk};
+  Act x = env.ctx.make(Shape{b, t, c}, DType::kBF16, Category::kActivation, "input");
+  env.be.reset_stats();
+  Act y = blk.forward(env.ctx, x, true);
+  const MetaStats whole = env.be.stats();
+  const std::int64_t with_output = testing::live_bytes(env.alloc);
+  y.reset();
+  const std::int64_t saved = testing::live_bytes(env.alloc);
+  EXPECT_LT(saved, with_output);
+  blk.release_saved();
+  env.be.reset_stats();
+  blk.forward_for_backward(env.ctx, x);
+  const MetaStats part = env.be.stats();
+  EXPECT_TRUE(blk.has_saved());
+  EXPECT_EQ(part.gemm_flops, whole.gemm_flops - 2 * b * t * c * f);
+  EXPECT_EQ(part.calls(MetaOp::kGemm), whole.calls(MetaOp::kGemm) - 1);
+  EXPECT_EQ(testing::live_bytes(env.alloc), saved);  // what forward saved; no output
+  blk.release_saved();
+}
+
 TEST(TransformerBlockTest, MemoryMatchesCost) {
   for (DType dt : kDTypes) {
     TransformerBlock blk("h.5", 64, 4, 4, 6);
