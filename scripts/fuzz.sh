@@ -3,11 +3,14 @@
 #   scripts/fuzz.sh [SECONDS_PER_HARNESS]        (default 45)
 # Configures build-fuzz (clang, -DMEMFIT_FUZZ=ON: libFuzzer + ASan + UBSan, CPU only), builds
 # the harnesses (fuzz_all) and the memfit program, generates the seed corpus
-# (fuzz/make_corpus.sh), then runs each harness with -timeout=1 -rss_limit_mb=512 and its
-# dictionary. Any crash, sanitizer report, leak, uncaught exception, timeout (> 1 s per input)
-# or out-of-memory (> 512 MiB) fails the script; the input is left in build-fuzz/findings/
-# <harness>/ — add it under fuzz/regressions/<harness>/ with a short descriptive name once
-# fixed (ctest replays those in every build). Ends with a table: harness, execs/s, total
+# (fuzz/make_corpus.sh), then runs each harness with -timeout=1 -malloc_limit_mb=512
+# -rss_limit_mb=2048 and its dictionary. Any crash, sanitizer report, leak, uncaught exception,
+# timeout (> 1 s per input), allocation over 512 MiB (an input asking for an impossible size)
+# or a process over 2 GiB fails the script. (The process limit was 512 MiB: a run at 9k
+# inputs/s crossed it with 26 MiB live, the rest ASan's quarantine and libFuzzer's own
+# tables, and blamed an empty input. 2 GiB is libFuzzer's default.) The input is left in
+# build-fuzz/findings/<harness>/ — add it under fuzz/regressions/<harness>/ with a short
+# descriptive name once fixed (ctest replays those in every build). Ends with a table: harness, execs/s, total
 # execs, crashes. Environment: MEMFIT_FUZZ_JOBS (build parallelism, default 2),
 # CC/CXX (default clang/clang++). -O1 with line tables only: libFuzzer's advice, and the
 # sanitized build compiles in half the time of -O2 -g.
@@ -49,7 +52,7 @@ for r in "${readers[@]}"; do
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$build/fuzz/fuzz_$r" "$build/work/$r" "$build/corpus/$r" \
-      -max_total_time="$seconds" -timeout=1 -rss_limit_mb=512 -malloc_limit_mb=512 \
+      -max_total_time="$seconds" -timeout=1 -rss_limit_mb=2048 -malloc_limit_mb=512 \
       -max_len="${max_len[$r]}" -dict="$root/fuzz/$r.dict" -print_final_stats=1 \
       -artifact_prefix="$build/findings/$r/" > "$log" 2>&1
   rc=$?
