@@ -52,9 +52,28 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::size_t kMaxTableBytes = std::size_t{1} << 30;
 constexpr std::size_t kKeptTableBytes = std::size_t{64} << 20;
 
-std::vector<double>& thread_table() {
-  thread_local std::vector<double> table;
-  return table;
+// Table storage, reused: a Dp takes a vector from its thread's pool (or a new one) and gives it
+// back when destroyed, up to kKeptTables of at most kKeptTableBytes each. The planner solves
+// hundreds of tables of a few MiB, and fresh ones cost a page fault per 4 KiB.
+constexpr std::size_t kKeptTables = 4;
+std::vector<std::vector<double>>& table_pool() {
+  thread_local std::vector<std::vector<double>> pool;
+  return pool;
+}
+std::vector<double> take_table() {
+  std::vector<std::vector<double>>& pool = table_pool();
+  if (pool.empty()) return {};
+  std::vector<double> t = std::move(pool.back());
+  pool.pop_back();
+  return t;
+}
+void give_back_table(std::vector<double>&& t) noexcept {
+  std::vector<std::vector<double>>& pool = table_pool();
+  if (t.capacity() * sizeof(double) > kKeptTableBytes || pool.size() >= kKeptTables) return;
+  try {
+    pool.push_back(std::move(t));
+  } catch (...) {  // no room to keep it: it is freed instead
+  }
 }
 
 // best[i] = min(best[i], cost + in[i] + left[i]) for i < count, in and left optional: the
@@ -85,12 +104,18 @@ void relax_span(double* best, const double* in, const double* left, double cost,
 class Dp {
  public:
   Dp(const Chain& chain, std::int64_t limit, int slots, bool prune);
+  ~Dp() { give_back_table(std::move(tab_)); }
+  Dp(const Dp&) = delete;
+  Dp& operator=(const Dp&) = delete;
 
   // Fills the tables; returns H(0, budget).
   double solve();
-  Schedule schedule() const;
+  // After solve(), for any budget m <= budget(): H(0, m) and the schedule reaching it.
+  double least_time(int m) const { return value(hrow(0), m); }
+  Schedule schedule(int m) const;
   std::int64_t unit() const { return unit_; }
   int budget() const { return budget_; }
+  // False once another Dp on this thread took over the thread's table storage.
 
  private:
   // Rows of tab_: P(s, t) for 0 <= s < t <= n (triangular), then H(s) for 0 <= s < n.
@@ -113,8 +138,8 @@ class Dp {
   template <typename F>
   void for_each_choice(int s, int t, bool head, F&& f) const;
   void relax(double* best, const Choice& c) const;
-  const double* at(int r) const { return tab_->data() + static_cast<std::size_t>(r) * width_; }
-  double* at(int r) { return tab_->data() + static_cast<std::size_t>(r) * width_; }
+  const double* at(int r) const { return tab_.data() + static_cast<std::size_t>(r) * width_; }
+  double* at(int r) { return tab_.data() + static_cast<std::size_t>(r) * width_; }
   // Row r at m: +inf below its first finite entry (where the row was not filled).
   double value(int r, int m) const {
     return m < first_[static_cast<std::size_t>(r)] ? kInf : at(r)[m];
@@ -136,10 +161,8 @@ class Dp {
   std::vector<double> tf_, tb_, tf_prefix_;  // tf_prefix_[k] = sum of tf_[0..k-1]
   double th_ = 0;
   // P and H rows of budget + 1 entries, written only from where a row can be finite
-  // (solve_row). The storage is the thread's, kept between solves up to kKeptTableBytes: the
-  // planner solves hundreds of tables of a few MiB, and fresh ones cost a page fault per 4 KiB.
-  std::vector<double> own_;
-  std::vector<double>* tab_ = &own_;
+  // (solve_row); the storage comes from the thread's pool and goes back to it (take_table()).
+  std::vector<double> tab_ = take_table();
   std::vector<int> first_;   // each row's first finite entry (budget + 1: none)
   mutable bool head_emitted_ = false;
 };
@@ -184,8 +207,7 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots, bool prune)
   a_[nn] = units(chain.output_bytes);
   head_ = units(chain.head_bytes);
   th_ = chain.head_time;
-  if (bytes <= kKeptTableBytes) tab_ = &thread_table();
-  tab_->resize(entries);
+  tab_.resize(entries);
   first_.assign(segments + nn, budget_ + 1);
 }
 
@@ -353,23 +375,50 @@ void Dp::emit(int s, int t, bool head, int m, std::vector<ScheduleOp>& ops) cons
   emit(s, how, false, m, ops);
 }
 
-Schedule Dp::schedule() const {
+Schedule Dp::schedule(int m) const {
   std::vector<ScheduleOp> ops;
   head_emitted_ = false;
-  emit(0, n_, true, budget_, ops);
+  emit(0, n_, true, m, ops);
   return Schedule("optimal", std::move(ops));
 }
 
 }  // namespace
 
+class CheckpointDpTables::Impl {
+ public:
+  Impl(const Chain& chain, std::int64_t limit, int slots, bool prune)
+      : dp(chain, limit, slots, prune) {
+    dp.solve();
+  }
+  Dp dp;
+};
+
+CheckpointDpTables::CheckpointDpTables(const Chain& chain, std::int64_t limit, int slots,
+                                       bool prune)
+    : limit_(limit) {
+  MEMFIT_CHECK(!chain.blocks.empty() && slots >= 1);
+  if (limit >= 1) impl_ = std::make_unique<Impl>(chain, limit, slots, prune);
+}
+
+CheckpointDpTables::~CheckpointDpTables() = default;
+
+std::optional<DpSolution> CheckpointDpTables::at(std::int64_t limit) const {
+  if (limit > limit_) {
+    throw InvalidArgument("CheckpointDpTables::at(" + std::to_string(limit) +
+                          "): the tables were solved for a limit of " + std::to_string(limit_) +
+                          " bytes; valid: at most that (solve again for more)");
+  }
+  if (!impl_ || limit < 1) return std::nullopt;
+  const Dp& dp = impl_->dp;
+  const auto m = static_cast<int>(std::min<std::int64_t>(limit / dp.unit(), dp.budget()));
+  const double t = dp.least_time(m);
+  if (t == kInf) return std::nullopt;
+  return DpSolution{dp.schedule(m), t, dp.unit(), m};
+}
+
 std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t limit, int slots,
                                                 bool prune) {
-  MEMFIT_CHECK(!chain.blocks.empty() && slots >= 1);
-  if (limit < 1) return std::nullopt;
-  Dp dp(chain, limit, slots, prune);
-  const double t = dp.solve();
-  if (t == kInf) return std::nullopt;
-  return DpSolution{dp.schedule(), t, dp.unit(), dp.budget()};
+  return CheckpointDpTables(chain, limit, slots, prune).at(limit);
 }
 
 }  // namespace memfit

@@ -113,9 +113,10 @@ SolverResult fixed(const Chain& chain, std::int64_t limit, Schedule s) {
   return r;
 }
 
-SolverResult optimal(const Chain& chain, std::int64_t limit, int slots) {
+// The optimal solver's answer from the DP's (`dp`, solved for `limit` or above).
+SolverResult optimal(const Chain& chain, std::int64_t limit, int slots,
+                     const std::optional<DpSolution>& dp) {
   const int n = static_cast<int>(chain.blocks.size());
-  const std::optional<DpSolution> dp = optimal_checkpoint_dp(chain, limit, slots);
   std::optional<SolverResult> best;
   if (dp) {
     best = fixed(chain, limit, dp->schedule);
@@ -218,7 +219,7 @@ SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit, std::strin
                           "; valid: slots >= 1 (memory units of the optimal solver)");
   }
   const int n = static_cast<int>(chain.blocks.size());
-  if (solver == "optimal") return optimal(chain, limit, slots);
+  if (solver == "optimal") return optimal(chain, limit, slots, optimal_checkpoint_dp(chain, limit, slots));
   if (looks_like_op_list(solver)) return fixed(chain, limit, Schedule::parse(solver, n));
   try {
     return fixed(chain, limit, Schedule::parse(solver, n));
@@ -226,6 +227,24 @@ SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit, std::strin
     throw InvalidArgument("checkpoint solver '" + std::string(solver) +
                           "': unknown; valid: " + kValidSolvers);
   }
+}
+
+OptimalSolver::OptimalSolver(Chain chain, int slots) : chain_(std::move(chain)), slots_(slots) {
+  check_chain(chain_, "OptimalSolver");
+  if (slots < 1) {
+    throw InvalidArgument("OptimalSolver: slots = " + std::to_string(slots) +
+                          "; valid: slots >= 1 (memory units of the optimal solver)");
+  }
+}
+
+OptimalSolver::~OptimalSolver() = default;
+
+SolverResult OptimalSolver::solve(std::int64_t limit) {
+  if (!tables_ || limit > tables_->limit()) {
+    tables_.reset();  // its storage first: the new tables may take the thread's
+    tables_ = std::make_unique<CheckpointDpTables>(chain_, limit, slots_);
+  }
+  return optimal(chain_, limit, slots_, tables_->at(limit));
 }
 
 std::vector<std::string> checkpoint_solver_names() { return {"none", "all", "sqrt", "optimal"}; }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,6 +74,26 @@ SimulateResult simulate(const Chain& chain, const Schedule& schedule);
 // InvalidArgument for an unknown solver name (listing the valid ones) or slots < 1.
 SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit,
                               std::string_view solver = "optimal", int slots = 500);
+
+// solve_checkpoint(chain, limit, "optimal", slots) for one chain at a falling limit: the dynamic
+// program's tables are filled for the first limit asked and answer every smaller one without
+// solving again, in the first limit's memory unit (so an answer can differ from
+// solve_checkpoint's at that limit by the rounding: both fit, either may recompute a little
+// more); a larger limit solves again. Not thread-safe: one thread at a time.
+class CheckpointDpTables;
+class OptimalSolver {
+ public:
+  explicit OptimalSolver(Chain chain, int slots = 500);  // InvalidArgument as solve_checkpoint
+  ~OptimalSolver();
+  OptimalSolver(const OptimalSolver&) = delete;
+  OptimalSolver& operator=(const OptimalSolver&) = delete;
+  SolverResult solve(std::int64_t limit);
+
+ private:
+  Chain chain_;
+  int slots_;
+  std::unique_ptr<CheckpointDpTables> tables_;
+};
 
 std::vector<std::string> checkpoint_solver_names();  // none, all, sqrt, optimal
 

@@ -97,9 +97,10 @@ class Searcher {
     // fragmentation, the head's transients) and lowers the limit by what it overshot.
     const auto inputs = static_cast<std::int64_t>(2 * sizeof(std::int32_t)) * micro * c_.seq_len;
     std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - static_device() - inputs;
-    const Chain chain = c_.cm.chain(micro, combo_.dtype, c_.o.device);
+    // One DP for the attempts: its tables answer each lowered limit without solving again.
+    std::optional<OptimalSolver> solver;
     for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
-      const SolverResult& s = solve(micro, chain, limit);
+      const SolverResult& s = solve(micro, limit, solver);
       if (!s.feasible) return std::nullopt;
       q.trainer.policy.checkpoint = Checkpointing::solved(s.schedule);
       const DryRunResult r = run(q);
@@ -112,7 +113,9 @@ class Searcher {
       const DryRunResult u = run(free_q);
       const auto over =
           static_cast<std::int64_t>(u.step.reserved) - static_cast<std::int64_t>(q.alloc.budget);
-      limit -= std::max<std::int64_t>(over, limit / 64 + 1);
+      // From the schedule's own peak in the DP's model, which may lie well below the limit
+      // (a lower limit that it still fits would give the same schedule and the same overshoot).
+      limit = std::min(limit, s.peak_bytes) - std::max<std::int64_t>(over, limit / 64 + 1);
     }
     // The DP's memory model is conservative (the dry run is the truth), so a schedule that
     // fitted a smaller micro-batch may still fit this one: try the largest such, then all(n).
@@ -242,6 +245,32 @@ class Searcher {
     const int per = combo_.optimal() ? optimal_tolerance : 0;
     lo = bracket(lo, p_lo, lo_prev, p_prev, hi, cap, probe_fits, per);
     return extend_with_own_schedule(lo, cap);
+  }
+
+  // Throughput mode, optimal solver: the largest of the ascending `cand` that fits, found by
+  // bisection (0: not even cand[0]). Where that lies below `exact_below` and a larger
+  // candidate failed, the largest micro-batch between the two instead (bracket() to within
+  // 1 / per of the failure, then extend_with_own_schedule()).
+  std::int64_t largest_fitting(const std::vector<std::int64_t>& cand, std::int64_t exact_below,
+                               int per) {
+    std::size_t p_lo = 0;
+    if (cand.empty() || !fits(cand.front(), &p_lo)) return 0;
+    std::size_t lo = 0, hi = cand.size();  // fits(cand[lo]); cand[hi] does not (size: unknown)
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (fits(cand[mid], nullptr)) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const std::int64_t m = cand[lo];
+    if (hi == cand.size() || m >= exact_below) return m;
+    fits(m, &p_lo);
+    auto probe_fits = [&](std::int64_t b, std::size_t* p) { return fits(b, p); };
+    const std::int64_t fail = cand[hi];
+    return extend_with_own_schedule(bracket(m, p_lo, 0, 0, fail, fail, probe_fits, per),
+                                    fail - 1);
   }
 
   // Given fits(lo) with peak p_lo (and an earlier fit lo_prev < lo with p_prev, 0: none) and
@@ -380,12 +409,15 @@ class Searcher {
     return *fixed_;
   }
 
-  // The optimal solver's answer for `micro` samples (its chain) under `limit`, remembered: a
-  // probe with accumulation starts from the limit of the probe without.
-  const SolverResult& solve(std::int64_t micro, const Chain& chain, std::int64_t limit) {
+  // The optimal solver's answer for `micro` samples under `limit`, remembered: a probe with
+  // accumulation starts from the limit of the probe without. `solver`: the probe's, made here
+  // on first use (the chain at this micro-batch).
+  const SolverResult& solve(std::int64_t micro, std::int64_t limit,
+                            std::optional<OptimalSolver>& solver) {
     auto it = solved_.find({micro, limit});
     if (it == solved_.end()) {
-      SolverResult s = solve_checkpoint(chain, limit, "optimal");
+      if (!solver) solver.emplace(c_.cm.chain(micro, combo_.dtype, c_.o.device));
+      SolverResult s = solver->solve(limit);
       it = solved_.emplace(std::pair{micro, limit}, std::move(s)).first;
     }
     return it->second;
@@ -481,28 +513,62 @@ void search_max(const Context& c, Combo& combo, Hint hint) {
 
 namespace {
 
+// Throughput mode splits the per-rank batch into k micro-batches; ceil(per_rank / k) for k up to
+// kSplits is a candidate, and so is every power of two.
+constexpr std::int64_t kSplits = 8;
+
+// The candidate micro-batches of the optimal solver up to `cap` (<= per_rank), ascending:
+// powers of two, ceil(per_rank / k) for k <= kSplits, and cap. Between ceil(per_rank / k) and
+// the next larger such size every micro-batch takes the same k micro-batches, and the
+// smallest of them recomputes least, so above ceil(per_rank / kSplits) nothing else can be
+// faster; below it, the largest micro-batch that fits is added once known (throughput()).
+std::vector<std::int64_t> split_candidates(std::int64_t per_rank, std::int64_t cap) {
+  std::vector<std::int64_t> cand;
+  for (std::int64_t b = 1; b <= cap; b *= 2) cand.push_back(b);
+  for (std::int64_t k = 1; k <= kSplits; ++k) {
+    const std::int64_t b = ceil_div(per_rank, k);
+    if (b <= cap) cand.push_back(b);
+  }
+  cand.push_back(cap);
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  return cand;
+}
+
 // Throughput mode for one combination: the micro-batch (up to the largest that fits) that
 // reaches the per-rank batch fastest, confirmed by a dry run with its accumulation.
 void throughput(const Context& c, Combo& combo, Searcher& s) {
   const std::int64_t per_rank = c.o.global_batch / c.o.ranks;
-  const std::int64_t m =
-      s.max_micro(std::min(c.o.max_micro_batch, per_rank), kOptimalThroughputTolerance);
+  const std::int64_t cap = std::min(c.o.max_micro_batch, per_rank);
+  const bool optimal = combo.optimal();
+  // Candidate micro-batches. A fixed rule's dry runs are cheap: the largest that fits, then
+  // every one up to it when few, else powers of two, the largest, and ceil(per_rank / k) for
+  // k <= 512. The optimal solver solves a DP per micro-batch: only its split_candidates(),
+  // the largest that fits found among them by bisection (fitting grows no easier with the
+  // micro-batch), and the exact largest only where it can matter (below per_rank / kSplits).
+  std::vector<std::int64_t> cand;
+  std::int64_t m = 0;
+  if (optimal) {
+    cand = split_candidates(per_rank, cap);
+    m = s.largest_fitting(cand, ceil_div(per_rank, kSplits), kOptimalThroughputTolerance);
+  } else {
+    m = s.max_micro(cap);
+  }
   combo.max_micro = m;
   if (m == 0) {
     combo.infeasible = infeasible_reason(c, combo, s);
     return;
   }
-  // Candidate micro-batches: every one when few, else powers of two, the largest, and the
-  // sizes that split the batch into k even-ish parts. The optimal solver re-solves per size,
-  // so it gets the short list.
-  std::vector<std::int64_t> cand;
-  const bool optimal = combo.optimal();
-  if (!optimal && m <= 512) {
+  if (optimal) {
+    cand.push_back(m);
+    std::sort(cand.begin(), cand.end());
+    cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+    cand.erase(std::upper_bound(cand.begin(), cand.end(), m), cand.end());
+  } else if (m <= 512) {
     for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
   } else {
     for (std::int64_t b = 1; b <= m; b *= 2) cand.push_back(b);
-    const std::int64_t parts = optimal ? 8 : 512;
-    for (std::int64_t k = 1; k <= parts; ++k) {
+    for (std::int64_t k = 1; k <= 512; ++k) {
       const std::int64_t b = ceil_div(per_rank, k);
       if (b <= m) cand.push_back(b);
     }

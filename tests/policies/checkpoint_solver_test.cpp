@@ -516,6 +516,103 @@ TEST(CheckpointSolver, PrunedDpIsTheFullPassBitForBit) {
   EXPECT_GT(recomputing, feasible / 4);
 }
 
+// One solve's tables answer every smaller limit as a solve in the same unit would: with sizes in
+// whole units of u and a table solved for L = slots x u, at(k x u) is the DP at k x u with k
+// slots (unit u again), bit for bit, and its schedule fits k x u.
+TEST(CheckpointSolver, TablesAnswerSmallerLimitsAsAFreshSolveInTheirUnit) {
+  std::mt19937 rng(77);
+  int feasible = 0, infeasible = 0, recomputing = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + trial % 12;
+    const Chain c = random_chain(n, rng);
+    const double none_time = simulate(c, Schedule::none(n)).compute_time;
+    const std::int64_t none = simulate(c, Schedule::none(n)).peak_bytes;
+    const std::int64_t top = none + 2;  // unit 1: every size is whole units
+    const CheckpointDpTables tables(c, top, static_cast<int>(top));
+    EXPECT_EQ(tables.limit(), top);
+    for (std::int64_t k = 1; k <= top; ++k) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " limit=" + std::to_string(k) + " chain " +
+                   chain_str(c));
+      const std::optional<DpSolution> from_tables = tables.at(k);
+      const std::optional<DpSolution> fresh = optimal_checkpoint_dp(c, k, static_cast<int>(k));
+      ASSERT_EQ(from_tables.has_value(), fresh.has_value());
+      if (!fresh) {
+        ++infeasible;
+        continue;
+      }
+      ++feasible;
+      recomputing += fresh->compute_time > none_time;
+      EXPECT_EQ(from_tables->unit, 1);
+      EXPECT_EQ(from_tables->budget_units, k);
+      EXPECT_EQ(std::memcmp(&from_tables->compute_time, &fresh->compute_time, sizeof(double)), 0);
+      EXPECT_EQ(from_tables->schedule.ops(), fresh->schedule.ops());
+      const SimulateResult sim = simulate(c, from_tables->schedule);
+      EXPECT_LE(sim.peak_bytes, k);
+      EXPECT_EQ(sim.compute_time, from_tables->compute_time);
+    }
+  }
+  EXPECT_GT(infeasible, 0);
+  EXPECT_GT(recomputing, feasible / 5);
+}
+
+TEST(CheckpointSolver, TablesRefuseALargerLimit) {
+  std::mt19937 rng(5);
+  const Chain c = random_chain(4, rng);
+  const CheckpointDpTables tables(c, 40, 40);
+  EXPECT_THROW((void)tables.at(41), InvalidArgument);
+  EXPECT_FALSE(tables.at(0).has_value());
+  const CheckpointDpTables nothing(c, 0, 40);  // no limit at all: nothing fits, nothing solved
+  EXPECT_FALSE(nothing.at(0).has_value());
+}
+
+// OptimalSolver at a falling limit: each answer fits its limit, is never slower than the fixed
+// rules that fit, and at the first limit (and after a rise, which solves again) it is
+// solve_checkpoint's exactly.
+TEST(CheckpointSolver, OptimalSolverAtFallingLimits) {
+  std::mt19937 rng(2026);
+  std::uniform_int_distribution<std::int64_t> bytes(1000, 90000);
+  std::uniform_int_distribution<int> pick(0, 4);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int n = trial % 4 == 0 ? 48 : 2 + trial;
+    Chain c;
+    for (int i = 0; i < n; ++i) {
+      const double tf = 0.25 * pick(rng) + 0.1;
+      c.blocks.push_back({bytes(rng), 3 * bytes(rng), pick(rng) != 0, bytes(rng) / 4,
+                          bytes(rng) / 2, tf, 2 * tf + 0.5});
+    }
+    c.output_bytes = bytes(rng);
+    c.head_bytes = bytes(rng);
+    c.head_time = 0.1;
+    const std::int64_t none = simulate(c, Schedule::none(n)).peak_bytes;
+    OptimalSolver solver(c);
+    std::int64_t limit = none;
+    const auto same = [](const SolverResult& a, const SolverResult& b) {
+      EXPECT_EQ(a.feasible, b.feasible);
+      EXPECT_EQ(a.schedule.ops(), b.schedule.ops());
+      EXPECT_EQ(a.compute_time, b.compute_time);
+      EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+    };
+    same(solver.solve(limit), solve_checkpoint(c, limit, "optimal"));
+    for (int step = 0; step < 6; ++step) {
+      limit -= limit / 7;
+      SCOPED_TRACE("n=" + std::to_string(n) + " limit=" + std::to_string(limit));
+      const SolverResult r = solver.solve(limit);
+      if (!r.feasible) {
+        EXPECT_FALSE(solve_checkpoint(c, limit, "all").feasible);
+        continue;
+      }
+      EXPECT_LE(r.peak_bytes, limit);
+      EXPECT_EQ(simulate(c, r.schedule).compute_time, r.compute_time);
+      for (const char* rule : {"none", "sqrt", "all"}) {
+        const SolverResult f = solve_checkpoint(c, limit, rule);
+        if (f.feasible) EXPECT_LE(r.compute_time, f.compute_time) << rule;
+      }
+    }
+    same(solver.solve(none), solve_checkpoint(c, none, "optimal"));  // a rise: solved again
+  }
+  EXPECT_THROW(OptimalSolver(Chain{}), InvalidArgument);
+}
+
 TEST(CheckpointSolver, UnlimitedIsNone) {
   std::mt19937 rng(3);
   for (int n : {1, 2, 7, 40, 96}) {
