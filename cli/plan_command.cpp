@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,9 +17,11 @@
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
+#include "policies/device_rates.h"
 #include "policies/device_spec.h"
 #include "policies/planner.h"
 #include "policies/runtime_env.h"
+#include "profiler/atomic_file.h"
 
 namespace memfit::cli {
 
@@ -41,6 +44,7 @@ struct PlanArgs {
   std::string alloc_conf;
   bool measure_context = false;
   bool measure = false;
+  std::string device_out;  // --measure on a CUDA device: the measured device file
   std::string loss = "chunked";
 };
 
@@ -188,6 +192,107 @@ void validate(const PlanArgs& a) {
                           " shards across data-parallel ranks: give --ranks N (N >= 2) with it");
   }
   if (a.top < 0) throw InvalidArgument("--top " + std::to_string(a.top) + " must be >= 0");
+  if (a.measure && a.calibrate) {
+    throw InvalidArgument(
+        "--measure and --calibrate: give one (--measure measures the device's "
+        "rates, --calibrate fits the cost model from profiled steps)");
+  }
+  if (!a.device_out.empty()) {
+    if (!a.measure || a.device == "cpu") {
+      throw InvalidArgument("--device-out '" + a.device_out +
+                            "' is where --measure with a CUDA device (h100-80g, a kind-cuda "
+                            "file) writes the measured device; give it with those (--device cpu "
+                            "--measure keeps this CPU's rates in its cache instead)");
+    }
+    if (!ends_with(a.device_out, ".yaml") && !ends_with(a.device_out, ".yml")) {
+      throw InvalidArgument("--device-out '" + a.device_out +
+                            "': a device file is YAML; valid: a path ending in .yaml or .yml");
+    }
+  }
+}
+
+// --measure with any device but `cpu`: this machine's GPU is measured against that device.
+bool measures_gpu(const PlanArgs& a) { return a.measure && a.device != "cpu"; }
+
+// For --measure on a GPU, before anything runs or is written: the device must be kind cuda and
+// this machine must have a usable GPU. Returns where the measured device file goes:
+// --device-out, else "<device name>-measured.yaml" in the current directory (characters other
+// than letters, digits, '.', '_' and '-' of the name become '_').
+std::string measured_device_path(const PlanArgs& a) {
+  const DeviceSpec d = DeviceSpec::load(a.device);
+  if (d.kind != DeviceKind::kCuda) {
+    throw InvalidArgument("--measure with --device " + a.device +
+                          ": a kind-cpu device's rates are this machine's CPU's; valid: "
+                          "--device cpu --measure, or a CUDA device on a machine with its GPU");
+  }
+  std::string why;
+  if (!cuda_runtime_available(&why)) {
+    throw InvalidArgument("--measure with --device " + a.device +
+                          " measures this machine's GPU, and there is none here (" + why +
+                          "); without --measure " + d.name +
+                          "'s own rates are used, and --device cpu --measure measures this "
+                          "machine's CPU");
+  }
+  if (!a.device_out.empty()) return a.device_out;
+  std::string name = d.name;
+  for (char& c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
+  }
+  return name + "-measured.yaml";
+}
+
+// "3.35 T" + unit, "52.1 G" + unit: SI prefixes, as device files accept them.
+std::string si_rate(double v, const char* unit) {
+  char buf[48];
+  static constexpr const char* kPrefix[] = {"P", "T", "G", "M", "k"};
+  static constexpr double kFactor[] = {1e15, 1e12, 1e9, 1e6, 1e3};
+  const char* prefix = "";
+  double x = v;
+  for (std::size_t i = 0; i < std::size(kFactor); ++i) {
+    if (v >= kFactor[i]) {
+      prefix = kPrefix[i];
+      x = v / kFactor[i];
+      break;
+    }
+  }
+  std::snprintf(buf, sizeof buf, x < 10 ? "%.2f %s%s" : "%.1f %s%s", x, prefix, unit);
+  return buf;
+}
+
+// What --measure measured on this GPU, beside the figures of the file it was measured against.
+void print_measured(const MeasuredDevice& m, std::FILE* to) {
+  say_to(to,
+         "measured on this GPU in %.1f s (GEMMs of %lld^3, f32 %lld^3 without TF32; copies of "
+         "%s; each the median of %d):\n",
+         m.rates.seconds, static_cast<long long>(m.options.gemm_size),
+         static_cast<long long>(m.options.gemm_size_f32),
+         format_bytes(static_cast<std::size_t>(m.options.copy_bytes)).c_str(), m.options.reps);
+  const std::string file_col = m.file.name + "'s file";
+  say_to(to, "  %-14s %16s %16s %7s\n", "figure", "measured", file_col.c_str(), "ratio");
+  for (const MeasuredFigure& f : m.figures()) {
+    const char* unit = f.key.rfind("flops", 0) == 0 ? "FLOP/s" : "B/s";
+    const std::string got =
+        f.bytes ? format_bytes(static_cast<std::size_t>(f.measured)) : si_rate(f.measured, unit);
+    const std::string had =
+        f.bytes ? format_bytes(static_cast<std::size_t>(f.file)) : si_rate(f.file, unit);
+    say_to(to, "  %-14s %16s %16s %6.2fx\n", f.key.c_str(), got.c_str(), had.c_str(), f.ratio());
+  }
+  say_to(to,
+         "  (mem_bandwidth: bytes read + written by device copies; host_link: the slower\n"
+         "   direction of pinned copies: host to device %s, device to host %s)\n",
+         si_rate(m.rates.host_to_device, "B/s").c_str(),
+         si_rate(m.rates.device_to_host, "B/s").c_str());
+  const double total = static_cast<double>(m.device_total_bytes);
+  const double file_memory = static_cast<double>(m.file.memory_bytes);
+  if (total > 0 && (total < 0.9 * file_memory || total > 1.1 * file_memory)) {
+    say_to(to,
+           "  note: this GPU has %s, %s's file says %s: the file's memory is kept (is %s the "
+           "device file for this GPU?)\n",
+           format_bytes(m.device_total_bytes).c_str(), m.file.name.c_str(),
+           format_bytes(m.file.memory_bytes).c_str(), m.file.name.c_str());
+  }
 }
 
 // --measure-context: what the CUDA context and the backend's library handles take on this
@@ -207,12 +312,13 @@ std::size_t measure_context(DeviceSpec& device) {
 }
 
 PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nullptr,
-                               std::string* rates_note = nullptr) {
+                               std::string* rates_note = nullptr,
+                               MeasuredDevice* measured = nullptr) {
   PlannerOptions o;
   o.spec = load_model(a.model);
   o.loss = parse_loss_flag(a.loss);
   o.device = DeviceSpec::load(a.device);
-  if (a.measure_context) {
+  if (a.measure_context && !measures_gpu(a)) {  // --measure measures the context too
     const std::size_t was = measure_context(o.device);
     if (context_was != nullptr) *context_was = was;
   }
@@ -232,15 +338,17 @@ PlannerOptions planner_options(const PlanArgs& a, std::size_t* context_was = nul
   o.zero_stage = a.zero;
   o.overlap_comm = !a.no_overlap;
   o.calibrate = a.calibrate;
-  if (a.measure && (a.device != "cpu" || a.calibrate)) {
-    throw InvalidArgument("--measure measures this machine's CPU rates: it needs --device cpu "
-                          "and no --calibrate (a GPU's rates are measured on that GPU)");
-  }
   const std::string note = use_measured_cpu_rates(o, a.device, a.measure);
   if (rates_note != nullptr) *rates_note = note;
   // The allocator's tuning is part of the prediction: the same settings `memfit train` uses.
   o.alloc_conf = parse_alloc_conf(a.alloc_conf);
   o.choose_allocator = planner_chooses_allocator(a.alloc_conf);
+  if (measures_gpu(a)) {  // last: every other flag is checked before the GPU is busy
+    MEMFIT_CHECK(measured != nullptr);
+    *measured = measure_cuda_device(o.device);
+    o.device = measured->measured;
+    if (context_was != nullptr) *context_was = measured->file.context_bytes;
+  }
   return o;
 }
 
@@ -269,10 +377,30 @@ void print_trade_offs(const PlanResult& r) {
 
 int run_plan(const PlanArgs& a) {
   validate(a);
-  const std::vector<OutputLock> held = claim_outputs({{"--out", a.out}});  // before planning
+  const std::string device_out = measures_gpu(a) ? measured_device_path(a) : "";
+  // Before measuring and planning.
+  const std::vector<OutputLock> held =
+      claim_outputs({{"--out", a.out}, {"--device-out", device_out}});
   std::size_t context_was = 0;
   std::string rates_note;
-  const PlannerOptions o = planner_options(a, &context_was, &rates_note);
+  MeasuredDevice measured;
+  const PlannerOptions o = planner_options(a, &context_was, &rates_note, &measured);
+  if (measures_gpu(a)) {
+    // Written before planning: the measurement stands whether or not anything fits. stderr
+    // when stdout carries JSON or YAML, so it stays parseable.
+    std::FILE* to = a.format == "table" ? stdout : stderr;
+    print_measured(measured, to);
+    std::vector<std::string> failed;
+    write_or_rescue(
+        "--device-out", device_out, false,
+        [&](const std::string& path) {
+          write_file_atomic(path, measured.to_yaml());
+          say_to(to, "measured device written to %s: plan with --device %s\n\n", path.c_str(),
+                 path.c_str());
+        },
+        failed);
+    finish_outputs(failed);
+  }
   const PlanResult r = plan(o);
   MEMFIT_CHECK(!r.candidates.empty());  // the planner throws when nothing fits
   const Plan& rec = r.recommended;
@@ -311,10 +439,11 @@ int run_plan(const PlanArgs& a) {
           o.ranks, o.zero_stage, format_bytes(static_cast<std::size_t>(o.device.rank_link)).c_str());
     }
     say("  peaks are dry runs of one step through the real allocator; time is %s\n\n",
-        o.calibrate    ? "calibrated on this machine"
-        : o.cpu_rates ? ("the dry run's ops at this CPU's measured rates (" + rates_note + ")")
-                             .c_str()
-                       : "analytic (flops and bytes / rates)");
+        o.calibrate ? "calibrated on this machine"
+        : o.cpu_rates
+            ? ("the dry run's ops at this CPU's measured rates (" + rates_note + ")").c_str()
+        : measures_gpu(a) ? "analytic (flops and bytes / the rates measured on this GPU)"
+                          : "analytic (flops and bytes / rates)");
     print_table(r, a.top);
     say("(columns after '=': bytes at the moment of the peak, adding up to it; host: pinned host "
         "bytes; each category's own peak: --format json, predicted.category_peaks)\n");
@@ -420,10 +549,18 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                 "--device cpu: measure this machine's CPU rates again (GEMM per dtype and size, "
                 "each op, memcpy, AdamW; a few seconds) and rewrite the cache; without it they "
                 "are measured once per machine and build, then read from the cache "
-                "($MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit)");
+                "($MEMFIT_CACHE_DIR, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit). A CUDA "
+                "device (h100-80g, a kind-cuda file), on a machine with a GPU: measure this "
+                "GPU's GEMM flops per dtype, memory bandwidth, pinned host link and context "
+                "(a second or two), print them beside the device's figures, write the device "
+                "with them (--device-out) and plan with it");
+  cmd->add_option("--device-out", a->device_out,
+                  "with --measure on a CUDA device: the measured device file to write (.yaml or "
+                  ".yml; default: <device name>-measured.yaml in the current directory); later "
+                  "plans take it as --device FILE");
   cmd->callback([a, cmd, &exit_code] {
     for (const char* flag : {"--model", "--device", "--budget", "--host-budget", "--out",
-                             "--alloc-conf", "--format", "--loss"}) {
+                             "--alloc-conf", "--format", "--loss", "--device-out"}) {
       reject_empty(flag, cmd->count(flag) > 0, cmd->get_option(flag)->as<std::string>());
     }
     if (a->alloc_conf.empty()) {
