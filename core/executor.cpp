@@ -24,10 +24,10 @@ void check_batch(const MicroBatch& mb, const LayerContext& ctx) {
   }
 }
 
-// For each op: whether a forward's output x[i+1] is read later (by a forward of block i+1, or by
-// the head when i+1 == n and the head has not run). Outputs nobody reads are not stored, so a
-// recomputation whose output is already held, or not needed (the last block recomputed after
-// the head), costs no extra slot.
+}  // namespace
+
+// Outputs nobody reads are not stored, so a recomputation whose output is already held, or not
+// needed (the last block recomputed after the head), costs no extra slot.
 std::vector<char> outputs_read_later(const Schedule& s, int n) {
   const auto& ops = s.ops();
   std::vector<char> needed(ops.size(), 0);
@@ -48,6 +48,38 @@ std::vector<char> outputs_read_later(const Schedule& s, int n) {
   }
   return needed;
 }
+
+// The slots as run() fills them: x[0] from the embedding; a forward stores its output when read
+// later and not held, and drops its input unless it keeps it as a checkpoint; the head takes
+// x[n]; a backward drops x[i] and x[i+1].
+std::vector<char> forwards_for_backward(const Schedule& s, int n) {
+  const std::vector<char> needed = outputs_read_later(s, n);
+  const auto& ops = s.ops();
+  std::vector<char> out(ops.size(), 0);
+  std::vector<char> held(static_cast<std::size_t>(n) + 1, 0);
+  held[0] = 1;
+  bool head_ran = false;
+  for (std::size_t j = 0; j < ops.size(); ++j) {
+    const ScheduleOp& op = ops[j];
+    const auto i = static_cast<std::size_t>(op.block);
+    if (op.kind == ScheduleOp::Kind::kForward) {
+      const bool output_read = needed[j] && !held[i + 1];
+      out[j] = op.keep == Keep::kAll && !output_read;
+      if (op.keep != Keep::kInput) held[i] = 0;
+      if (output_read) held[i + 1] = 1;
+      if (op.block == n - 1 && !head_ran) {
+        head_ran = true;
+        held[i + 1] = 0;
+      }
+    } else {
+      held[i] = 0;
+      held[i + 1] = 0;
+    }
+  }
+  return out;
+}
+
+namespace {
 
 // The profiler's names for this model's stages: block i's layer name, "embedding", "head".
 // Interned once per run() (n + 2 lookups per micro-batch), so each range costs a push and a pop.
@@ -150,6 +182,7 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
   check_batch(mb, ctx_);
   stats_ = ExecutorStats{};
   const std::vector<char> needed = outputs_read_later(schedule, n);
+  const std::vector<char> for_backward = forwards_for_backward(schedule, n);
   const RangeIds ids(model_);
   const bool use_hooks = hooks.before_use || hooks.after_use;
   UseTracker uses(hooks, use_hooks ? weight_uses(schedule, n) : std::vector<int>{});
@@ -205,8 +238,10 @@ Act Executor::run(const Schedule& schedule, const MicroBatch& mb, float dloss,
         // A forward keeping all whose output nobody reads (a recomputation just before its
         // backward, or one whose output is already held) runs only what the backward needs.
         const bool output_read = needed[j] && !x[i + 1] && !stashed[i + 1];
+        MEMFIT_CHECK((op.keep == Keep::kAll && !output_read) == (for_backward[j] != 0))
+            << "executor: forwards_for_backward disagrees at op " << j;
         Act y;
-        if (op.keep == Keep::kAll && !output_read) {
+        if (for_backward[j]) {
           blk.forward_for_backward(ctx_, x[i]);
         } else {
           y = blk.forward(ctx_, x[i], op.keep == Keep::kAll);

@@ -76,6 +76,17 @@ std::vector<int> weight_uses(const Schedule& schedule, int n);
 // needs. The schedule must be valid for n.
 std::vector<int> checkpoint_reads(const Schedule& schedule, int n);
 
+// For each op of the schedule: whether a forward's output x[i+1] is read later (by a forward of
+// block i+1, or by the head when i+1 == n and the head has not run); 0 for backwards. run()
+// stores only outputs read later (and not already held). The schedule must be valid for n.
+std::vector<char> outputs_read_later(const Schedule& schedule, int n);
+
+// For each op: whether run() runs it as Layer::forward_for_backward, a forward keeping all
+// whose output it does not store (read by nothing later, or already held): a block recomputed
+// right before its backward. The cost model and the checkpoint solvers price such a forward at
+// LayerCost::flops_for_backward. The schedule must be valid for n.
+std::vector<char> forwards_for_backward(const Schedule& schedule, int n);
+
 // What the last run() did; counters for tests and reports.
 struct ExecutorStats {
   std::int64_t forwards = 0;     // block forwards, recomputations included

@@ -16,6 +16,7 @@ LayerCost& LayerCost::operator+=(const LayerCost& o) {
   workspace_bytes += o.workspace_bytes;
   forward_flops += o.forward_flops;
   backward_flops += o.backward_flops;
+  for_backward_flops = -1;
   return *this;
 }
 

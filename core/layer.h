@@ -62,8 +62,16 @@ struct LayerCost {
                                      // input, output, saved and the gradients in/out
   std::int64_t forward_flops = 0;
   std::int64_t backward_flops = 0;
+  // forward_for_backward()'s flops (a recomputation whose output nobody reads); -1: those of
+  // forward(), as the default forward_for_backward runs it. A layer that overrides it says.
+  std::int64_t for_backward_flops = -1;
 
-  LayerCost& operator+=(const LayerCost& o);  // sums; saves_input ORs
+  std::int64_t flops_for_backward() const {
+    return for_backward_flops < 0 ? forward_flops : for_backward_flops;
+  }
+  // Sums; saves_input ORs; for_backward_flops becomes -1 (a sum of layers recomputes as its
+  // forward unless the layer that sums them says otherwise).
+  LayerCost& operator+=(const LayerCost& o);
 };
 
 class Layer {

@@ -16,7 +16,9 @@
 // Recurrences (G = a[t], the gradient held while the segment runs forward; 0 for H):
 //   keep all first: F(s, all) [peak a[s] + G + a[s+1] + wf[s] + S[s]], then the rest with
 //     K[s] bytes less (P(s+1, t, m - K[s]), or the head when s + 1 == n), then B(s)
-//     [peak K[s] + a[s+1] + a[s] + wb[s]].
+//     [peak K[s] + a[s+1] + a[s] + wb[s]]. In P with s + 1 == t nothing reads x[t] again, so
+//     F(s, all) runs for its backward only and takes fwd_for_backward_time (the executor's
+//     forwards_for_backward()); every other forward takes fwd_time.
 //   split at s < s' < t: F(s, input), F(s+1..s'-1, nothing) [peaks a[s] + G + a[k] + a[k+1] +
 //     wf[k]], P(s', t, m - a[s]) with x[s] held beside it, then P(s, s', m); for H, s' may be
 //     n: the chain reaches x[n], the head runs [peak a[s] + a[n] + head], then P(s, n, m).
@@ -25,13 +27,16 @@
 //
 // The class it is optimal over: persistent schedules, where a forward keeping nothing only
 // consumes the input the previous forward just stored (a checkpoint, once held past other
-// ops, stays until its block's keep-all forward or backward). The test proves equality with
-// an exhaustive search over that class on every random case. Over ALL valid schedules the
-// executor can do slightly better, rarely (no case in the test's 469 unrestricted searches;
-// one pinned example, 61 vs 62 time units): hold x[s] through the top of the chain, then
-// consume it keeping nothing and let a later keep-all forward of block s-1 regenerate it.
-// Covering that needs sub-problems with a third index (where the segment hands back), which
-// is O(n^4 * slots): too slow for 96 blocks in 200 ms.
+// ops, stays until its block's keep-all forward or backward), and no block runs forward while
+// a block above it holds saved state (a segment finishes, its backwards included, before
+// anything to its left is recomputed). The test proves equality with an exhaustive search over
+// that class on every random case. Over ALL valid schedules the executor can do better,
+// rarely (1 of the test's 469 unrestricted searches, by 5%; one pinned example, 61 vs 62 time
+// units), two ways: hold x[s] through the top of the chain, then consume it keeping nothing and
+// let a later keep-all forward of block s-1 regenerate it; or recompute a block on the left
+// while a block on the right still holds saved state (before that block's backward, while the
+// gradient in flight is the smaller one). Covering these needs sub-problems with a third index
+// (where the segment hands back), which is O(n^4 * slots): too slow for 96 blocks in 200 ms.
 #include "policies/checkpoint_dp.h"
 
 #include <algorithm>
@@ -158,7 +163,7 @@ class Dp {
   std::size_t width_;                     // budget_ + 1
   std::vector<int> a_, s_, k_, wf_, wb_;  // units; a_ has n + 1 entries
   int head_ = 0;
-  std::vector<double> tf_, tb_, tf_prefix_;  // tf_prefix_[k] = sum of tf_[0..k-1]
+  std::vector<double> tf_, tfb_, tb_, tf_prefix_;  // tf_prefix_[k] = sum of tf_[0..k-1]
   double th_ = 0;
   // P and H rows of budget + 1 entries, written only from where a row can be finite
   // (solve_row); the storage comes from the thread's pool and goes back to it (take_table()).
@@ -190,6 +195,7 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots, bool prune)
   wf_.resize(nn);
   wb_.resize(nn);
   tf_.resize(nn);
+  tfb_.resize(nn);
   tb_.resize(nn);
   tf_prefix_.assign(nn + 1, 0.0);
   for (std::size_t i = 0; i < nn; ++i) {
@@ -201,6 +207,7 @@ Dp::Dp(const Chain& chain, std::int64_t limit, int slots, bool prune)
     wf_[i] = units(b.fwd_workspace);
     wb_[i] = units(b.bwd_workspace);
     tf_[i] = b.fwd_time;
+    tfb_[i] = b.for_backward_time();
     tb_[i] = b.bwd_time;
     tf_prefix_[i + 1] = tf_prefix_[i] + b.fwd_time;
   }
@@ -225,8 +232,8 @@ void Dp::for_each_choice(int s, int t, bool head, F&& f) const {
   if (s + 1 == t) {
     if (head) {  // the head runs after F(n-1, all), beside block n-1's saved state
       f(Choice{s, std::max({fwd_all, bwd, k_[us] + a_[un] + head_}), t_all + th_, -1, 0, -1});
-    } else {
-      f(Choice{s, std::max(fwd_all, bwd), t_all, -1, 0, -1});
+    } else {  // nothing reads x[t] again: the forward runs for its backward only
+      f(Choice{s, std::max(fwd_all, bwd), tfb_[us] + tb_[us], -1, 0, -1});
     }
   } else {
     f(Choice{s, std::max(fwd_all, bwd), t_all, head ? hrow(s + 1) : row(s + 1, t), k_[us], -1});

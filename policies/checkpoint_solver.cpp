@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/executor.h"  // outputs_read_later, forwards_for_backward
 #include "memory/check.h"
 #include "memory/error.h"
 #include "memory/size.h"
@@ -66,31 +67,14 @@ void check_chain(const Chain& c, const char* where) {
     check_bytes(b.fwd_workspace, at + "fwd_workspace");
     check_bytes(b.bwd_workspace, at + "bwd_workspace");
     check_time(b.fwd_time, at + "fwd_time");
+    if (b.fwd_for_backward_time >= 0 || std::isnan(b.fwd_for_backward_time)) {
+      check_time(b.fwd_for_backward_time, at + "fwd_for_backward_time");
+    }
     check_time(b.bwd_time, at + "bwd_time");
   }
   check_bytes(c.output_bytes, "output_bytes");
   check_bytes(c.head_bytes, "head_bytes");
   check_time(c.head_time, "head_time");
-}
-
-// The executor's rule (core/executor.cpp): forward j's output is stored iff a later forward
-// reads it, or it is x[n] and the head has not run yet.
-std::vector<char> outputs_read_later(const Schedule& s, int n) {
-  const auto& ops = s.ops();
-  std::vector<char> needed(ops.size(), 0);
-  std::vector<char> read_later(static_cast<std::size_t>(n) + 1, 0);
-  for (std::size_t j = ops.size(); j-- > 0;) {
-    if (ops[j].kind != ScheduleOp::Kind::kForward) continue;
-    needed[j] = read_later[static_cast<std::size_t>(ops[j].block) + 1];
-    read_later[static_cast<std::size_t>(ops[j].block)] = 1;
-  }
-  for (std::size_t j = 0; j < ops.size(); ++j) {
-    if (ops[j].kind == ScheduleOp::Kind::kForward && ops[j].block == n - 1) {
-      needed[j] = 1;
-      break;
-    }
-  }
-  return needed;
 }
 
 std::string describe(const SimulateResult& r, std::int64_t limit) {
@@ -159,6 +143,7 @@ SimulateResult simulate(const Chain& chain, const Schedule& schedule) {
   schedule.validate(n);
   const auto un = static_cast<std::size_t>(n);
   const std::vector<char> needed = outputs_read_later(schedule, n);
+  const std::vector<char> for_backward = forwards_for_backward(schedule, n);
   const auto x_bytes = [&](std::size_t k) {
     return k < un ? chain.blocks[k].input_bytes : chain.output_bytes;
   };
@@ -188,7 +173,7 @@ SimulateResult simulate(const Chain& chain, const Schedule& schedule) {
       const std::int64_t during =
           in_use() + x_bytes(i + 1) + b.fwd_workspace + (op.keep == Keep::kAll ? b.saved_bytes : 0);
       r.peak_bytes = std::max(r.peak_bytes, during);
-      r.compute_time += b.fwd_time;
+      r.compute_time += for_backward[j] ? b.for_backward_time() : b.fwd_time;
       if (op.keep == Keep::kAll) saved[i] = 1;
       if (op.keep != Keep::kInput) held[i] = 0;
       if (needed[j]) held[i + 1] = 1;  // already held: the copy is dropped, same bytes

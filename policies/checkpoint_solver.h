@@ -37,6 +37,12 @@ struct ChainBlock {
   std::int64_t bwd_workspace = 0;
   double fwd_time = 0;
   double bwd_time = 0;
+  // A keep-all forward whose output is not stored (forwards_for_backward(), core/executor.h: a
+  // block recomputed right before its backward runs only what that reads); < 0: fwd_time.
+  double fwd_for_backward_time = -1;
+  double for_backward_time() const {
+    return fwd_for_backward_time < 0 ? fwd_time : fwd_for_backward_time;
+  }
 };
 
 struct Chain {
@@ -53,7 +59,8 @@ struct SolverResult {
   Schedule schedule;
   bool feasible = false;           // false: nothing fits `limit` (schedule is then all(n))
   std::int64_t peak_bytes = 0;     // simulate()'s peak for `schedule`
-  double compute_time = 0;         // forwards + recomputations + backwards (+ head)
+  double compute_time = 0;         // forwards + recomputations + backwards (+ head); a
+                                   // forward run for its backward at for_backward_time()
   std::string why;                 // one line: what was chosen and why, or what did not fit
 };
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/cpu/adamw.h"
-#include "core/executor.h"  // checkpoint_reads
+#include "core/executor.h"  // checkpoint_reads, forwards_for_backward
 #include "core/layers/transformer_block.h"
 #include "core/meta/meta_backend.h"
 #include "core/model.h"
@@ -218,6 +218,12 @@ Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& dev
     const double p = static_cast<double>(block_params_[i]);
     cb.fwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.forward_flops),
                              act + p * wbytes, dt, device);
+    // Recomputed for its backward (Layer::forward_for_backward): its flops, and no output
+    // written (the weights it reads counted whole: an upper bound).
+    cb.fwd_for_backward_time =
+        op_seconds(static_cast<double>(b) * static_cast<double>(k.flops_for_backward()),
+                   act - static_cast<double>(b) * static_cast<double>(k.output_bytes) + p * wbytes,
+                   dt, device);
     cb.bwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.backward_flops),
                              2 * act + p * (wbytes + 8), dt, device);
     c.blocks.push_back(cb);
@@ -252,6 +258,7 @@ double stash_wait(const Schedule& schedule, const Chain& c, const DeviceSpec& de
   std::vector<double> done(n + 1, 0);  // kOut: the copy out's end; kFetched: the fetch's
   std::vector<char> kept(n + 1, 0);
   const std::vector<int> reads = checkpoint_reads(schedule, static_cast<int>(n));
+  const std::vector<char> for_backward = forwards_for_backward(schedule, static_cast<int>(n));
   std::size_t at = 0;
   int latest = -1;
   double clock = 0, out = 0, in = 0, waited = 0;
@@ -267,7 +274,9 @@ double stash_wait(const Schedule& schedule, const Chain& c, const DeviceSpec& de
     state[i] = kFetched;
   };
   bool head_done = false;
-  for (const ScheduleOp& op : schedule.ops()) {
+  const auto& ops = schedule.ops();
+  for (std::size_t j = 0; j < ops.size(); ++j) {
+    const ScheduleOp& op = ops[j];
     const auto i = static_cast<std::size_t>(op.block);
     if (op.kind == ScheduleOp::Kind::kBackward) {
       clock += c.blocks[i].bwd_time;
@@ -285,7 +294,7 @@ double stash_wait(const Schedule& schedule, const Chain& c, const DeviceSpec& de
       }
     }
     kept[i] = op.keep == Keep::kInput;
-    clock += c.blocks[i].fwd_time;
+    clock += for_backward[j] ? c.blocks[i].for_backward_time() : c.blocks[i].fwd_time;
     if (op.keep == Keep::kInput) {
       if (latest >= 0) {
         wait_for(done[static_cast<std::size_t>(latest)]);
@@ -352,11 +361,15 @@ double CostModel::step_seconds(const MemoryPolicy& p, const Schedule& schedule,
   double t = emb_fwd;
   use(0, emb_fwd);
   bool head_done = false;
-  for (const ScheduleOp& op : schedule.ops()) {
+  const std::vector<char> for_backward = forwards_for_backward(schedule, num_blocks());
+  const auto& ops = schedule.ops();
+  for (std::size_t j = 0; j < ops.size(); ++j) {
+    const ScheduleOp& op = ops[j];
     const ChainBlock& cb = c.blocks[static_cast<std::size_t>(op.block)];
     if (op.kind == ScheduleOp::Kind::kForward) {
-      t += cb.fwd_time;
-      use(1 + op.block, cb.fwd_time);
+      const double ft = for_backward[j] ? cb.for_backward_time() : cb.fwd_time;
+      t += ft;
+      use(1 + op.block, ft);
       if (!head_done && op.block == num_blocks() - 1) {
         t += c.head_time;  // forward and backward: the head runs as soon as x[n] is held
         use(num_blocks() + 1, c.head_time);

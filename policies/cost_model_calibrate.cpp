@@ -163,8 +163,14 @@ void fit(const Stage& s1, const Stage& s2, std::int64_t b1, std::int64_t b2, dou
   const std::int64_t bw = slope_bytes(s1.bwd_excess, s2.bwd_excess, b1, b2);
   k.workspace_bytes = std::max(fe, bw);
   if (excess) *excess = {fe, bw};
+  // A recomputation for the backward keeps the analytic share of the measured forward.
+  const double for_backward_share =
+      k.forward_flops > 0 ? double(k.flops_for_backward()) / double(k.forward_flops) : 1.0;
   k.forward_flops = std::llround(slope_seconds(s1.fwd_s, s2.fwd_s, b1, b2) * rate);
   k.backward_flops = std::llround(slope_seconds(s1.bwd_s, s2.bwd_s, b1, b2) * rate);
+  if (k.for_backward_flops >= 0) {
+    k.for_backward_flops = std::llround(double(k.forward_flops) * for_backward_share);
+  }
 }
 
 }  // namespace

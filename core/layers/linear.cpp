@@ -73,6 +73,7 @@ LayerCost Linear::cost(std::int64_t seq_len, DType dtype) const {
   c.output_bytes = layers::nbytes(mul(seq_len, out_), dtype);
   c.forward_flops = mul(2, mul(seq_len, mul(in_, out_)));
   c.backward_flops = mul(2, c.forward_flops);
+  c.for_backward_flops = 0;  // keeps its input, no GEMM
   return c;
 }
 

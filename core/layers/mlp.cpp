@@ -80,6 +80,7 @@ LayerCost MLP::cost(std::int64_t seq_len, DType dtype) const {
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   k.forward_flops = mul(4, mul(seq_len, mul(hidden_, inner_)));
   k.backward_flops = mul(2, k.forward_flops);
+  k.for_backward_flops = k.forward_flops / 2;  // fc only: the projection keeps its input
   return k;
 }
 

@@ -31,7 +31,9 @@ class Residual final : public Layer {
   std::vector<Parameter*> parameters() override { return inner_->parameters(); }
   void allocate(const ParamAlloc& a) override { inner_->allocate(a); }
   LayerCost cost(std::int64_t seq_len, DType dtype) const override {
-    return inner_->cost(seq_len, dtype);
+    LayerCost k = inner_->cost(seq_len, dtype);
+    k.for_backward_flops = -1;  // the default forward_for_backward: the whole forward
+    return k;
   }
 
   Layer& inner() { return *inner_; }

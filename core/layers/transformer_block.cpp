@@ -190,9 +190,12 @@ LayerCost PreNormBlock<Norm, Ffn>::cost(std::int64_t seq_len, DType dtype) const
     k.forward_flops += s.forward_flops;
     k.backward_flops += s.backward_flops;
   }
-  k.output_bytes = mlp_.cost(seq_len, dtype).output_bytes;
+  const LayerCost km = mlp_.cost(seq_len, dtype);
+  k.output_bytes = km.output_bytes;
   k.saved_bytes -= k.output_bytes;
   k.saves_input = true;
+  // forward_for_backward: everything but the MLP's own skip (and the residual add, no flops).
+  k.for_backward_flops = k.forward_flops - km.forward_flops + km.flops_for_backward();
   k.workspace_bytes = peaks(seq_len, dtype).workspace();
   return k;
 }

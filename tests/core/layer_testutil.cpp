@@ -470,6 +470,15 @@ void check_memory(Layer& layer, MetaEnv& env, Shape in_shape, std::int64_t seq_l
   dy.reset();
   EXPECT_EQ(live_bytes(env.alloc), base);
 
+  // forward_for_backward: the flops cost() says, and what forward saves, no output.
+  env.be.reset_stats();
+  layer.forward_for_backward(ctx, x);
+  EXPECT_EQ(env.be.stats().gemm_flops, b * e.cost.flops_for_backward());
+  EXPECT_LE(e.cost.flops_for_backward(), e.cost.forward_flops);
+  EXPECT_EQ(live_bytes(env.alloc) - base, held);
+  layer.release_saved();
+  EXPECT_EQ(live_bytes(env.alloc), base);
+
   // save == false: only the output survives; the peak stays within saved + workspace.
   env.alloc.reset_peak_stats();
   y = layer.forward(ctx, x, false);

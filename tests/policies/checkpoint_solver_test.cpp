@@ -40,6 +40,8 @@ Chain random_chain(int n, std::mt19937& rng) {
     b.bwd_workspace = r(0, 3);
     b.fwd_time = r(1, 5);
     b.bwd_time = r(1, 8);
+    // Half the blocks recompute for their backward in less time (-1: the whole forward).
+    b.fwd_for_backward_time = r(0, 1) == 1 ? r(0, static_cast<int>(b.fwd_time)) : -1;
     c.blocks.push_back(b);
   }
   c.output_bytes = r(1, 4);
@@ -53,7 +55,8 @@ std::string chain_str(const Chain& c) {
   for (const ChainBlock& b : c.blocks) {
     s += "{x " + std::to_string(b.input_bytes) + " saved " + std::to_string(b.saved_bytes) +
          (b.saves_input ? "+x" : "") + " wf " + std::to_string(b.fwd_workspace) + " wb " +
-         std::to_string(b.bwd_workspace) + " tf " + std::to_string(b.fwd_time) + " tb " +
+         std::to_string(b.bwd_workspace) + " tf " + std::to_string(b.fwd_time) + " tfb " +
+         std::to_string(b.fwd_for_backward_time) + " tb " +
          std::to_string(b.bwd_time) + "} ";
   }
   return s + "out " + std::to_string(c.output_bytes) + " head " + std::to_string(c.head_bytes) +
@@ -72,7 +75,8 @@ class Exhaustive {
  public:
   // persistent: a forward keeping nothing may only consume the x it reads right after the
   // forward that stored it (a checkpoint, once held past other ops, stays until its block's
-  // keep-all forward or backward): Rotor's class of schedules.
+  // keep-all forward or backward), and no forward runs below a block holding saved state:
+  // Rotor's class of schedules, the DP's (checkpoint_dp.cpp).
   Exhaustive(const Chain& c, std::int64_t limit, bool persistent)
       : c_(c), n_(static_cast<int>(c.blocks.size())), limit_(limit), persistent_(persistent) {}
 
@@ -166,7 +170,7 @@ class Exhaustive {
       if (k > 0 && !bit(s.saved, k) && !bit(s.held, k) && bit(s.saved, k - 1)) {
         return std::numeric_limits<double>::infinity();
       }
-      t += b.bwd_time + (bit(s.saved, k) ? 0.0 : b.fwd_time);
+      t += b.bwd_time + (bit(s.saved, k) ? 0.0 : std::min(b.fwd_time, b.for_backward_time()));
     }
     return t;
   }
@@ -199,6 +203,9 @@ class Exhaustive {
     }
     for (int i = 0; i <= st.nb; ++i) {
       if (!bit(st.held, i) || bit(st.saved, i)) continue;
+      // Persistent: no forward below a block that holds saved state (the DP finishes a
+      // segment, its backwards included, before it recomputes anything to its left).
+      if (persistent_ && (st.saved >> (i + 1)) != 0) continue;
       const ChainBlock& b = c_.blocks[static_cast<std::size_t>(i)];
       for (Keep keep : {Keep::kAll, Keep::kInput, Keep::kNothing}) {
         if (persistent_ && keep == Keep::kNothing && st.fresh != i) continue;
@@ -206,6 +213,9 @@ class Exhaustive {
         const std::int64_t during =
             now + x(i + 1) + b.fwd_workspace + (keep == Keep::kAll ? b.saved_bytes : 0);
         if (during > limit_) continue;
+        // A keep-all forward whose output is not stored runs for its backward only (the
+        // executor's forward_for_backward).
+        const double dropped = keep == Keep::kAll ? b.for_backward_time() : b.fwd_time;
         State to = st;
         to.fresh = 0;
         if (keep == Keep::kAll) to.saved |= 1u << i;
@@ -217,7 +227,7 @@ class Exhaustive {
           to.head = true;
           relax(to, b.fwd_time + c_.head_time, op | kHead);
         } else if (bit(st.held, i + 1) || i + 1 == n_) {
-          relax(to, b.fwd_time, op);  // output already held, or x[n] after the head: dropped
+          relax(to, dropped, op);  // output already held, or x[n] after the head: dropped
         } else {
           if (!bit(st.closed, i + 1)) {
             State kept = to;
@@ -226,7 +236,7 @@ class Exhaustive {
             relax(kept, b.fwd_time, op);
           }
           to.closed |= 1u << (i + 1);
-          relax(to, b.fwd_time, op | kDrop);
+          relax(to, dropped, op | kDrop);
         }
       }
     }
@@ -255,7 +265,9 @@ std::vector<std::int64_t> limits_for(const Chain& c, std::mt19937& rng) {
 // The DP against the persistent search: equal on every case. Against the unrestricted search
 // (every valid op sequence): never better (the search is exact), equal on almost every case;
 // the exceptions drop a checkpoint after its last use and let a later keep-all forward of the
-// block before regenerate it (see checkpoint_dp.cpp), and are counted and printed.
+// block before regenerate it, or recompute a block while one above it holds saved state (see
+// checkpoint_dp.cpp), and are counted and printed. Half the blocks recompute for their backward
+// faster than their forward (fwd_for_backward_time), which the DP and simulate() price alike.
 TEST(CheckpointSolver, OptimalMatchesExhaustiveSearch) {
   std::mt19937 rng(20240611);
   int cases = 0, feasible = 0, infeasible = 0, recompute = 0, full = 0, full_gap = 0;
@@ -389,6 +401,18 @@ TEST(CheckpointSolver, SimulateTermByTerm) {
   c.blocks[1].fwd_workspace = 0;
   EXPECT_EQ(simulate(c, Schedule::all(2)).peak_bytes, 30);
   EXPECT_THROW(simulate(c, Schedule::none(3)), InvalidArgument);  // not a schedule for 2 blocks
+  // A recomputation whose output is not stored runs for its backward: R1:all and R0:all above
+  // take fwd_for_backward_time; the first pass and the head do not.
+  c.blocks[0].fwd_for_backward_time = 0.25;
+  c.blocks[1].fwd_for_backward_time = 2.0;
+  EXPECT_EQ(simulate(c, Schedule::all(2)).compute_time, 1.0 + 3.0 + 0.5 + 2.0 + 5.0 + 0.25 + 2.0);
+  EXPECT_EQ(simulate(c, Schedule::none(2)).compute_time, 1.0 + 3.0 + 0.5 + 5.0 + 2.0);
+  // A keep-all forward whose output a later forward reads stores it and takes fwd_time: R0:all
+  // here (R1:all reads x[1]); R1:all's output is read by nothing (the head ran).
+  const Schedule s = Schedule::parse("F0:input F1:nothing R0:all R1:all B1 B0", 2);
+  EXPECT_EQ(simulate(c, s).compute_time, 1.0 + 3.0 + 0.5 + 1.0 + 2.0 + 5.0 + 2.0);
+  c.blocks[0].fwd_for_backward_time = std::nan("");
+  EXPECT_THROW(simulate(c, Schedule::all(2)), InvalidArgument);
 }
 
 TEST(CheckpointSolver, ScheduleOpListRoundTrip) {

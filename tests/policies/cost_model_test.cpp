@@ -381,7 +381,12 @@ TEST(CostModel, ChainScalesPerSampleFiguresByTheMicroBatch) {
       if (dt == DType::kF32) {
         EXPECT_DOUBLE_EQ(c4.blocks[i].fwd_time, 4.0 * k.forward_flops / dev.flops(dt));
         EXPECT_DOUBLE_EQ(c4.blocks[i].bwd_time, 4.0 * k.backward_flops / dev.flops(dt));
+        // Recomputed for its backward: the MLP's projection (2 x C x 4C flops a token) skipped.
+        EXPECT_EQ(k.forward_flops - k.flops_for_backward(), std::int64_t{2} * 1024 * 768 * 3072);
+        EXPECT_DOUBLE_EQ(c4.blocks[i].fwd_for_backward_time,
+                         4.0 * k.flops_for_backward() / dev.flops(dt));
       }
+      EXPECT_LT(c4.blocks[i].fwd_for_backward_time, c4.blocks[i].fwd_time);
     }
     EXPECT_EQ(c4.output_bytes, 4 * cm.block(11, dt).output_bytes);
     const LayerCost h = cm.head(dt);
@@ -411,13 +416,18 @@ TEST(CostModel, StepSecondsAddsRecomputationAccumulationAndTheOptimizer) {
   MemoryPolicy p;
   p.dtype = DType::kBF16;
   const Chain c = cm.chain(8, DType::kBF16, dev);
-  double fwd = 0;
-  for (const ChainBlock& b : c.blocks) fwd += b.fwd_time;
+  double fwd = 0, for_backward = 0;
+  for (const ChainBlock& b : c.blocks) {
+    fwd += b.fwd_time;
+    for_backward += b.for_backward_time();
+  }
   const double none1 = cm.step_seconds(p, Schedule::none(n), 8, 1, dev);
   const double all1 = cm.step_seconds(p, Schedule::all(n), 8, 1, dev);
   const double none4 = cm.step_seconds(p, Schedule::none(n), 8, 4, dev);
-  // Checkpointing every block recomputes every forward once.
-  EXPECT_NEAR(all1 - none1, fwd, 1e-9 * none1);
+  // Checkpointing every block recomputes every forward once, each right before its backward:
+  // what that backward reads (one GEMM less than the forward), as the executor runs it.
+  EXPECT_NEAR(all1 - none1, for_backward, 1e-9 * none1);
+  EXPECT_LT(for_backward, fwd);
   // Accumulation repeats the micro-batch, not the optimizer: 30 B/param of AdamW (bf16
   // copy-out) over bandwidth once.
   const double opt = 30.0 * static_cast<double>(cm.parameter_count()) / dev.mem_bandwidth;
