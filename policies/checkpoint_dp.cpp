@@ -58,9 +58,9 @@ constexpr std::size_t kMaxTableBytes = std::size_t{1} << 30;
 constexpr std::size_t kKeptTableBytes = std::size_t{64} << 20;
 
 // Table storage, reused: a Dp takes a vector from its thread's pool (or a new one) and gives it
-// back when destroyed, up to kKeptTables of at most kKeptTableBytes each. The planner solves
-// hundreds of tables of a few MiB, and fresh ones cost a page fault per 4 KiB.
-constexpr std::size_t kKeptTables = 4;
+// back when destroyed, up to kKeptTableBytes in all per thread. The planner solves hundreds of
+// tables of a few MiB, and fresh ones cost a page fault per 4 KiB. (So no Dp may outlive its
+// thread's pool: none in static or thread_local storage.)
 std::vector<std::vector<double>>& table_pool() {
   thread_local std::vector<std::vector<double>> pool;
   return pool;
@@ -74,7 +74,9 @@ std::vector<double> take_table() {
 }
 void give_back_table(std::vector<double>&& t) noexcept {
   std::vector<std::vector<double>>& pool = table_pool();
-  if (t.capacity() * sizeof(double) > kKeptTableBytes || pool.size() >= kKeptTables) return;
+  std::size_t kept = t.capacity();
+  for (const std::vector<double>& p : pool) kept += p.capacity();
+  if (kept * sizeof(double) > kKeptTableBytes) return;
   try {
     pool.push_back(std::move(t));
   } catch (...) {  // no room to keep it: it is freed instead
@@ -120,7 +122,6 @@ class Dp {
   Schedule schedule(int m) const;
   std::int64_t unit() const { return unit_; }
   int budget() const { return budget_; }
-  // False once another Dp on this thread took over the thread's table storage.
 
  private:
   // Rows of tab_: P(s, t) for 0 <= s < t <= n (triangular), then H(s) for 0 <= s < n.

@@ -11,7 +11,7 @@
 //
 // The tables of one solve hold the answer for every budget up to theirs, so CheckpointDpTables
 // answers a smaller limit without solving again (the planner lowers the limit when its dry run
-// overshoots, up to four times per micro-batch):
+// overshoots, up to six times per micro-batch):
 //   CheckpointDpTables t(chain, limit, 500);
 //   std::optional<DpSolution> a = t.at(limit), b = t.at(limit - overshoot);  // one solve
 #pragma once
@@ -44,7 +44,9 @@ std::optional<DpSolution> optimal_checkpoint_dp(const Chain& chain, std::int64_t
 // at(l) is the least compute time at budget floor(l / unit) units, the unit unchanged, so a
 // smaller limit is answered as finely as the first (optimal_checkpoint_dp(chain, l, slots)
 // rounds to l's own unit and can differ by that rounding). InvalidArgument as
-// optimal_checkpoint_dp, and for at() of a limit above the solved one.
+// optimal_checkpoint_dp, and for at() of a limit above the solved one. Not thread-safe (at()
+// reconstructs through the tables' own state): one thread at a time; not for static or
+// thread_local storage (the tables return to a per-thread pool when destroyed).
 class CheckpointDpTables {
  public:
   CheckpointDpTables(const Chain& chain, std::int64_t limit, int slots, bool prune = true);

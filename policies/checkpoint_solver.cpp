@@ -225,11 +225,20 @@ OptimalSolver::OptimalSolver(Chain chain, int slots) : chain_(std::move(chain)),
 OptimalSolver::~OptimalSolver() = default;
 
 SolverResult OptimalSolver::solve(std::int64_t limit) {
-  if (!tables_ || limit > tables_->limit()) {
-    tables_.reset();  // its storage first: the new tables may take the thread's
+  const auto solve_for = [&] {
+    tables_.reset();  // its storage back to the pool first: the new tables may take it
     tables_ = std::make_unique<CheckpointDpTables>(chain_, limit, slots_);
+  };
+  // Below 3/4 of the solved limit the first unit leaves fewer than 3/4 of the slots: solve
+  // again rather than lose that resolution.
+  if (!tables_ || limit > tables_->limit() || limit < tables_->limit() / 4 * 3) solve_for();
+  SolverResult r = optimal(chain_, limit, slots_, tables_->at(limit));
+  if (!r.feasible && tables_->limit() != limit) {
+    // The first unit's rounding may hide a schedule that the limit's own finer unit finds.
+    solve_for();
+    r = optimal(chain_, limit, slots_, tables_->at(limit));
   }
-  return optimal(chain_, limit, slots_, tables_->at(limit));
+  return r;
 }
 
 std::vector<std::string> checkpoint_solver_names() { return {"none", "all", "sqrt", "optimal"}; }

@@ -74,19 +74,21 @@ SimulateResult simulate(const Chain& chain, const Schedule& schedule);
 
 // solver: "none", "all", "sqrt", "every:K" (fixed rules; limit only decides `feasible`) or
 // "optimal" (the DP: the least compute_time whose peak fits `limit` among persistent schedules,
-// Rotor's class, where a keep-nothing forward only feeds the forward right after it; a
-// schedule outside that class can be slightly faster (policies/checkpoint_dp.cpp has one, and
-// the tests pin it). Memory is discretized into `slots` units, rounding up, so a returned
+// Rotor's class, where a keep-nothing forward only feeds the forward right after it and no
+// block runs forward while a block above it holds saved state; a schedule outside that class
+// can be slightly faster (policies/checkpoint_dp.cpp says how, and the tests pin one). Memory is discretized into `slots` units, rounding up, so a returned
 // schedule always fits; none/sqrt/all are returned instead when they fit and are faster).
 // InvalidArgument for an unknown solver name (listing the valid ones) or slots < 1.
 SolverResult solve_checkpoint(const Chain& chain, std::int64_t limit,
                               std::string_view solver = "optimal", int slots = 500);
 
 // solve_checkpoint(chain, limit, "optimal", slots) for one chain at a falling limit: the dynamic
-// program's tables are filled for the first limit asked and answer every smaller one without
-// solving again, in the first limit's memory unit (so an answer can differ from
-// solve_checkpoint's at that limit by the rounding: both fit, either may recompute a little
-// more); a larger limit solves again. Not thread-safe: one thread at a time.
+// program's tables are filled for the first limit asked and answer every smaller one down to
+// 3/4 of it without solving again, in the first limit's memory unit (so an answer can differ
+// from solve_checkpoint's at that limit by the rounding: both fit, either may recompute a little
+// more). A larger or a lower limit, or one where the first unit finds nothing, solves again
+// (feasible then agrees with solve_checkpoint's). Not thread-safe: one thread at a time; not
+// for static or thread_local storage (its tables return to a per-thread pool when destroyed).
 class CheckpointDpTables;
 class OptimalSolver {
  public:

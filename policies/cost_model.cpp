@@ -218,12 +218,15 @@ Chain CostModel::chain(std::int64_t micro_batch, DType dt, const DeviceSpec& dev
     const double p = static_cast<double>(block_params_[i]);
     cb.fwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.forward_flops),
                              act + p * wbytes, dt, device);
-    // Recomputed for its backward (Layer::forward_for_backward): its flops, and no output
-    // written (the weights it reads counted whole: an upper bound).
+    // Recomputed for its backward (Layer::forward_for_backward): its flops; a layer that
+    // overrides it writes no output, the default runs the forward (the weights it reads
+    // counted whole: an upper bound).
+    const double unwritten =
+        k.for_backward_flops >= 0 ? static_cast<double>(b) * static_cast<double>(k.output_bytes)
+                                  : 0.0;
     cb.fwd_for_backward_time =
         op_seconds(static_cast<double>(b) * static_cast<double>(k.flops_for_backward()),
-                   act - static_cast<double>(b) * static_cast<double>(k.output_bytes) + p * wbytes,
-                   dt, device);
+                   act - unwritten + p * wbytes, dt, device);
     cb.bwd_time = op_seconds(static_cast<double>(b) * static_cast<double>(k.backward_flops),
                              2 * act + p * (wbytes + 8), dt, device);
     c.blocks.push_back(cb);

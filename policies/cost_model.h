@@ -122,8 +122,9 @@ class CostModel {
   Chain chain(std::int64_t micro_batch, DType dt, const DeviceSpec& device) const;
   // Predicted seconds per global batch = accum micro-batches of forward + recomputation +
   // backward (flops / rate, bytes / bandwidth, whichever is larger per op class; a block
-  // recomputed right before its backward at LayerCost::flops_for_backward, no output written,
-  // as the executor runs it: forwards_for_backward(), core/executor.h) + optimizer
+  // recomputed right before its backward at LayerCost::flops_for_backward, without its output
+  // where its layer overrides forward_for_backward, as the executor runs it:
+  // forwards_for_backward(), core/executor.h) + optimizer
   // (device AdamW: 28 B/param over bandwidth; offload: gradient and weight transfers over
   // host_link, overlapped with backward as far as it goes, CPU AdamW at device.cpu_adamw).
   // Per op (embedding, each schedule op, head): max(B x flops / device.flops(dt),

@@ -105,12 +105,15 @@ MeasuredRates measure_device_rates(Backend& b, CachingAllocator& device_alloc,
         "measure_device_rates: backend meta does no work to time; valid: cpu or cuda");
   }
   const Clock::time_point start = Clock::now();
+  // The host buffer first: an allocator that cannot serve it fails before seconds of GEMMs.
+  const std::int64_t elems = o.copy_bytes / 4;
+  OwnedTensor host = OwnedTensor::empty(host_alloc, {elems}, DType::kF32, Device::kCpu,
+                                        Category::kTemporary, kDefaultStream, "device_rates.host");
   MeasuredRates r;
   r.flops_f32 = gemm_rate(b, device_alloc, DType::kF32, o.gemm_size_f32, o);
   r.flops_f16 = gemm_rate(b, device_alloc, DType::kF16, o.gemm_size, o);
   r.flops_bf16 = gemm_rate(b, device_alloc, DType::kBF16, o.gemm_size, o);
 
-  const std::int64_t elems = o.copy_bytes / 4;
   const double bytes = static_cast<double>(o.copy_bytes);
   OwnedTensor src = OwnedTensor::empty(device_alloc, {elems}, DType::kF32, b.device(),
                                        Category::kTemporary, kDefaultStream, "device_rates.src");
@@ -123,8 +126,6 @@ MeasuredRates measure_device_rates(Backend& b, CachingAllocator& device_alloc,
     });
     r.mem_bandwidth = 2.0 * bytes * kDeviceCopiesPerSample / s;  // read + write
   }
-  OwnedTensor host = OwnedTensor::empty(host_alloc, {elems}, DType::kF32, Device::kCpu,
-                                        Category::kTemporary, kDefaultStream, "device_rates.host");
   r.device_to_host = bytes / median_seconds(b, o, "the device-to-host copy",
                                             [&] { b.copy(kDefaultStream, src, host); });
   r.host_to_device = bytes / median_seconds(b, o, "the host-to-device copy",

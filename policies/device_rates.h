@@ -29,14 +29,15 @@
 //   both directions (gradients and stashed activations out, weights and activations back)
 //   with one figure, and the slower one is the one a plan must not underestimate.
 // Memory: device 3 * gemm_size_f32^2 * 4 bytes at most at once (the f32 GEMM), then
-// 2 * copy_bytes; pinned host copy_bytes. Everything is freed (to the allocators' caches)
+// 2 * copy_bytes; pinned host copy_bytes throughout. Everything is freed (to the allocators' caches)
 // before returning. Defaults are sized for a datacenter GPU (a second or so on an H100, by
 // estimate); the CPU backend would take minutes at those sizes, so tests pass small ones.
 //
 // Errors: InvalidArgument naming the option and what is valid for a bad option (a size < 1,
 // copy_bytes not a multiple of 4, reps < 1, warmup < 0), a meta backend (it does no work to
-// time), an allocator that does not serve the backend's device (device_alloc) or the host
-// (host_alloc), or a sample too short to time. OutOfMemory from the allocators as usual.
+// time), or a sample too short to time. An allocator that does not serve the backend's device
+// (device_alloc) or the host (host_alloc) fails in OwnedTensor::empty with its own message: the
+// host buffer is taken first, before any GEMM. OutOfMemory from the allocators as usual.
 // measure_cuda_device: InvalidArgument without a usable CUDA device (the runtime's reason)
 // or for a device spec that is not kind cuda. apply_measured: InvalidArgument when a rate is
 // not finite or outside what a device file may hold (1 to 1e21 per second).

@@ -99,9 +99,11 @@ class Searcher {
     std::int64_t limit = static_cast<std::int64_t>(q.alloc.budget) - static_device() - inputs;
     // One DP for the attempts: its tables answer each lowered limit without solving again.
     std::optional<OptimalSolver> solver;
-    for (int attempt = 0; attempt < 4 && limit > 0; ++attempt) {
+    for (int attempt = 0; attempt < 6 && limit > 0; ++attempt) {
       const SolverResult& s = solve(micro, limit, solver);
-      if (!s.feasible) return std::nullopt;
+      // Nothing fits in the DP's model; its model is not the allocator's (activation offload
+      // moves the checkpoints to the host, say), so the fallbacks below still get their dry run.
+      if (!s.feasible) break;
       q.trainer.policy.checkpoint = Checkpointing::solved(s.schedule);
       const DryRunResult r = run(q);
       if (r.fits) {
@@ -240,8 +242,9 @@ class Searcher {
     }
     auto probe_fits = [&](std::int64_t m, std::size_t* p) { return fits(m, p); };
     // The optimal solver's probe near the boundary is the expensive one (a failing micro-batch
-    // tries four limits, each a solve and two dry runs, then two fallbacks): it stops near the
-    // boundary (kOptimalTolerance), and the extension with the schedule found carries on.
+    // tries up to six limits, two dry runs each, one DP solve for them all, then two
+    // fallbacks): it stops near the boundary (kOptimalTolerance), and the extension with the
+    // schedule found carries on.
     const int per = combo_.optimal() ? optimal_tolerance : 0;
     lo = bracket(lo, p_lo, lo_prev, p_prev, hi, cap, probe_fits, per);
     return extend_with_own_schedule(lo, cap);
@@ -517,15 +520,15 @@ namespace {
 // kSplits is a candidate, and so is every power of two.
 constexpr std::int64_t kSplits = 8;
 
-// The candidate micro-batches of the optimal solver up to `cap` (<= per_rank), ascending:
-// powers of two, ceil(per_rank / k) for k <= kSplits, and cap. Between ceil(per_rank / k) and
-// the next larger such size every micro-batch takes the same k micro-batches, and the
-// smallest of them recomputes least, so above ceil(per_rank / kSplits) nothing else can be
-// faster; below it, the largest micro-batch that fits is added once known (throughput()).
-std::vector<std::int64_t> split_candidates(std::int64_t per_rank, std::int64_t cap) {
+// Candidate micro-batches up to `cap` (<= per_rank), ascending: powers of two,
+// ceil(per_rank / k) for k <= splits, and cap. Between ceil(per_rank / k) and the next larger
+// such size every micro-batch takes the same k micro-batches, and the smallest of them
+// recomputes least, so above ceil(per_rank / splits) nothing else can be faster.
+std::vector<std::int64_t> split_candidates(std::int64_t per_rank, std::int64_t cap,
+                                           std::int64_t splits) {
   std::vector<std::int64_t> cand;
   for (std::int64_t b = 1; b <= cap; b *= 2) cand.push_back(b);
-  for (std::int64_t k = 1; k <= kSplits; ++k) {
+  for (std::int64_t k = 1; k <= splits; ++k) {
     const std::int64_t b = ceil_div(per_rank, k);
     if (b <= cap) cand.push_back(b);
   }
@@ -542,40 +545,32 @@ void throughput(const Context& c, Combo& combo, Searcher& s) {
   const std::int64_t cap = std::min(c.o.max_micro_batch, per_rank);
   const bool optimal = combo.optimal();
   // Candidate micro-batches. A fixed rule's dry runs are cheap: the largest that fits, then
-  // every one up to it when few, else powers of two, the largest, and ceil(per_rank / k) for
-  // k <= 512. The optimal solver solves a DP per micro-batch: only its split_candidates(),
-  // the largest that fits found among them by bisection (fitting grows no easier with the
-  // micro-batch), and the exact largest only where it can matter (below per_rank / kSplits).
+  // every one up to it when few, else split_candidates() with k <= 512. The optimal solver
+  // solves a DP per micro-batch: only split_candidates() with k <= kSplits, the largest that
+  // fits found among them by bisection (fitting grows no easier with the micro-batch), and the
+  // exact largest only where it can matter (below per_rank / kSplits).
   std::vector<std::int64_t> cand;
   std::int64_t m = 0;
   if (optimal) {
-    cand = split_candidates(per_rank, cap);
+    cand = split_candidates(per_rank, cap, kSplits);
     m = s.largest_fitting(cand, ceil_div(per_rank, kSplits), kOptimalThroughputTolerance);
+    cand.push_back(m);
   } else {
     m = s.max_micro(cap);
+    if (m <= 512) {
+      for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
+    } else {
+      cand = split_candidates(per_rank, m, 512);
+    }
   }
   combo.max_micro = m;
   if (m == 0) {
     combo.infeasible = infeasible_reason(c, combo, s);
     return;
   }
-  if (optimal) {
-    cand.push_back(m);
-    std::sort(cand.begin(), cand.end());
-    cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
-    cand.erase(std::upper_bound(cand.begin(), cand.end(), m), cand.end());
-  } else if (m <= 512) {
-    for (std::int64_t b = 1; b <= m; ++b) cand.push_back(b);
-  } else {
-    for (std::int64_t b = 1; b <= m; b *= 2) cand.push_back(b);
-    for (std::int64_t k = 1; k <= 512; ++k) {
-      const std::int64_t b = ceil_div(per_rank, k);
-      if (b <= m) cand.push_back(b);
-    }
-    cand.push_back(m);
-    std::sort(cand.begin(), cand.end());
-    cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
-  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  cand.erase(std::upper_bound(cand.begin(), cand.end(), m), cand.end());
   struct Timed {
     double seconds;
     std::int64_t micro;

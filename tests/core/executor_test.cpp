@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -248,6 +250,42 @@ TEST(Executor, UseHooksFollowWeightUses) {
 // The stash hooks see every checkpoint once its forward is queued and give it back before the
 // op that reads it, in checkpoint_reads() order, each told the one after it; a hook that takes
 // the handle and returns a fresh copy changes no bit, and one that leaves it changes nothing.
+// Which forwards run for their backward only: a keep-all forward whose output is not stored.
+TEST(Executor, ForwardsForBackwardAreTheKeepAllsWhoseOutputIsNotStored) {
+  const auto ops_of = [](const Schedule& s, const std::vector<char>& v) {
+    std::istringstream words(s.str());  // one word per op, in order
+    std::string out, w;
+    for (std::size_t j = 0; j < v.size() && words >> w; ++j) {
+      if (v[j]) out += w + " ";
+    }
+    return out;
+  };
+  // none: every forward keeps all and feeds the next one, or the head.
+  const Schedule none = Schedule::none(3);
+  EXPECT_EQ(ops_of(none, forwards_for_backward(none, 3)), "");
+  // all: each block recomputed right before its backward: x[i+1] is read by nothing later.
+  const Schedule all = Schedule::all(3);
+  EXPECT_EQ(ops_of(all, forwards_for_backward(all, 3)), "R2:all R1:all R0:all ");
+  // R0:all feeds R1:all (stored: full forward); R1:all's output x[2] is read by nothing.
+  const Schedule chain = Schedule::parse("F0:input F1:nothing F2:all B2 R0:all R1:all B1 B0", 3);
+  EXPECT_EQ(ops_of(chain, forwards_for_backward(chain, 3)), "R1:all ");
+  // An output already held is not stored again: R0:all while x[1] is still a checkpoint.
+  const Schedule held = Schedule::parse("F0:input F1:input F2:all B2 R0:all R1:all B1 B0", 3);
+  EXPECT_EQ(ops_of(held, forwards_for_backward(held, 3)), "R0:all R1:all ");
+  // Every schedule: the op list agrees with outputs_read_later where nothing is held twice.
+  for (const Schedule& s : {Schedule::sqrt_n(6), Schedule::every(6, 2), Schedule::all(6)}) {
+    const std::vector<char> read = outputs_read_later(s, 6);
+    const std::vector<char> fb = forwards_for_backward(s, 6);
+    for (std::size_t j = 0; j < fb.size(); ++j) {
+      const ScheduleOp& op = s.ops()[j];
+      if (fb[j]) EXPECT_EQ(op.keep, Keep::kAll) << s.str();
+      if (op.kind == ScheduleOp::Kind::kForward && op.keep == Keep::kAll && !read[j]) {
+        EXPECT_TRUE(fb[j]) << s.str() << " op " << j;
+      }
+    }
+  }
+}
+
 TEST(Executor, StashHooksFollowCheckpointReads) {
   EXPECT_TRUE(checkpoint_reads(Schedule::none(3), 3).empty());
   EXPECT_EQ(checkpoint_reads(Schedule::all(3), 3), (std::vector<int>{2, 1, 0}));

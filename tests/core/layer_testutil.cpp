@@ -470,9 +470,12 @@ void check_memory(Layer& layer, MetaEnv& env, Shape in_shape, std::int64_t seq_l
   dy.reset();
   EXPECT_EQ(live_bytes(env.alloc), base);
 
-  // forward_for_backward: the flops cost() says, and what forward saves, no output.
+  // forward_for_backward: the flops cost() says, and what forward saves, no output; its peak no
+  // higher than the forward's (the DP and simulate() price it as one).
   env.be.reset_stats();
+  env.alloc.reset_peak_stats();
   layer.forward_for_backward(ctx, x);
+  EXPECT_LE(peak_bytes(env.alloc) - base - held, yb + b * e.peaks.forward);
   EXPECT_EQ(env.be.stats().gemm_flops, b * e.cost.flops_for_backward());
   EXPECT_LE(e.cost.flops_for_backward(), e.cost.forward_flops);
   EXPECT_EQ(live_bytes(env.alloc) - base, held);

@@ -196,6 +196,43 @@ TEST(Planner, ThroughputModeReachesTheGlobalBatchFastestFirst) {
   EXPECT_EQ(d.step, p.predicted.peaks);
 }
 
+// The optimal solver searches only its split candidates in throughput mode (powers of two,
+// ceil(global / k) for k <= 8, the largest below global / 8): never slower than a fixed rule,
+// which tries every micro-batch up to its largest, where that rule's pick splits the batch into
+// at most 8 micro-batches (ceil(global / k) then does the same with less work). Below that
+// (5 x 20 against the optimal's 4 x 25, say) the fixed rules' own rows cover it: the plan is
+// the fastest of all rows. Budgets from tight (recomputation at every micro-batch) to loose.
+TEST(Planner, ThroughputOptimalIsNeverSlowerThanAFixedRule) {
+  for (const std::size_t budget : {std::size_t{12} << 20, std::size_t{24} << 20, kBudget}) {
+    for (const std::int64_t global : {std::int64_t{100}, std::int64_t{37}}) {
+      SCOPED_TRACE("budget " + std::to_string(budget >> 20) + " MiB, global " +
+                   std::to_string(global));
+      PlannerOptions o = options(budget);
+      o.global_batch = global;
+      o.dtypes = {DType::kF32};
+      o.offloads = {OffloadSwitches{}};
+      o.checkpoints = {Checkpointing::none(), Checkpointing::all(), Checkpointing::sqrt(),
+                       Checkpointing::optimal()};
+      const PlanResult r = plan(o);
+      const Plan* optimal = nullptr;
+      for (const Plan& p : r.candidates) {
+        if (!p.policy.checkpoint.is_rule()) optimal = &p;  // the solved schedule
+      }
+      ASSERT_NE(optimal, nullptr);
+      int compared = 0;
+      for (const Plan& p : r.candidates) {
+        if (p.accum_steps > 8) continue;
+        ++compared;
+        EXPECT_LE(optimal->predicted.step_seconds, p.predicted.step_seconds * (1 + 1e-9))
+            << "optimal at micro-batch " << optimal->policy.micro_batch << " against "
+            << p.describe();
+      }
+      if (budget == kBudget) EXPECT_GE(compared, 3);  // none, all and sqrt fit 8 splits or fewer
+      EXPECT_EQ(r.recommended.predicted.step_seconds, r.candidates.front().predicted.step_seconds);
+    }
+  }
+}
+
 TEST(Planner, ZeroShardingLowersPerRankBytes) {
   PlannerOptions o = options(kBudget);
   o.dtypes = {DType::kBF16};
