@@ -212,14 +212,18 @@ void validate_spec(const ModelSpec& s, const Where& w) {
   const bool llama = s.kind == ModelSpec::Kind::kLlama;
   if (llama) validate_llama(s, w);
   if ((s.kind == ModelSpec::Kind::kGpt || (llama && s.head_dim == 0)) && s.hidden % s.heads != 0) {
+    // The first few divisors, looked for among 1..kLook only: a prime hidden of 3e8 took
+    // seconds to list (found by fuzz_model_yaml), and no model has more heads than that.
+    constexpr std::int64_t kLook = 4096;
     std::string divisors;
     int shown = 0;
-    for (std::int64_t d = 1; d <= s.hidden && shown < 8; ++d) {
+    for (std::int64_t d = 1; d <= std::min(s.hidden, kLook) && shown < 8; ++d) {
       if (s.hidden % d == 0) divisors += (shown++ ? ", " : "") + std::to_string(d);
     }
+    const bool more = shown == 8 || s.hidden > kLook;
     fail_key(w, "heads",
              std::to_string(s.heads) + " does not divide hidden " + std::to_string(s.hidden) +
-                 "; valid: a divisor of hidden (" + divisors + (shown == 8 ? ", ...)" : ")") +
+                 "; valid: a divisor of hidden (" + divisors + (more ? ", ...)" : ")") +
                  (llama ? ", or an explicit head_dim" : ""));
   }
   if (!std::isfinite(s.ln_eps) || !(s.ln_eps > 0.0f) || s.ln_eps > 1.0f) {

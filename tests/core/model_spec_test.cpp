@@ -167,6 +167,10 @@ TEST(ModelSpec, SizesBelowOne) {
 TEST(ModelSpec, HeadsMustDivideHidden) {
   expect_error(with("heads", "heads: 6"),
                {"spec.yaml:8:", "model.heads", "6 does not divide hidden 256", "1, 2, 4, 8"});
+  // A large prime hidden: the divisors listed are those up to 4096, found at once (the whole
+  // scan took seconds, fuzz/regressions/model_yaml/prime-hidden-divisor-scan).
+  expect_error(with("hidden", "hidden: 303444413"),
+               {"model.heads", "does not divide hidden 303444413", "(1, ...)"});
   // mlp has no attention: heads does not matter there.
   EXPECT_NO_THROW(ModelSpec::from_yaml_string(
       "model: {kind: mlp, vocab: 8, seq_len: 4, layers: 1, hidden: 6, heads: 4}"));
